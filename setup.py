@@ -1,0 +1,23 @@
+"""mindformers_core: MindSpore-native PyNative training for LLM pretraining."""
+from setuptools import find_packages, setup
+
+setup(
+    name="mindformers_core",
+    version="0.1.0",
+    description="MindSpore-native PyNative LLM pretraining: strict config, LR schedules, "
+                "AdamW/Muon with fp32 masters, data parallel over msrun.",
+    python_requires=">=3.9",
+    packages=find_packages(include=["mindformers_core", "mindformers_core.*"]),
+    py_modules=["run_mindformer"],
+    install_requires=[
+        "mindspore==2.10.0",
+        "numpy>=1.24,<2",
+        "pyyaml>=6",
+        "safetensors>=0.4",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "hypothesis>=6"],
+        "plot": ["matplotlib>=3.5"],
+    },
+    entry_points={"console_scripts": ["mindformers-run=run_mindformer:main"]},
+)
