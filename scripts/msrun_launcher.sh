@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Launch a command on N workers with MindSpore's own launcher, msrun.
+#
+# Call forms (as MindFormers' launcher):
+#   bash scripts/msrun_launcher.sh "CMD"
+#   bash scripts/msrun_launcher.sh "CMD" WORKER_NUM
+#   bash scripts/msrun_launcher.sh "CMD" WORKER_NUM MASTER_PORT LOG_DIR JOIN CLUSTER_TIME_OUT
+#   bash scripts/msrun_launcher.sh "CMD" WORKER_NUM LOCAL_WORKER MASTER_ADDR MASTER_PORT NODE_RANK LOG_DIR JOIN CLUSTER_TIME_OUT
+#
+# Without WORKER_NUM: the visible NPUs (ASCEND_RT_VISIBLE_DEVICES, else /dev/davinciN), and 1 on
+# a host without NPUs (the CPU backend). One worker runs the command directly: a single process
+# needs no communication init. Per-worker logs go to LOG_DIR/worker_N.log.
+# Environment: MASTER_PORT, LOG_DIR, JOIN, CLUSTER_TIME_OUT override the defaults below.
+#
+# Difference from MindFormers: JOIN defaults to True, so the launcher waits for the job and
+# exits with its status (msrun then stops the other workers when one fails).
+set -u
+
+usage() {
+  cat >&2 <<'EOF'
+usage: bash scripts/msrun_launcher.sh "CMD" [WORKER_NUM]
+       bash scripts/msrun_launcher.sh "CMD" WORKER_NUM MASTER_PORT LOG_DIR JOIN CLUSTER_TIME_OUT
+       bash scripts/msrun_launcher.sh "CMD" WORKER_NUM LOCAL_WORKER MASTER_ADDR MASTER_PORT NODE_RANK LOG_DIR JOIN CLUSTER_TIME_OUT
+EOF
+}
+
+die() { echo "msrun_launcher: error: $*" >&2; exit 2; }
+
+is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
+
+visible_npus() {
+  if [ -n "${ASCEND_RT_VISIBLE_DEVICES:-}" ]; then
+    echo "$ASCEND_RT_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .
+    return
+  fi
+  local n
+  n=$(ls /dev/davinci[0-9]* 2>/dev/null | wc -l)
+  echo "${n:-0}"
+}
+
+port_in_use() {
+  python3 - "$1" <<'EOF'
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+try:
+    s.bind(("0.0.0.0", int(sys.argv[1])))
+except OSError:
+    sys.exit(0)
+finally:
+    s.close()
+sys.exit(1)
+EOF
+}
+
+SCRIPT_DIR=$(cd "$(dirname "$0")" && pwd)
+REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
+export GLOG_v="${GLOG_v:-2}"  # MindSpore C++ logs: WARNING and above
+export PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+
+MASTER_ADDR="127.0.0.1"
+MASTER_PORT="${MASTER_PORT:-8118}"
+NODE_RANK=0
+LOG_DIR="${LOG_DIR:-output/msrun_log}"
+JOIN="${JOIN:-True}"
+CLUSTER_TIME_OUT="${CLUSTER_TIME_OUT:-7200}"
+
+case $# in
+  1|2|6|9) ;;
+  0) usage; die "missing the command to run (first argument, quoted)";;
+  *) usage; die "expected 1, 2, 6 or 9 arguments, got $#";;
+esac
+
+CMD="$1"
+[ -n "${CMD// }" ] || { usage; die "the command to run (first argument) is empty"; }
+
+if [ $# -eq 1 ]; then
+  NPUS=$(visible_npus)
+  if [ "$NPUS" -gt 0 ]; then WORKER_NUM=$NPUS; else WORKER_NUM=1; fi
+  LOCAL_WORKER=$WORKER_NUM
+else
+  WORKER_NUM="$2"
+  is_uint "$WORKER_NUM" && [ "$WORKER_NUM" -ge 1 ] || die "WORKER_NUM must be a positive integer, got '$WORKER_NUM'"
+  LOCAL_WORKER=$WORKER_NUM
+fi
+
+if [ $# -eq 6 ]; then
+  MASTER_PORT="$3"; LOG_DIR="$4"; JOIN="$5"; CLUSTER_TIME_OUT="$6"
+elif [ $# -eq 9 ]; then
+  LOCAL_WORKER="$3"; MASTER_ADDR="$4"; MASTER_PORT="$5"; NODE_RANK="$6"
+  LOG_DIR="$7"; JOIN="$8"; CLUSTER_TIME_OUT="$9"
+  is_uint "$LOCAL_WORKER" && [ "$LOCAL_WORKER" -ge 1 ] || die "LOCAL_WORKER must be a positive integer, got '$LOCAL_WORKER'"
+  [ "$LOCAL_WORKER" -le "$WORKER_NUM" ] || die "LOCAL_WORKER ($LOCAL_WORKER) must be <= WORKER_NUM ($WORKER_NUM)"
+  is_uint "$NODE_RANK" || die "NODE_RANK must be a non-negative integer, got '$NODE_RANK'"
+fi
+
+is_uint "$MASTER_PORT" && [ "$MASTER_PORT" -ge 1 ] && [ "$MASTER_PORT" -le 65535 ] \
+  || die "MASTER_PORT must be in 1..65535, got '$MASTER_PORT'"
+is_uint "$CLUSTER_TIME_OUT" || die "CLUSTER_TIME_OUT must be a number of seconds, got '$CLUSTER_TIME_OUT'"
+case "$JOIN" in True|False|true|false) ;; *) die "JOIN must be True or False, got '$JOIN'";; esac
+
+if [ "$WORKER_NUM" -eq 1 ] && [ "$LOCAL_WORKER" -eq 1 ]; then
+  echo "msrun_launcher: 1 worker: running the command directly (no communication init)"
+  echo "Running Command: $CMD"
+  eval "$CMD"
+  exit $?
+fi
+
+command -v msrun >/dev/null 2>&1 || die "msrun not found on PATH: install mindspore (pip install -e .)"
+
+# The scheduler listens on MASTER_PORT on the master node only.
+if [ "$NODE_RANK" -eq 0 ] && port_in_use "$MASTER_PORT"; then
+  die "MASTER_PORT $MASTER_PORT is already in use on this host; pass another port (6- or 9-argument form, or MASTER_PORT=...)"
+fi
+
+mkdir -p "$LOG_DIR" || die "cannot create LOG_DIR '$LOG_DIR'"
+
+MSRUN=(msrun "--worker_num=$WORKER_NUM" "--local_worker_num=$LOCAL_WORKER"
+       "--master_port=$MASTER_PORT" "--log_dir=$LOG_DIR" "--join=$JOIN"
+       "--cluster_time_out=$CLUSTER_TIME_OUT")
+if [ $# -eq 9 ]; then
+  MSRUN+=("--master_addr=$MASTER_ADDR" "--node_rank=$NODE_RANK")
+fi
+
+echo "Running Command: ${MSRUN[*]} $CMD"
+echo "Worker logs: $LOG_DIR/worker_<rank>.log"
+# msrun takes the program and its arguments as separate words.
+eval "set -- $CMD"
+"${MSRUN[@]}" "$@"
+status=$?
+if [ $status -ne 0 ] && { [ "$JOIN" = True ] || [ "$JOIN" = true ]; }; then
+  echo "msrun_launcher: the job failed (exit $status). Failing worker(s):" >&2
+  for f in "$LOG_DIR"/worker_*.log; do
+    [ -f "$f" ] || continue
+    if grep -qE "Traceback|Error|exited with" "$f" 2>/dev/null; then
+      echo "  $(basename "$f" .log): $(grep -E "Error" "$f" | grep -v '^\[' | tail -n 1)" >&2
+    fi
+  done
+fi
+exit $status
