@@ -1,17 +1,24 @@
-"""`model:` section. Owned by the models package (field set may grow with the models)."""
+"""`model:` section (owned by the models package).
+
+Defaults are a tiny CPU-sized dense GPT. DeepSeek-V3 fields use the Hugging Face / MindFormers
+names. Derived values: ``multi_latent_attention`` None means True for ``deepseek_v3`` and False
+for ``gpt``; ``num_query_groups`` None means ``num_attention_heads``; ``ffn_hidden_size`` None
+means 4 * hidden_size; ``moe_intermediate_size`` None means ffn_hidden_size // 2 (see the
+``resolved_*`` helpers).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from .schema import Section, check_range
+from .schema import Section, check, check_range
 
 DType = Literal["float32", "bfloat16", "float16"]
 
 
 @dataclass
 class ModelConfig(Section):
-    """Decoder-only LM. Defaults are a tiny CPU-sized dense GPT."""
+    """Decoder-only LM."""
     model_type: Literal["gpt", "deepseek_v3"] = "gpt"
     vocab_size: int = 256
     hidden_size: int = 64
@@ -28,7 +35,7 @@ class ModelConfig(Section):
     tie_word_embeddings: bool = False
     # DeepSeek-V3 (MLA + MoE)
     multi_latent_attention: Optional[bool] = None  # None = True for deepseek_v3, False for gpt
-    q_lora_rank: Optional[int] = None
+    q_lora_rank: Optional[int] = 32             # null = no q compression (linear_q_proj)
     kv_lora_rank: int = 32
     qk_nope_head_dim: int = 16
     qk_rope_head_dim: int = 8
@@ -44,7 +51,53 @@ class ModelConfig(Section):
     moe_router_bias_update_rate: float = 1e-3
     moe_aux_loss_coeff: float = 0.0
 
+    # ------------------------------------------------------------------ derived values
+    def resolved_multi_latent_attention(self) -> bool:
+        if self.multi_latent_attention is None:
+            return self.model_type == "deepseek_v3"
+        return self.multi_latent_attention
+
+    def resolved_num_query_groups(self) -> int:
+        return self.num_attention_heads if self.num_query_groups is None else self.num_query_groups
+
+    def resolved_ffn_hidden_size(self) -> int:
+        return 4 * self.hidden_size if self.ffn_hidden_size is None else self.ffn_hidden_size
+
+    def resolved_moe_intermediate_size(self) -> int:
+        if self.moe_intermediate_size is None:
+            return max(1, self.resolved_ffn_hidden_size() // 2)
+        return self.moe_intermediate_size
+
+    # ------------------------------------------------------------------ validation
     def validate(self, path: str) -> None:
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "seq_length"):
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "seq_length",
+                     "num_query_groups", "ffn_hidden_size", "kv_lora_rank", "qk_nope_head_dim",
+                     "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "num_experts_per_tok",
+                     "moe_intermediate_size", "q_lora_rank"):
             check_range(getattr(self, name), f"{path}.{name}", lo=1)
+        check_range(self.n_shared_experts, f"{path}.n_shared_experts", lo=0)
         check_range(self.initializer_range, f"{path}.initializer_range", lo=0, lo_open=True)
+        check_range(self.norm_epsilon, f"{path}.norm_epsilon", lo=0, lo_open=True)
+        check_range(self.rope_theta, f"{path}.rope_theta", lo=0, lo_open=True)
+        check_range(self.routed_scaling_factor, f"{path}.routed_scaling_factor", lo=0, lo_open=True)
+        check_range(self.moe_router_bias_update_rate, f"{path}.moe_router_bias_update_rate", lo=0)
+        check_range(self.moe_aux_loss_coeff, f"{path}.moe_aux_loss_coeff", lo=0)
+        mla = self.resolved_multi_latent_attention()
+        if not mla:
+            check(self.hidden_size % self.num_attention_heads == 0, f"{path}.num_attention_heads",
+                  f"must divide hidden_size ({self.hidden_size}), got {self.num_attention_heads}")
+            check((self.hidden_size // self.num_attention_heads) % 2 == 0, f"{path}.hidden_size",
+                  f"hidden_size / num_attention_heads must be even for rotary embeddings, got "
+                  f"{self.hidden_size} / {self.num_attention_heads}")
+            groups = self.resolved_num_query_groups()
+            check(self.num_attention_heads % groups == 0, f"{path}.num_query_groups",
+                  f"must divide num_attention_heads ({self.num_attention_heads}), got {groups}")
+        else:
+            check(self.qk_rope_head_dim % 2 == 0, f"{path}.qk_rope_head_dim",
+                  f"must be even (rotary pairs), got {self.qk_rope_head_dim}")
+        if self.model_type == "deepseek_v3":
+            check_range(self.first_k_dense_replace, f"{path}.first_k_dense_replace", lo=0,
+                        hi=self.num_layers)
+            check(self.num_experts_per_tok <= self.n_routed_experts, f"{path}.num_experts_per_tok",
+                  f"must be <= n_routed_experts ({self.n_routed_experts}), got "
+                  f"{self.num_experts_per_tok}")

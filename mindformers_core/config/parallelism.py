@@ -1,9 +1,65 @@
-"""`parallelism:` section (upstream field names). Owned by the distributed package."""
+"""`parallelism:` section (upstream field names, reference §1.6). Owned by the distributed package.
+
+Fields: ``tensor_parallel``, ``context_parallel``, ``pipeline_parallel`` (1 each; only data
+parallelism is implemented, so a larger value on a world where it would fit is a ConfigError)
+and ``data_parallel_shard`` (-1 default). ``data_parallel`` is not a field: it is derived from
+the launcher's world size,
+
+    dp = world_size // (tensor_parallel * pipeline_parallel * context_parallel)
+
+and writing it gives upstream's unknown-key error text.
+
+``data_parallel_shard`` says over how many data-parallel ranks the optimizer state (fp32
+masters and moments) is sharded, ZeRO-1 style (upstream derivation):
+
+    dp_replicate = 1                            if data_parallel_shard < 0   (-1: all DP ranks)
+                 = max(dp // data_parallel_shard, 1)  otherwise
+    dp_shard     = dp // dp_replicate
+
+so -1 shards over every DP rank, 1 replicates the state on every rank, and a value above dp is
+clamped to dp (as upstream). Unlike upstream, a shard size that does not divide dp is an error
+(upstream silently shards over another number of ranks, e.g. dp 6 with shard 4 gives 6).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional, Tuple
 
+from .errors import ConfigError
 from .schema import Section
+
+__all__ = ["ParallelismConfig", "resolve_dp_shard", "DATA_PARALLEL_KEY_MESSAGE",
+           "MODEL_PARALLEL_FIELDS"]
+
+MODEL_PARALLEL_FIELDS = ("tensor_parallel", "pipeline_parallel", "context_parallel")
+
+#: upstream's text for a `data_parallel` key, and what to do instead
+DATA_PARALLEL_KEY_MESSAGE = (
+    "unknown key (Unknown configuration keys for ParallelismConfig: ['data_parallel']); "
+    "data_parallel is not a config field: it is world_size // (tensor_parallel * "
+    "pipeline_parallel * context_parallel), i.e. the number of workers the launcher starts "
+    "(bash scripts/msrun_launcher.sh \"CMD\" WORKER_NUM); valid keys: {valid}")
+
+
+def resolve_dp_shard(data_parallel_shard: int, dp: int,
+                     path: str = "parallelism.data_parallel_shard") -> Tuple[int, int]:
+    """``(dp_replicate, dp_shard)`` for ``dp`` data-parallel ranks (formula in the module doc).
+
+    Raises ConfigError for a value other than -1 or >= 1, and for a shard size in (1, dp)
+    that does not divide dp.
+    """
+    if dp < 1:
+        raise ValueError(f"data parallel size must be >= 1, got {dp}")
+    if data_parallel_shard == 0 or data_parallel_shard < -1:
+        raise ConfigError(path, f"must be -1 (shard the optimizer state over all data-parallel "
+                                f"ranks) or >= 1, got {data_parallel_shard}")
+    if data_parallel_shard < 0:
+        return 1, dp
+    if 1 < data_parallel_shard < dp and dp % data_parallel_shard != 0:
+        raise ConfigError(path, f"data_parallel_shard({data_parallel_shard}) must divide "
+                                f"data_parallel({dp}) (or be -1 for all ranks, 1 to replicate)")
+    replicate = max(dp // data_parallel_shard, 1)
+    return replicate, dp // replicate
 
 
 @dataclass
@@ -12,3 +68,53 @@ class ParallelismConfig(Section):
     context_parallel: int = 1
     pipeline_parallel: int = 1
     data_parallel_shard: int = -1   # -1: shard optimizer state over all DP ranks; 1: replicate
+
+    @classmethod
+    def from_dict(cls, data, path: str):
+        if isinstance(data, dict) and "data_parallel" in data:
+            raise ConfigError(f"{path}.data_parallel",
+                              DATA_PARALLEL_KEY_MESSAGE.format(valid=sorted(cls.field_names())))
+        return super().from_dict(data, path)
+
+    def validate(self, path: str) -> None:
+        for name in MODEL_PARALLEL_FIELDS:
+            value = getattr(self, name)
+            if value < 1:
+                raise ConfigError(f"{path}.{name}", f"must be >= 1, got {value}")
+        self._check_model_parallel(path)
+        if self.data_parallel_shard == 0 or self.data_parallel_shard < -1:
+            resolve_dp_shard(self.data_parallel_shard, 1, f"{path}.data_parallel_shard")
+        dp = self._env_data_parallel()
+        if dp is not None:
+            resolve_dp_shard(self.data_parallel_shard, dp, f"{path}.data_parallel_shard")
+
+    def model_parallel_size(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel * self.context_parallel
+
+    def _env_data_parallel(self) -> Optional[int]:
+        """dp of the launcher's world when it divides cleanly (else ``plan()`` reports it)."""
+        from ..distributed.env import env_world_size  # no MindSpore import
+        ws, mp = env_world_size(), self.model_parallel_size()
+        if mp > ws or ws % mp != 0:
+            return None
+        return ws // mp
+
+    def _check_model_parallel(self, path: str) -> None:
+        """Tensor, pipeline and context parallelism are not implemented: a size above 1 is an
+        error. Where the sizes do not even fit the launcher's world, ``RunConfig.plan()``
+        reports upstream's world-size message instead (it names the world size)."""
+        if self._env_data_parallel() is None:
+            return
+        for name in MODEL_PARALLEL_FIELDS:
+            value = getattr(self, name)
+            if value > 1:
+                raise ConfigError(f"{path}.{name}",
+                                  f"must be 1, got {value}: only data parallelism is "
+                                  f"implemented (tensor, pipeline and context parallel sizes "
+                                  f"are fixed to 1); the data-parallel size is the number of "
+                                  f"workers, and data_parallel_shard shards the optimizer state")
+
+    def dp_shard(self, dp: int) -> Tuple[int, int]:
+        """``(dp_replicate, dp_shard)`` for ``dp`` data-parallel ranks."""
+        return resolve_dp_shard(self.data_parallel_shard, dp)
+

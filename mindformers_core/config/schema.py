@@ -142,7 +142,10 @@ def convert_value(tp, value: Any, path: str, allow_inf: bool = False) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(path, f"expected a number, got {type_name(value)} ({value!r})")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an int beyond float range (YAML ints are unbounded)
+            raise ConfigError(path, f"must be a finite number, got {value!r}") from None
         if math.isnan(value):
             raise ConfigError(path, "must be a finite number, got nan")
         if math.isinf(value) and not allow_inf:

@@ -1,0 +1,10 @@
+"""Models: dense GPT and DeepSeek-V3-style (MLA + MoE) decoders, PyNative MindSpore.
+
+``build_model(model_cfg, seed=None) -> GPTModel`` (an ``nn.Cell``); see ``language_model`` for
+the forward contract and ``qk_clip`` for the MLA row layout.
+"""
+from .build import build_model
+from .language_model import GPTModel
+from .transformer_config import GPTTransformerConfig
+
+__all__ = ["build_model", "GPTModel", "GPTTransformerConfig"]

@@ -26,6 +26,9 @@ _EXPORTS = {
     "global_grad_norm": "clip_grad",
     "clip_grad_by_global_norm": "clip_grad",
     "MainParams": "main_params",
+    "muon_routing": "muon_routing",
+    "mup_width_mult": "mup",
+    "build_config_overrides": "param_groups",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,300 @@
+"""`RunConfig`: every section of a run, loading from YAML/dict with overrides, and the plan.
+
+``load_config(path_or_dict, overrides=[...])``:
+
+1. reads the YAML (``1e-5`` is a float) or copies the dict,
+2. applies each override ``"a.b.c=value"`` (value parsed as YAML) to the raw tree,
+3. builds every section strictly (unknown sections/keys, types, ranges),
+4. checks cross-section rules: the LR schedule against ``training.steps`` (``core.lr``), data
+   parallel size and gradient accumulation divisibility, Muon's MLA requirement.
+
+``RunConfig.to_dict()`` is the config as a user would write it (defaults filled in; reloading
+gives an equal config). Derived values are in ``RunConfig.plan()`` only:
+
+    data_parallel          = world_size // (tensor_parallel * pipeline_parallel * context_parallel)
+    num_accumulation_steps = global_batch_size // (local_batch_size * data_parallel)  (exact)
+    tokens_per_step        = global_batch_size * model.seq_length
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Union
+
+import yaml
+
+from .checkpoint import CheckpointConfig
+from .dataset import DatasetConfig
+from .errors import ConfigError
+from .lr_scheduler import LrSchedulerConfig
+from .model import ModelConfig
+from .optimizer import OptimizerConfig
+from .parallelism import ParallelismConfig
+from .schema import Section, type_name, unknown_key_error
+from .training import TrainingConfig
+from .yaml_io import load_yaml_text, parse_yaml_value
+
+__all__ = ["RunConfig", "RunPlan", "load_config", "apply_overrides", "REQUIRED_SECTIONS"]
+
+REQUIRED_SECTIONS = ("training", "optimizer", "lr_scheduler")
+
+
+@dataclass
+class RunPlan:
+    """Values derived from a config and the launcher's world size (never part of to_dict)."""
+    world_size: int
+    data_parallel: int
+    local_batch_size: int
+    global_batch_size: int
+    num_accumulation_steps: int
+    total_steps: int
+    warmup_steps: int
+    seq_length: int
+    tokens_per_step: int
+    decay_start_steps: Optional[int] = None
+    decay_steps: Optional[int] = None
+    #: every boundary the schedule reports (``sched.boundaries()``), for plots and the doctor
+    lr_boundaries: Dict[str, int] = field(default_factory=dict)
+    lr_scheduler_type: str = ""
+    peak_lr: float = 0.0
+    optimizer_type: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def format(self) -> str:
+        """Human-readable summary for ``run_mindformer.py --check``."""
+        lines = [
+            f"optimizer        : {self.optimizer_type}",
+            f"lr_scheduler     : {self.lr_scheduler_type} (peak lr {self.peak_lr:g})",
+            f"steps            : {self.total_steps}",
+            f"warmup steps     : {self.warmup_steps}",
+        ]
+        if self.decay_start_steps is not None:
+            lines.append(f"decay start step : {self.decay_start_steps}")
+        if self.decay_steps is not None:
+            lines.append(f"decay steps      : {self.decay_steps}")
+        extra = {k: v for k, v in self.lr_boundaries.items()
+                 if k not in ("warmup_steps", "warmup_end", "decay_start", "decay_start_steps",
+                              "decay_steps")}
+        if extra:
+            lines.append(f"lr boundaries    : {extra}")
+        lines += [
+            f"world size       : {self.world_size}",
+            f"data parallel    : {self.data_parallel}",
+            f"local batch      : {self.local_batch_size}",
+            f"accumulation     : {self.num_accumulation_steps}",
+            f"global batch     : {self.global_batch_size} "
+            f"(= {self.local_batch_size} x {self.data_parallel} x {self.num_accumulation_steps})",
+            f"tokens per step  : {self.tokens_per_step} (seq_length {self.seq_length})",
+        ]
+        return "\n".join(lines)
+
+
+def _required(name: str):
+    def fail():
+        raise ConfigError(name, "required section missing")
+    return field(default_factory=fail)
+
+
+@dataclass
+class RunConfig(Section):
+    training: TrainingConfig = _required("training")
+    optimizer: OptimizerConfig = _required("optimizer")
+    lr_scheduler: LrSchedulerConfig = _required("lr_scheduler")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str = ""):
+        if isinstance(data, cls):
+            data = data.to_dict()
+        if not isinstance(data, dict):
+            raise ConfigError("config", f"expected a mapping of sections, got "
+                                        f"{type_name(data)}")
+        names = cls.field_names()
+        for key in data:
+            if key not in names:
+                raise unknown_key_error("", key, names, what="section")
+        for name in REQUIRED_SECTIONS:
+            if data.get(name) is None:
+                raise ConfigError(name, "required section missing (training, optimizer and "
+                                        "lr_scheduler must be given)")
+        kwargs = {}
+        # sections are built in a fixed order so the first error is deterministic
+        section_types = {"training": TrainingConfig, "optimizer": OptimizerConfig,
+                         "lr_scheduler": LrSchedulerConfig, "model": ModelConfig,
+                         "train_dataset": DatasetConfig, "parallelism": ParallelismConfig,
+                         "checkpoint": CheckpointConfig}
+        for name in names:
+            if name in data:
+                kwargs[name] = section_types[name].from_dict(data[name], name)
+        obj = cls(**kwargs)
+        object.__setattr__(obj, "_explicit", frozenset(data.keys()))
+        obj.validate(path)
+        return obj
+
+    def validate(self, path: str = "") -> None:
+        self._check_optimizer_vs_model()
+        self.plan()  # schedule against training.steps, data parallel, accumulation
+
+    def _check_optimizer_vs_model(self) -> None:
+        if self.optimizer.type != "Muon":
+            return
+        mla = self.model.multi_latent_attention
+        if mla is None:
+            mla = self.model.model_type == "deepseek_v3"
+        if not mla:
+            raise ConfigError("optimizer.type", "Current Muon implementation only supports models "
+                                                "with Multi-Latent Attention enabled. (set "
+                                                "model.model_type: deepseek_v3 or "
+                                                "model.multi_latent_attention: True)")
+
+    # ------------------------------------------------------------------------------------------
+    def build_lr_scheduler(self):
+        """The LR schedule of this run (``core.lr``), total_steps = training.steps."""
+        from ..core.lr import build_lr_scheduler
+        return build_lr_scheduler(self.lr_scheduler.as_build_dict(), self.training.steps)
+
+    def data_parallel(self, world_size: Optional[int] = None) -> int:
+        """world_size // (tp * pp * cp); world_size defaults to the launcher's (1 outside msrun)."""
+        from ..distributed.env import env_world_size
+        ws = env_world_size() if world_size is None else int(world_size)
+        par = self.parallelism
+        tp, pp, cp = par.tensor_parallel, par.pipeline_parallel, par.context_parallel
+        for name, value in (("tensor_parallel", tp), ("pipeline_parallel", pp),
+                            ("context_parallel", cp)):
+            if value < 1:
+                raise ConfigError(f"parallelism.{name}", f"must be >= 1, got {value}")
+        dp = ws // (tp * pp * cp) if tp * pp * cp > 0 else 0
+        if dp <= 0:
+            raise ConfigError("parallelism", f"tensor_parallel({tp}) * pipeline_parallel({pp}) * "
+                                             f"context_parallel({cp}) must be less than or equal "
+                                             f"to world_size({ws}).")
+        if ws % (tp * pp * cp) != 0:
+            raise ConfigError("parallelism", f"world_size({ws}) must be divisible by "
+                                             f"tensor_parallel({tp}) * pipeline_parallel({pp}) * "
+                                             f"context_parallel({cp}).")
+        return dp
+
+    def plan(self, world_size: Optional[int] = None) -> RunPlan:
+        """Derived values; raises ConfigError when they do not work out."""
+        from ..distributed.env import env_world_size
+        ws = env_world_size() if world_size is None else int(world_size)
+        dp = self.data_parallel(ws)
+        tr = self.training
+        base_units = dp * tr.local_batch_size
+        if tr.global_batch_size % base_units != 0:
+            raise ConfigError("training.global_batch_size",
+                              f"global_batch_size({tr.global_batch_size}) must be divisible by "
+                              f"data_parallel({dp}) * local_batch_size({tr.local_batch_size}).")
+        if tr.rampup_batch_size is not None:
+            start, inc, _ = tr.rampup_batch_size
+            for i, value in ((0, start), (1, inc)):
+                if value % base_units != 0:
+                    raise ConfigError(f"training.rampup_batch_size[{i}]",
+                                      f"{value} must be divisible by data_parallel({dp}) * "
+                                      f"local_batch_size({tr.local_batch_size}).")
+        sched = self.build_lr_scheduler()
+        bounds = dict(sched.boundaries()) if hasattr(sched, "boundaries") else {}
+        return RunPlan(
+            world_size=ws, data_parallel=dp, local_batch_size=tr.local_batch_size,
+            global_batch_size=tr.global_batch_size,
+            num_accumulation_steps=tr.global_batch_size // base_units,
+            total_steps=tr.steps,
+            warmup_steps=int(bounds.get("warmup_steps", 0)),
+            decay_start_steps=bounds.get("decay_start_steps"),
+            decay_steps=bounds.get("decay_steps"),
+            seq_length=self.model.seq_length,
+            tokens_per_step=tr.global_batch_size * self.model.seq_length,
+            lr_boundaries=bounds, lr_scheduler_type=self.lr_scheduler.type,
+            peak_lr=float(getattr(sched, "peak_lr", self.lr_scheduler.learning_rate)),
+            optimizer_type=self.optimizer.type,
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {name: getattr(self, name).to_dict() for name in self.field_names()}
+
+
+# ---------------------------------------------------------------------------------------------
+def _read_yaml_file(path: str) -> Any:
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read config file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), f"not a UTF-8 text file ({exc.reason})") from None
+    return _parse_yaml(text, str(path))
+
+
+def _parse_yaml(text: str, where: str) -> Any:
+    try:
+        return load_yaml_text(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(where, f"invalid YAML{at}: {problem}") from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        # PyYAML constructors raise these for e.g. an impossible date (2001-13-45)
+        raise ConfigError(where, f"invalid YAML value: {exc}") from None
+
+
+def apply_overrides(data: Dict[str, Any], overrides: Iterable[str]) -> Dict[str, Any]:
+    """Apply ``"a.b.c=value"`` overrides (value parsed as YAML) to a copy of the raw tree.
+
+    Missing intermediate mappings are created (the strict loader then rejects unknown names);
+    descending into a value that is not a mapping is an error naming the path.
+    """
+    data = copy.deepcopy(data)
+    for item in overrides or ():
+        if not isinstance(item, str) or "=" not in item:
+            raise ConfigError(str(item), "override must look like section.key=value")
+        dotted, text = item.split("=", 1)
+        dotted = dotted.strip()
+        keys = dotted.split(".")
+        if not dotted or any(not k for k in keys):
+            raise ConfigError(dotted or item, "override must look like section.key=value")
+        value = _parse_yaml(text, dotted)
+        node = data
+        for depth, key in enumerate(keys[:-1]):
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+            elif not isinstance(child, dict):
+                here = ".".join(keys[:depth + 1])
+                raise ConfigError(dotted, f"cannot set: {here} is a {type_name(child)}, "
+                                          "not a section")
+            node = child
+        node[keys[-1]] = value
+    return data
+
+
+def load_config(source: Union[str, os.PathLike, Dict[str, Any], RunConfig],
+                overrides: Optional[Iterable[str]] = None) -> RunConfig:
+    """Load, override and validate a run config; raises ConfigError naming the field."""
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    if isinstance(source, RunConfig):
+        data = source.to_dict()
+    elif isinstance(source, dict):
+        data = source
+    elif isinstance(source, (str, os.PathLike)):
+        data = _read_yaml_file(os.fspath(source))
+        if data is None:
+            data = {}
+    else:
+        raise ConfigError("config", f"expected a YAML path or a mapping, got {type_name(source)}")
+    if not isinstance(data, dict):
+        raise ConfigError("config", f"expected a mapping of sections, got {type_name(data)}")
+    data = apply_overrides(data, overrides or [])
+    try:
+        return RunConfig.from_dict(data)
+    except RecursionError:
+        # YAML anchors can build self-referencing trees (`a: &x [*x]`)
+        raise ConfigError("config", "too deeply nested or self-referencing") from None

@@ -1,0 +1,86 @@
+"""`training:` section: steps, batch sizes, clipping, NaN skipping, seeds.
+
+Fields and defaults follow MindFormers 2.1 ``TrainingConfig``; where upstream accepts unsafe
+values we reject them (DESIGN.md §5.1): ``steps`` must be > 0 and ``max_norm`` > 0 (``null``
+disables clipping explicitly, since upstream would scale every gradient to 0 with 0 and flip
+it with a negative value).
+
+Derived values (accumulation steps, data parallel size) are not stored here; they come from
+``RunConfig.plan()``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+from .errors import ConfigError
+from .schema import Section, check_range
+
+__all__ = ["TrainingConfig"]
+
+
+@dataclass
+class TrainingConfig(Section):
+    #: Total optimizer steps; also the LR scheduler's ``total_steps``.
+    steps: int = 1000
+    #: Samples per device per micro-batch.
+    local_batch_size: int = 1
+    #: Samples per optimizer step over all data-parallel ranks and micro-batches.
+    global_batch_size: int = 1
+    #: Global-norm clipping threshold: grads *= max_norm / (norm + 1e-6) when that is < 1.
+    #: ``null`` disables clipping.
+    max_norm: Optional[float] = 1.0
+    #: Skip the optimizer update (lr does not advance) when the global norm is NaN/inf.
+    use_skip_step_on_nan: bool = False
+    #: Stop with an error after this many consecutive skipped steps; 0 disables the guard.
+    max_consecutive_skipped_steps: int = 0
+    seed: int = 42
+    #: Deterministic kernels (slower); seeds are always set.
+    deterministic: bool = False
+    #: Megatron batch ramp-up ``[start_global_batch_size, batch_size_increment, rampup_samples]``.
+    rampup_batch_size: Optional[List[int]] = None
+    #: End the run after this many completed steps (with a checkpoint when saving is on); the
+    #: LR schedule still spans ``steps``, so a resumed run continues the same curve.
+    stop_at_step: Optional[int] = None
+
+    def validate(self, path: str) -> None:
+        check_range(self.steps, f"{path}.steps", lo=0, lo_open=True)
+        # upstream checks global_batch_size first
+        check_range(self.global_batch_size, f"{path}.global_batch_size", lo=0, lo_open=True)
+        check_range(self.local_batch_size, f"{path}.local_batch_size", lo=0, lo_open=True)
+        if self.max_norm is not None and not self.max_norm > 0:
+            raise ConfigError(f"{path}.max_norm",
+                              f"must be > 0, got {self.max_norm!r} (0 would zero every gradient "
+                              "and a negative value flip it; write null to disable clipping)")
+        if self.max_consecutive_skipped_steps < 0:
+            raise ConfigError(f"{path}.max_consecutive_skipped_steps",
+                              f"must be >= 0, got {self.max_consecutive_skipped_steps}.")
+        if self.max_consecutive_skipped_steps > 0 and not self.use_skip_step_on_nan:
+            raise ConfigError(f"{path}.max_consecutive_skipped_steps",
+                              "has no effect unless use_skip_step_on_nan is True")
+        if self.stop_at_step is not None and not 1 <= self.stop_at_step <= self.steps:
+            raise ConfigError(f"{path}.stop_at_step",
+                              f"must be in [1, steps={self.steps}], got {self.stop_at_step}")
+        self._validate_rampup(f"{path}.rampup_batch_size")
+
+    def _validate_rampup(self, path: str) -> None:
+        rbs = self.rampup_batch_size
+        if rbs is None:
+            return
+        if len(rbs) != 3:
+            raise ConfigError(path, "must be a 3-element list [start_global_batch_size, "
+                                    f"batch_size_increment, rampup_samples], got {rbs!r}.")
+        start, increment, samples = rbs
+        if start <= 0:
+            raise ConfigError(f"{path}[0]", f"(start_global_batch_size) must be > 0, got {start}.")
+        if increment <= 0:
+            raise ConfigError(f"{path}[1]", f"(batch_size_increment) must be > 0, got {increment}.")
+        if samples < 0:
+            raise ConfigError(f"{path}[2]", f"(rampup_samples) must be >= 0, got {samples}.")
+        if start > self.global_batch_size:
+            raise ConfigError(f"{path}[0]", f"(start_global_batch_size) {start} must be <= "
+                                            f"global_batch_size ({self.global_batch_size})")
+        if (self.global_batch_size - start) % increment != 0:
+            raise ConfigError(f"{path}[1]", f"global_batch_size ({self.global_batch_size}) - "
+                                            f"start_global_batch_size ({start}) must be divisible "
+                                            f"by batch_size_increment ({increment})")

@@ -1,0 +1,488 @@
+"""Every LR schedule of MindFormers 2.1.0 (plus WSD styles and inverse-sqrt) and the registry.
+
+Notation in the docstrings: ``s`` = 0-based optimizer step, ``W`` = resolved warmup steps,
+``T`` = ``total_steps`` (``training.steps``), ``eta`` = ``learning_rate`` (the peak).
+Every schedule with warmup shares the line ``init + (eta - init) * s / W`` for ``s < W``
+(:class:`~.base.WarmupSchedule`). Values equal upstream's float32 results within float32
+rounding wherever upstream is sane; where it is not (DESIGN.md §5.2) we never return NaN or a
+negative lr and never rise after the final decay.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict
+
+from ...config.errors import ConfigError
+from .base import ALIASES, SCHEDULE_CLASSES, LRSchedule, WarmupSchedule, register
+from .fields import as_choice, as_float, resolve_steps
+
+__all__ = [
+    "ConstantWarmUpLR", "LinearWithWarmUpLR", "CosineWithWarmUpLR",
+    "CosineWithRestartsAndWarmUpLR", "PolynomialWithWarmUpLR", "WarmUpStableDecayLR",
+    "ConstantWithCoolDownLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts",
+    "LearningRateWiseLayer", "InverseSqrtLR", "LR_SCHEDULERS", "canonical_type",
+]
+
+_PI = math.pi
+_TWO_PI = 2.0 * math.pi
+_cos = math.cos
+
+
+# A step before the first update (``step < 0``, e.g. a "previous step" lookup at step 0) gets
+# lr(0): upstream would extrapolate the warmup line to a negative lr (-1e-4 for
+# ConstantWarmUp(1e-3, W=10) at -1) or above the peak (Linear/Polynomial with W = 0).
+
+
+@register("constant_with_warmup")
+class ConstantWarmUpLR(WarmupSchedule):
+    """Warmup, then ``lr = eta`` for ``s >= W`` (``total_steps`` only resolves the ratio)."""
+
+    FIELDS = dict(WarmupSchedule.WARMUP_FIELDS)
+
+    def _setup(self, values):
+        self._setup_warmup(values)
+
+    def lr_at(self, step: int) -> float:
+        if step < self.W:
+            return self.init + self._slope * step if step >= 0 else self.lr_at(0)
+        return self.eta
+
+    def boundaries(self):
+        return self._warmup_bounds()
+
+
+@register("linear")
+class LinearWithWarmUpLR(WarmupSchedule):
+    """Warmup, then ``lr = eta * max(0, (T - s) / max(1, T - W))``: 0 at ``s = T`` and after.
+
+    There is no ``lr_end`` (use PolynomialWithWarmUpLR with ``power: 1.0`` for a floor).
+    """
+
+    FIELDS = dict(WarmupSchedule.WARMUP_FIELDS)
+
+    def _setup(self, values):
+        self._setup_warmup(values)
+        self._len = float(max(1, self.total_steps - self.W))
+
+    def lr_at(self, step: int) -> float:
+        if step < self.W:
+            return self.init + self._slope * step if step >= 0 else self.lr_at(0)
+        frac = (self.total_steps - step) / self._len
+        return self.eta * frac if frac > 0.0 else 0.0
+
+    def boundaries(self):
+        return {**self._warmup_bounds(), "decay_start": self.W, "decay_end": self.total_steps,
+                "decay_start_steps": self.W, "decay_steps": self.total_steps - self.W}
+
+
+def _decay_cutoff(sched: WarmupSchedule, values, allow_ratio: bool) -> int:
+    """Upstream decay cutoff ``D``: ``int(T*decay_ratio)``, else ``max(1, decay_steps)``,
+    else ``max(1, T)``. At ``s >= D`` the lr is ``lr_end`` (checked before the warmup)."""
+    steps = sched._int(values, "decay_steps")
+    ratio = sched._float(values, "decay_ratio", hi=1.0) if allow_ratio else None
+    if ratio is not None:
+        sched._params["decay_steps"] = None
+        return resolve_steps(steps, ratio, sched.total_steps, "decay", sched._path)
+    return max(1, steps) if steps is not None else max(1, sched.total_steps)
+
+
+class _CosineBase(WarmupSchedule):
+    """Shared setup of CosineWithWarmUpLR and CosineWithRestartsAndWarmUpLR.
+
+    ``p = (s - W) / max(1, T - W)``; the cosine is always stretched over ``T - W`` and cut
+    at ``D`` (``D`` truncates, it does not stretch). Ours cuts at ``min(D, W + max(1, T - W))``:
+    beyond ``T`` upstream keeps the cosine going (rising again) or returns 0; we hold
+    ``lr_end``.
+    """
+
+    FLOOR_FIELDS = ("lr_end",)
+
+    def _setup_cosine(self, values, allow_ratio: bool, cycles_lo_open: bool):
+        self._setup_warmup(values)
+        self.lr_end = self._float(values, "lr_end")
+        self._check_floor("lr_end", self.lr_end)
+        self.c = self._float(values, "num_cycles", lo_open=cycles_lo_open)
+        self.D = _decay_cutoff(self, values, allow_ratio)
+        self._len = float(max(1, self.total_steps - self.W))
+        self.cut = min(self.D, self.W + int(self._len))
+        self._range = self.eta - self.lr_end
+
+    def boundaries(self):
+        return {**self._warmup_bounds(), "decay_start": min(self.W, self.cut),
+                "decay_end": self.cut, "decay_start_steps": min(self.W, self.cut),
+                "decay_steps": self.cut - min(self.W, self.cut)}
+
+
+@register("cosine")
+class CosineWithWarmUpLR(_CosineBase):
+    """Warmup, then ``lr = lr_end + (eta - lr_end) * max(0, (1 + cos(2*pi*c*p)) / 2)``.
+
+    Defaults: ``warmup_steps`` 0, ``num_cycles`` c = 0.5 (peak to lr_end), ``lr_end`` 0.
+    ``s >= cut`` gives ``lr_end`` (see :class:`_CosineBase`).
+    """
+
+    FIELDS = {**WarmupSchedule.WARMUP_FIELDS, "num_cycles": 0.5, "lr_end": 0.0,
+              "decay_steps": None, "decay_ratio": None}
+
+    def _setup(self, values):
+        self._setup_cosine(values, allow_ratio=True, cycles_lo_open=False)
+        self._omega = _TWO_PI * self.c
+
+    def lr_at(self, step: int) -> float:
+        if step >= self.cut:
+            return self.lr_end
+        if step < self.W:
+            return self.init + self._slope * step if step >= 0 else self.lr_at(0)
+        pct = 0.5 * (1.0 + _cos(self._omega * ((step - self.W) / self._len)))
+        return self.lr_end + self._range * pct if pct > 0.0 else self.lr_end
+
+
+@register("cosine_with_restarts")
+class CosineWithRestartsAndWarmUpLR(_CosineBase):
+    """Warmup, then ``c`` half-cosines from eta to lr_end:
+    ``lr = lr_end + (eta - lr_end) * max(0, (1 + cos(pi * frac(c*p))) / 2)``.
+
+    Defaults ``num_cycles`` 1.0, ``lr_end`` 0. Upstream returns 0 (not lr_end) for
+    ``p >= 1`` when ``decay_steps > T``; we hold ``lr_end`` from ``cut``.
+    """
+
+    FIELDS = {**WarmupSchedule.WARMUP_FIELDS, "num_cycles": 1.0, "lr_end": 0.0,
+              "decay_steps": None}
+
+    def _setup(self, values):
+        self._setup_cosine(values, allow_ratio=False, cycles_lo_open=True)
+
+    def lr_at(self, step: int) -> float:
+        if step >= self.cut:
+            return self.lr_end
+        if step < self.W:
+            return self.init + self._slope * step if step >= 0 else self.lr_at(0)
+        # c*(s-W) first: exact for the usual c, so a restart on an integer step lands exactly
+        x = (self.c * (step - self.W)) / self._len
+        pct = 0.5 * (1.0 + _cos(_PI * (x - math.floor(x))))
+        return self.lr_end + self._range * pct if pct > 0.0 else self.lr_end
+
+
+@register("polynomial")
+class PolynomialWithWarmUpLR(WarmupSchedule):
+    """Warmup, then ``lr = lr_end + (eta - lr_end) * (1 - (s - W) / Dp) ** power``.
+
+    ``Dp = max(1, decay_steps)`` or ``max(1, T - W)``; ``lr_end`` for ``s > T``. Defaults
+    ``lr_end`` 1e-7, ``power`` 1.0. Upstream goes negative / climbs back / NaN between
+    ``W + Dp`` and ``T`` when ``Dp < T - W``; we hold ``lr_end`` after ``W + Dp``.
+    """
+
+    FIELDS = {**WarmupSchedule.WARMUP_FIELDS, "lr_end": 1e-7, "power": 1.0,
+              "decay_steps": None}
+    FLOOR_FIELDS = ("lr_end",)
+
+    def _setup(self, values):
+        self._setup_warmup(values)
+        self.lr_end = self._float(values, "lr_end")
+        self._check_floor("lr_end", self.lr_end)
+        self.power = self._float(values, "power")
+        steps = self._int(values, "decay_steps")
+        self.Dp = max(1, steps) if steps is not None else max(1, self.total_steps - self.W)
+        self._hold = min(self.W + self.Dp, self.total_steps)  # lr_end for s > _hold
+        self._range = self.eta - self.lr_end
+
+    def lr_at(self, step: int) -> float:
+        if step < self.W:
+            return self.init + self._slope * step if step >= 0 else self.lr_at(0)
+        if step > self._hold:
+            return self.lr_end
+        return self.lr_end + self._range * (1.0 - (step - self.W) / self.Dp) ** self.power
+
+    def boundaries(self):
+        end = min(self.W + self.Dp, self.total_steps + 1)
+        return {**self._warmup_bounds(), "decay_start": self.W, "decay_end": end,
+                "decay_start_steps": self.W, "decay_steps": end - self.W}
+
+
+@register("wsd")
+class WarmUpStableDecayLR(WarmupSchedule):
+    """Warmup-Stable-Decay: warmup to eta, hold eta until ``S``, decay to lr_end at ``T``.
+
+    ``S`` = ``int(T * decay_start_ratio)`` or ``decay_start_steps`` (one is required).
+    With ``p = (s - S) / (T - S)``: ``linear`` (upstream, default)
+    ``lr = eta - (eta - lr_end) * p``; ``cosine`` ``lr_end + (eta - lr_end)(1 + cos(pi p))/2``;
+    ``1-sqrt`` ``lr_end + (eta - lr_end)(1 - sqrt(p))``. Ours holds ``lr_end`` for ``s >= T``
+    (upstream keeps falling below 0), starts at eta with ``warmup_steps: 0`` (upstream NaN),
+    and with ``S >= T`` holds eta until ``S`` then ``lr_end`` (upstream NaN / rises).
+    """
+
+    FIELDS = {**WarmupSchedule.WARMUP_FIELDS, "lr_end": 1e-7, "decay_start_steps": None,
+              "decay_start_ratio": None, "decay_style": "linear"}
+    FLOOR_FIELDS = ("lr_end",)
+    DECAY_STYLES = ("linear", "cosine", "1-sqrt")
+
+    def _setup(self, values):
+        self._setup_warmup(values)
+        self.lr_end = self._float(values, "lr_end")
+        self._check_floor("lr_end", self.lr_end)
+        steps = self._int(values, "decay_start_steps")
+        ratio = self._float(values, "decay_start_ratio", hi=1.0)
+        if steps is None and ratio is None:
+            raise ConfigError(self._p("decay_start_steps"),
+                              "WarmUpStableDecayLR needs decay_start_steps or "
+                              "decay_start_ratio (where the decay begins)")
+        if ratio is not None:
+            self._params["decay_start_steps"] = None
+        self.S = resolve_steps(steps, ratio, self.total_steps, "decay_start", self._path)
+        self.style = as_choice(values["decay_style"], self._p("decay_style"), self.DECAY_STYLES)
+        self._params["decay_style"] = self.style
+        self._end = max(self.S, self.total_steps)
+        self._len = float(self.total_steps - self.S) if self.total_steps > self.S else 1.0
+        self._range = self.eta - self.lr_end
+
+    def lr_at(self, step: int) -> float:
+        if step < self.W:
+            return self.init + self._slope * step if step >= 0 else self.lr_at(0)
+        if step < self.S:
+            return self.eta
+        if step >= self._end:
+            return self.lr_end
+        p = (step - self.S) / self._len
+        if self.style == "linear":
+            return self.eta - self._range * p
+        if self.style == "cosine":
+            return self.lr_end + self._range * 0.5 * (1.0 + _cos(_PI * p))
+        return self.lr_end + self._range * (1.0 - math.sqrt(p))
+
+    def boundaries(self):
+        return {**self._warmup_bounds(), "decay_start": self.S, "decay_end": self._end,
+                "decay_start_steps": self.S, "decay_steps": self._end - self.S}
+
+
+@register()
+class ConstantWithCoolDownLR(WarmupSchedule):
+    """Warmup, keep, cosine cool-down, then two floors.
+
+    ``K = keep_steps``, ``F = final_steps``, ``D`` = ``int(T*decay_ratio)``, else
+    ``max(1, decay_steps)``, else ``max(1, T)`` (upstream: the default D is T, so the schedule
+    runs past ``total_steps``). Phases: warmup; ``s < W+K``: eta; ``s < W+K+D``:
+    ``lr_end1 + (eta - lr_end1) * max(0, (1 + cos(2*pi*c*(s-W-K)/D)) / 2)``;
+    ``s < W+K+D+F``: lr_end1; then lr_end2 (``None`` means lr_end1). Upstream also maps an
+    explicit ``lr_end2: 0.0`` to lr_end1; ours honours the 0.0. ``lr_end2 <= lr_end1``.
+    """
+
+    FIELDS = {**WarmupSchedule.WARMUP_FIELDS, "keep_steps": 0, "final_steps": 0,
+              "num_cycles": 0.5, "lr_end1": 0.0, "lr_end2": None, "decay_steps": None,
+              "decay_ratio": None}
+    FLOOR_FIELDS = ("lr_end1",)
+
+    def _setup(self, values):
+        self._setup_warmup(values)
+        self.K = self._int(values, "keep_steps")
+        self.F = self._int(values, "final_steps")
+        self.c = self._float(values, "num_cycles")
+        self.e1 = self._float(values, "lr_end1")
+        self._check_floor("lr_end1", self.e1)
+        e2 = self._float(values, "lr_end2")
+        if e2 is not None and e2 > self.e1:
+            raise ConfigError(self._p("lr_end2"), f"must be <= lr_end1 ({self.e1!r}), got "
+                                                  f"{e2!r} (the lr must not rise after the "
+                                                  "cool-down)")
+        self.e2 = self.e1 if e2 is None else e2
+        self.D = _decay_cutoff(self, values, allow_ratio=True)
+        self._b1 = self.W + self.K
+        self._b2 = self._b1 + self.D
+        self._b3 = self._b2 + self.F
+        self._omega = _TWO_PI * self.c / self.D if self.D > 0 else 0.0
+        self._range = self.eta - self.e1
+
+    def _adjust_floor(self, params, min_lr):
+        if min_lr is not None and params.get("lr_end2") is not None:
+            params["lr_end2"] = min(params["lr_end2"], min_lr)
+
+    def lr_at(self, step: int) -> float:
+        if step < self.W:
+            return self.init + self._slope * step if step >= 0 else self.lr_at(0)
+        if step < self._b1:
+            return self.eta
+        if step < self._b2:
+            pct = 0.5 * (1.0 + _cos(self._omega * (step - self._b1)))
+            return self.e1 + self._range * pct if pct > 0.0 else self.e1
+        if step < self._b3:
+            return self.e1
+        return self.e2
+
+    def boundaries(self):
+        return {**self._warmup_bounds(), "decay_start": self._b1, "decay_end": self._b3,
+                "decay_start_steps": self._b1, "decay_steps": self.D,
+                "cooldown_end": self._b2, "final_end": self._b3}
+
+
+class _AnnealingBase(LRSchedule):
+    """CosineAnnealing*: the peak is ``base_lr`` (``learning_rate`` is not a field)."""
+
+    PEAK_FIELD = "base_lr"
+    FLOOR_FIELDS = ("eta_min",)
+
+    def _setup_base(self, values):
+        self.base = self._float(values, "base_lr", required=True,
+                                what="the peak lr of this schedule (it has no learning_rate)")
+        self.eta_min = self._float(values, "eta_min")
+        if self.eta_min > self.base:
+            raise ConfigError(self._p("eta_min"), f"must be <= base_lr ({self.base!r}), got "
+                                                  f"{self.eta_min!r}")
+        self._range = self.base - self.eta_min
+
+
+@register("cosine_annealing")
+class CosineAnnealingLR(_AnnealingBase):
+    """``lr = eta_min + (base_lr - eta_min) * max(0, (1 + cos(pi * s / t_max)) / 2)``.
+
+    No warmup, no clamp at ``t_max``: periodic with period ``2 * t_max`` (as upstream and
+    torch define it).
+    """
+
+    FIELDS = {"base_lr": None, "t_max": None, "eta_min": 0.0}
+
+    def _setup(self, values):
+        self._setup_base(values)
+        self.t_max = self._int(values, "t_max", lo=1, required=True,
+                               what="half period of the cosine in steps, an int >= 1")
+        self._omega = _PI / self.t_max
+
+    def lr_at(self, step: int) -> float:
+        if step < 0:
+            step = 0
+        pct = 0.5 * (1.0 + _cos(self._omega * step))
+        return self.eta_min + self._range * pct if pct > 0.0 else self.eta_min
+
+    def boundaries(self):
+        return {"first_min": self.t_max, "period": 2 * self.t_max}
+
+
+@register("cosine_annealing_warm_restarts")
+class CosineAnnealingWarmRestarts(_AnnealingBase):
+    """SGDR: cycles of length ``T_i = t_0 * t_mult**i`` starting at ``t_0 (m^i - 1)/(m - 1)``;
+    ``lr = eta_min + (base_lr - eta_min) * max(0, (1 + cos(pi * t_cur / T_i)) / 2)``.
+
+    The cycle index is found in exact integer arithmetic (upstream uses a float32 log).
+    """
+
+    FIELDS = {"base_lr": None, "t_0": None, "t_mult": 1, "eta_min": 0.0}
+
+    def _setup(self, values):
+        self._setup_base(values)
+        self.t_0 = self._int(values, "t_0", lo=1, required=True,
+                             what="length of the first cycle in steps, an int >= 1")
+        self.t_mult = self._int(values, "t_mult", lo=1)
+        self._log_m = math.log(self.t_mult) if self.t_mult > 1 else 0.0
+
+    def _cycle(self, step: int):
+        """(t_cur, T_i) of ``step``."""
+        t0, m = self.t_0, self.t_mult
+        if step < t0:
+            return step, t0
+        if m == 1:
+            return step % t0, t0
+        # estimate i from the closed form, then fix it exactly with integers
+        i = int(math.log(step / t0 * (m - 1) + 1.0) / self._log_m)
+        start = t0 * (m ** i - 1) // (m - 1)
+        while start > step:
+            i -= 1
+            start = t0 * (m ** i - 1) // (m - 1)
+        while start + t0 * m ** i <= step:
+            start += t0 * m ** i
+            i += 1
+        return step - start, t0 * m ** i
+
+    def lr_at(self, step: int) -> float:
+        if step < 0:
+            step = 0
+        t_cur, t_i = self._cycle(step)
+        pct = 0.5 * (1.0 + _cos(_PI * t_cur / t_i))
+        return self.eta_min + self._range * pct if pct > 0.0 else self.eta_min
+
+    def boundaries(self):
+        return {"first_restart": self.t_0}
+
+
+@register("inverse_sqrt")
+class InverseSqrtLR(WarmupSchedule):
+    """Inverse square root (Vaswani et al. 2017 rsqrt), with the shared linear warmup:
+    ``lr = max(lr_end, eta * sqrt(max(W, 1) / max(s, 1)))`` for ``s >= W``.
+
+    It equals eta at ``s = W`` and decays as ``1/sqrt(s)`` (never plateaus); ``lr_end``
+    (default 0) is an optional floor it then holds. The Transformer's ``d_model**-0.5``
+    factor belongs in ``learning_rate``.
+    """
+
+    FIELDS = {**WarmupSchedule.WARMUP_FIELDS, "lr_end": 0.0}
+    FLOOR_FIELDS = ("lr_end",)
+
+    def _setup(self, values):
+        self._setup_warmup(values)
+        self.lr_end = self._float(values, "lr_end")
+        self._check_floor("lr_end", self.lr_end)
+        self._scale = self.eta * math.sqrt(max(self.W, 1))
+
+    def lr_at(self, step: int) -> float:
+        if step < self.W:
+            return self.init + self._slope * step if step >= 0 else self.lr_at(0)
+        lr = self._scale / math.sqrt(step) if step > 1 else self.eta
+        return lr if lr > self.lr_end else self.lr_end
+
+    def boundaries(self):
+        return {**self._warmup_bounds(), "decay_start": self.W, "decay_start_steps": self.W}
+
+
+@register()
+class LearningRateWiseLayer(LRSchedule):
+    """``lr = lr_scale * base(s)`` where ``base_lr`` is a nested schedule section
+    (``{type: CosineWithWarmUpLR, learning_rate: ..., ...}``) or a schedule object.
+
+    Upstream cannot build it from YAML; ours can. Errors inside the nested section name
+    ``lr_scheduler.base_lr.<field>``.
+    """
+
+    FIELDS = {"base_lr": None, "lr_scale": None}
+    PEAK_FIELD = "base_lr"
+
+    def _setup(self, values):
+        self.scale = as_float(values["lr_scale"], self._p("lr_scale"), lo=0.0, lo_open=True,
+                              required=True, what="the factor applied to base_lr's schedule")
+        self._params["lr_scale"] = self.scale
+        base = values["base_lr"]
+        if base is None:
+            raise ConfigError(self._p("base_lr"), "required: the wrapped schedule section, "
+                                                  "e.g. {type: CosineWithWarmUpLR, ...}")
+        if not isinstance(base, LRSchedule):
+            from .build import build_lr_scheduler  # build imports this module
+            base = build_lr_scheduler(base, self.total_steps, path=self._p("base_lr"))
+        self.base = base
+        self._params["base_lr"] = base.to_dict()
+
+    def lr_at(self, step: int) -> float:
+        return self.scale * self.base.lr_at(step)
+
+    @property
+    def peak_lr(self) -> float:
+        return self.scale * self.base.peak_lr
+
+    def with_peak(self, max_lr: float, min_lr=None) -> "LearningRateWiseLayer":
+        key = (max_lr, min_lr)
+        if key not in self._peak_cache:
+            inner = self.base.with_peak(max_lr / self.scale,
+                                        None if min_lr is None else min_lr / self.scale)
+            self._peak_cache[key] = LearningRateWiseLayer(
+                self.total_steps, path=self._path, base_lr=inner, lr_scale=self.scale)
+        return self._peak_cache[key]
+
+    def boundaries(self):
+        return self.base.boundaries()
+
+
+#: every accepted ``type`` name (class names and aliases) -> class
+LR_SCHEDULERS: Dict[str, type] = {**SCHEDULE_CLASSES,
+                                  **{a: SCHEDULE_CLASSES[c] for a, c in ALIASES.items()}}
+
+
+def canonical_type(name: Any) -> str:
+    """The class name for ``name`` (a class name or an alias); KeyError when unknown."""
+    if name in SCHEDULE_CLASSES:
+        return name
+    return ALIASES[name]

@@ -1,0 +1,126 @@
+"""Data-parallel gradient reduction: the trainer's ``grad_reducer`` for world size > 1.
+
+Token weighting (DESIGN §4, §5.4). Rank r holds micro-batches with loss-token counts
+``n_rj``; the global step has ``T = sum_r sum_j n_rj`` tokens. The trainer asks
+:meth:`DataParallelGradReducer.global_token_count` for T *before* any backward pass and
+back-propagates ``sum_j loss_sum_rj / T`` on every rank, so rank r's accumulated gradient is
+``G_r = grad(sum_j loss_sum_rj) / T`` and
+
+    SUM_r G_r = grad(sum over every token of the global batch) / T
+
+which is exactly the single-process gradient of the same global batch (mean over all loss
+tokens), whatever the per-rank token counts are. :meth:`reduce` therefore SUMs gradients,
+token-loss sums and token counts over ranks: the logged loss ``loss_sum / T`` and the norm of
+the reduced gradients are global.
+
+Few, large collectives: every gradient is flattened (fp32) into buckets of at most
+``bucket_bytes`` with the loss sum and token count appended to the last one, one all-reduce
+per bucket (one in total for small models), and the result is split back into Tensors of the
+original shapes.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .comm import Communicator
+
+__all__ = ["DataParallelGradReducer", "plan_buckets"]
+
+DEFAULT_BUCKET_BYTES = 256 * 2 ** 20
+
+
+def plan_buckets(sizes: Sequence[int], bucket_bytes: int, itemsize: int = 4) -> List[List[int]]:
+    """Consecutive groups of gradient indices, each at most ``bucket_bytes`` (a gradient
+    larger than that is a bucket of its own). Every index appears once, in order."""
+    buckets: List[List[int]] = []
+    current: List[int] = []
+    size = 0
+    for i, n in enumerate(sizes):
+        nbytes = int(n) * itemsize
+        if current and size + nbytes > bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += nbytes
+    if current or not buckets:
+        buckets.append(current)
+    return buckets
+
+
+class DataParallelGradReducer:
+    """SUM of gradients, token-loss sums and token counts over the data-parallel ranks.
+
+    Implements the trainer's reducer protocol (``trainer/grad_reducer.py``):
+    ``world_size``, ``rank``, ``global_token_count``, ``reduce``, ``broadcast_flag``, plus
+    ``reduce_max`` (QK-Clip's max logits, MAX over ranks).
+    """
+
+    def __init__(self, comm: Communicator, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        self.comm = comm
+        self.world_size = comm.world_size
+        self.rank = comm.rank
+        self.bucket_bytes = int(bucket_bytes)
+
+    def global_token_count(self, local_tokens: float) -> float:
+        """Loss tokens of the whole global step.
+
+        The CPU all-reduce sums float32 only (no int32/float64 kernel), exact up to 2**24; an
+        integer count is sent as ``(n // 4096, n % 4096)`` so the sum stays exact up to 2**36
+        tokens; a fractional count (weighted loss mask) is summed in float32."""
+        if self.world_size == 1:
+            return float(local_tokens)
+        n = float(local_tokens)
+        if n.is_integer() and 0 <= n < 2 ** 36:
+            hi, lo = divmod(int(n), 4096)
+            total = self.comm.all_reduce_sum(np.array([hi, lo], np.float32))
+            return float(int(total[0]) * 4096 + int(total[1]))
+        return float(self.comm.all_reduce_sum(np.array([n], np.float32))[0])
+
+    def reduce(self, grads: Sequence, loss_sum: float,
+               n_tokens: float) -> Tuple[List, float, float]:
+        """``(SUM_r grads_r, SUM_r loss_sum_r, SUM_r n_tokens_r)``; ``None`` gradients stay
+        ``None`` (the same parameters have no gradient on every rank)."""
+        grads = list(grads)
+        if self.world_size == 1:
+            return grads, float(loss_sum), float(n_tokens)
+        import mindspore as ms
+        from mindspore import ops
+        live = [i for i, g in enumerate(grads) if g is not None]
+        sizes = [int(np.prod(grads[i].shape)) for i in live]
+        buckets = plan_buckets(sizes, self.bucket_bytes)
+        out = list(grads)
+        scalars = None
+        for b, bucket in enumerate(buckets):
+            idx = [live[k] for k in bucket]
+            parts = [grads[i].astype(ms.float32).reshape(-1) for i in idx]
+            if b == len(buckets) - 1:
+                parts.append(ms.Tensor(np.array([loss_sum, n_tokens], np.float32)))
+            flat = ops.cat(parts) if len(parts) > 1 else parts[0]
+            reduced = self.comm.all_reduce_sum(flat)
+            split_sizes = [int(np.prod(grads[i].shape)) for i in idx]
+            if b == len(buckets) - 1:
+                split_sizes.append(2)
+            pieces = ops.split(reduced, split_sizes) if len(split_sizes) > 1 else [reduced]
+            for i, piece in zip(idx, pieces):
+                out[i] = piece.reshape(grads[i].shape)
+            if b == len(buckets) - 1:
+                scalars = pieces[-1].asnumpy()
+        return out, float(scalars[0]), float(scalars[1])
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        """True on every rank when any rank raised the flag (a stop request)."""
+        if self.world_size == 1:
+            return bool(flag)
+        return bool(self.comm.all_reduce_sum(np.array([1.0 if flag else 0.0], np.float32))[0] > 0)
+
+    def reduce_max(self, values: np.ndarray) -> np.ndarray:
+        """Element-wise MAX over ranks (QK-Clip's tracked max attention logits)."""
+        return self.comm.all_reduce_max(np.asarray(values))
+
+
+def make_grad_reducer(comm: Optional[Communicator] = None):
+    """The reducer for this process: the DP all-reduce (identity semantics on one rank)."""
+    from .comm import init_distributed
+    return DataParallelGradReducer(comm or init_distributed())

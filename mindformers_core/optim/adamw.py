@@ -1,0 +1,230 @@
+"""AdamW (torch-equivalent) on fp32 masters, with a fused fast path and a plain reference path.
+
+Update at step t (t = global_step after the increment), per parameter with fp32 master p,
+fp32 gradient g, group lr, effective weight decay wd (weight_decay * wd_mult):
+
+    p <- p * (1 - lr * wd)                       decoupled decay on the old value
+    m <- b1 * m + (1 - b1) * g
+    v <- b2 * v + (1 - b2) * g^2
+    p <- p - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)     bc1 = 1 - b1^t, bc2 = 1 - b2^t
+
+eps is outside the sqrt and after bias correction, as in torch.optim.AdamW. The step also runs
+when lr = 0 (moments advance). With ``decoupled_weight_decay=False`` (Adam + coupled L2) the
+decay line is replaced by g <- g + wd * p.
+
+Fast path (``impl="fused"``, the default when moments are fp32): MindSpore's fused ``ops.Adam``
+kernel (one pass over p, m, v, g) computes ``p -= lr_t * m / (sqrt(v) + eps_t)`` with beta
+powers given; passing beta powers 0 and folding bias correction into the scalars,
+
+    lr_t  = lr * sqrt(bc2) / bc1,     eps_t = eps * sqrt(bc2),
+
+gives exactly torch's update (multiply numerator and denominator by sqrt(bc2)). The scalars are
+computed in float64 in Python. The decoupled decay is one in-place multiply (numpy on the CPU
+buffer, see ``optimizer.scale_in_place``). The reference path (``impl="reference"``) composes
+plain ops and is also used for bf16 moments (``exp_avg_dtype`` / ``exp_avg_sq_dtype``), whose
+values are computed in fp32 and stored in bf16.
+
+On Ascend the upstream fused ``AdamW`` kernel could serve the same contract; it is not
+available on CPU and is not used here.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, ops
+
+from .optimizer import Optimizer, scale_in_place, scale_many_in_place, state_dtype
+
+__all__ = ["AdamW", "validate_adamw_args"]
+
+_IMPLS = ("fused", "reference")
+_ACCEPTED_FLAGS = ("use_fused", "enable_fused_opt", "swap", "amsgrad", "maximize")
+
+
+def validate_adamw_args(betas, eps, weight_decay, name: str = "AdamW") -> None:
+    """Upstream checks, in upstream order (torch-style ranges, then MindSpore type checks)."""
+    betas = list(betas) if isinstance(betas, (list, tuple)) else betas
+    if not isinstance(betas, list):
+        raise TypeError(f"For '{name}', the type of 'betas' should be 'tuple' or 'list', "
+                        f"but got type '{type(betas).__name__}'.")
+    if not 0.0 <= eps:
+        raise ValueError(f"Invalid epsilon value: {eps}, should be >= 0.")
+    if len(betas) < 2:
+        raise ValueError(f"For '{name}', the betas size should be in : [2], "
+                         f"but got {len(betas)}.")
+    if not 0.0 <= betas[0] < 1.0:
+        raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}, "
+                         f"should be >= 0 and < 1.")
+    if not 0.0 <= betas[1] < 1.0:
+        raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}, "
+                         f"should be >= 0 and < 1.")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay}, should be >= 0.")
+    for k, b in enumerate(betas):
+        if not isinstance(b, float):
+            raise TypeError(f"For '{name}', the type of 'betas[{k}]' should be 'float', "
+                            f"but got type '{type(b).__name__}'.")
+    if len(betas) != 2:
+        raise ValueError(f"For '{name}', the betas size should be in : [2], "
+                         f"but got {len(betas)}.")
+    if not isinstance(eps, float):
+        raise TypeError(f"For '{name}', the type of 'eps' should be 'float', "
+                        f"but got type '{type(eps).__name__}'.")
+    if not isinstance(weight_decay, float):
+        raise TypeError(f"For '{name}', the type of 'weight_decay' should be 'float', "
+                        f"but got type '{type(weight_decay).__name__}'.")
+
+
+class AdamW(Optimizer):
+    """AdamW with fp32 masters; see the module docstring for the update and the paths.
+
+    Args:
+        params_or_groups: Parameters or group dicts (``optimizer.normalize_param_groups``).
+        lr: base learning rate (each group: lr * lr_mult; the trainer sets it every step).
+        betas, eps, weight_decay: defaults for groups that do not set them.
+        decoupled_weight_decay: False = Adam with coupled L2 (g += wd * p).
+        exp_avg_dtype, exp_avg_sq_dtype: 'fp32' | 'bf16' storage of m and v.
+        store_param_remainders: bf16 params keep an int16 remainder instead of an fp32 master.
+        embedding_min_norm: see ``Optimizer``.
+        impl: 'fused' (default) or 'reference'.
+        use_fused, enable_fused_opt, swap, amsgrad, maximize: accepted (kernel/offload flags
+        of upstream); amsgrad/maximize must be False.
+        enable_cpu_offload: must be False (upstream: "Not support enable_cpu_offload.").
+    """
+
+    optimizer_name = "AdamW"
+
+    def __init__(self, params_or_groups, lr: float = 1e-3, betas=(0.9, 0.95), eps: float = 1e-8,
+                 weight_decay: float = 0.01, *, decoupled_weight_decay: bool = True,
+                 exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32",
+                 store_param_remainders: bool = False, embedding_min_norm=None,
+                 impl: str = "fused", enable_cpu_offload: bool = False, **flags):
+        validate_adamw_args(betas, eps, weight_decay, self.optimizer_name)
+        if enable_cpu_offload:
+            raise ValueError("Not support enable_cpu_offload.")
+        unknown = sorted(set(flags) - set(_ACCEPTED_FLAGS))
+        if unknown:
+            raise TypeError(f"{self.optimizer_name} got unexpected keyword arguments {unknown}; "
+                            f"accepted flags: {list(_ACCEPTED_FLAGS)}")
+        if flags.get("amsgrad") or flags.get("maximize"):
+            raise ValueError(f"{self.optimizer_name}: amsgrad and maximize are not supported")
+        if impl not in _IMPLS:
+            raise ValueError(f"{self.optimizer_name}: impl must be one of {list(_IMPLS)}, "
+                             f"got {impl!r}")
+        super().__init__(params_or_groups,
+                         {"lr": float(lr), "betas": tuple(betas), "eps": eps,
+                          "weight_decay": weight_decay},
+                         store_param_remainders=store_param_remainders,
+                         embedding_min_norm=embedding_min_norm)
+        for gi, group in enumerate(self.param_groups):
+            try:
+                validate_adamw_args(group["betas"], group["eps"], group["weight_decay"],
+                                    self.optimizer_name)
+            except (TypeError, ValueError) as err:
+                raise type(err)(f"parameter group {gi}: {err}") from None
+            group["betas"] = tuple(group["betas"])
+        self.decoupled_weight_decay = bool(decoupled_weight_decay)
+        self.exp_avg_dtype = state_dtype(exp_avg_dtype)
+        self.exp_avg_sq_dtype = state_dtype(exp_avg_sq_dtype)
+        low_moments = self.exp_avg_dtype != ms.float32 or self.exp_avg_sq_dtype != ms.float32
+        self.impl = "reference" if low_moments else impl
+        self._adam = ops.Adam()
+        self._zero = Tensor(0.0, ms.float32)
+        for i in range(len(self.parameters)):
+            self._new_state("adam_m", i, self.exp_avg_dtype)
+            self._new_state("adam_v", i, self.exp_avg_sq_dtype)
+
+    def state_prefixes(self) -> tuple:
+        return ("adam_m", "adam_v")
+
+    def _state_dtype(self, prefix: str):
+        return self.exp_avg_dtype if prefix == "adam_m" else self.exp_avg_sq_dtype
+
+    # ------------------------------------------------------------------------------------------
+    def _hyper(self, group: Dict[str, Any]):
+        b1, b2 = group["betas"]
+        t = self.global_step
+        bc1 = 1.0 - b1 ** t
+        bc2 = 1.0 - b2 ** t
+        return float(group["lr"]), float(b1), float(b2), float(group["eps"]), \
+            self.group_weight_decay(group), bc1, bc2
+
+    def _step_group(self, group: Dict[str, Any], indices: List[int], grads: List[Tensor]):
+        lr, b1, b2, eps, wd, bc1, bc2 = self._hyper(group)
+        m_slots, v_slots = self._state["adam_m"], self._state["adam_v"]
+        if self.impl == "fused":
+            scalars = self._fused_scalars(lr, b1, b2, eps)
+            masters = [self._masters.master(i) for i in indices]
+            if wd != 0.0 and self.decoupled_weight_decay:
+                # all decays first: one host sync for the group, not one per parameter
+                scale_many_in_place(masters, 1.0 - lr * wd)
+                wd_left = 0.0
+            else:
+                wd_left = wd
+            for i, master, g in zip(indices, masters, grads):
+                self._fused_update(master, m_slots[i], v_slots[i], g, lr, wd_left, scalars)
+                self._masters.store(i, master)
+        else:
+            for i, g in zip(indices, grads):
+                master = self._masters.master(i)
+                self._reference_update(master, m_slots[i], v_slots[i], g,
+                                       lr, b1, b2, eps, wd, bc1, bc2)
+                self._masters.store(i, master)
+
+    def _update(self, group, i, master, grad):
+        """Single-parameter update (used by subclasses that route a subset to AdamW)."""
+        lr, b1, b2, eps, wd, bc1, bc2 = self._hyper(group)
+        m, v = self._state["adam_m"][i], self._state["adam_v"][i]
+        if self.impl == "fused":
+            scalars = self._fused_scalars(lr, b1, b2, eps)
+            self._fused_update(master, m, v, grad, lr, wd, scalars)
+        else:
+            self._reference_update(master, m, v, grad, lr, b1, b2, eps, wd, bc1, bc2)
+
+    def _fused_scalars(self, lr: float, b1: float, b2: float, eps: float):
+        """(lr_t, b1, b2, eps_t) Tensors for ops.Adam at step t = global_step.
+
+        The kernel's EMAs run with the fp32-rounded betas b1', b2' (for b2 = 0.999 the fp32
+        1 - b2' is 1.3e-5 off 1 - b2). Bias correction uses the same b1', b2', so m/bc1 and
+        v/bc2 are normalised weighted averages of the gradients exactly as in torch (weights
+        summing to 1); the bias-corrected update then matches torch to ~1e-7 relative even
+        though the raw v differs by that 1.3e-5 factor.
+        """
+        b1f, b2f = float(np.float32(b1)), float(np.float32(b2))
+        t = self.global_step
+        bc1, bc2 = 1.0 - b1f ** t, 1.0 - b2f ** t
+        sq = math.sqrt(bc2)
+        return (Tensor(lr * sq / bc1, ms.float32), Tensor(b1f, ms.float32),
+                Tensor(b2f, ms.float32), Tensor(eps * sq, ms.float32))
+
+    def _fused_update(self, master: Parameter, m: Parameter, v: Parameter, g: Tensor,
+                      lr: float, wd: float, scalars) -> None:
+        lr_t, b1, b2, eps_t = scalars
+        if wd != 0.0:
+            if self.decoupled_weight_decay:
+                scale_in_place(master, 1.0 - lr * wd)
+            else:
+                g = g + wd * master
+        # beta powers 0: the kernel's own bias correction is the identity; it is folded in lr_t.
+        self._adam(master, m, v, self._zero, self._zero, lr_t, b1, b2, eps_t, g)
+
+    def _reference_update(self, master, m, v, g, lr, b1, b2, eps, wd, bc1, bc2) -> None:
+        """Plain composed ops, fp32 arithmetic; m/v stored in their own dtype."""
+        p = master * 1.0
+        if wd != 0.0:
+            if self.decoupled_weight_decay:
+                p = p * (1.0 - lr * wd)
+            else:
+                g = g + wd * p
+        m32 = m.astype(ms.float32) if m.dtype != ms.float32 else m
+        v32 = v.astype(ms.float32) if v.dtype != ms.float32 else v
+        m_new = b1 * m32 + (1.0 - b1) * g
+        v_new = b2 * v32 + (1.0 - b2) * (g * g)
+        denom = ops.sqrt(v_new) / math.sqrt(bc2) + eps
+        p = p - (lr / bc1) * (m_new / denom)
+        master.set_data(p)
+        m.set_data(m_new if m.dtype == ms.float32 else m_new.astype(m.dtype))
+        v.set_data(v_new if v.dtype == ms.float32 else v_new.astype(v.dtype))

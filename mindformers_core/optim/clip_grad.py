@@ -1,0 +1,51 @@
+"""Global gradient norm and clipping by it (upstream trainer semantics, reference §6).
+
+    norm = sqrt(sum_p sum_i g_p,i^2)            in fp32, one norm over every gradient
+    coef = max_norm / (norm + 1e-6);  grads *= coef  when coef < 1
+
+The returned norm is the pre-clip norm. A non-finite norm is returned as is and the gradients
+are returned unchanged (never scaled by a NaN/inf coefficient); the trainer decides to skip.
+``max_norm=None`` disables clipping (the norm is still computed). None gradients are skipped.
+
+Cost: one ``ops.norm`` kernel per gradient (no host sync), one stack + reduction and a single
+host synchronisation for the whole norm.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import mindspore as ms
+from mindspore import Tensor, ops
+
+__all__ = ["global_grad_norm", "clip_grad_by_global_norm", "CLIP_EPS"]
+
+CLIP_EPS = 1e-6
+
+
+def global_grad_norm(grads: Sequence[Optional[Tensor]]) -> float:
+    """L2 norm over all (non-None) gradients, computed in fp32; 0.0 when there are none."""
+    norms = []
+    for g in grads:
+        if g is None or g.size == 0:
+            continue
+        g32 = g if g.dtype == ms.float32 else g.astype(ms.float32)
+        norms.append(ops.norm(g32.reshape(-1)))
+    if not norms:
+        return 0.0
+    per_grad = ops.stack(norms)
+    # sum of squares of per-tensor norms == sum of squares of all elements
+    return float(ops.sqrt(ops.sum(per_grad * per_grad)).asnumpy())
+
+
+def clip_grad_by_global_norm(grads: Sequence[Optional[Tensor]], max_norm: Optional[float]
+                             ) -> Tuple[List[Optional[Tensor]], float]:
+    """(clipped grads, pre-clip norm). Gradients keep their dtype; None stays None."""
+    grads = list(grads)
+    norm = global_grad_norm(grads)
+    if max_norm is None or not math.isfinite(norm):
+        return grads, norm
+    coef = float(max_norm) / (norm + CLIP_EPS)
+    if coef < 1.0:
+        grads = [None if g is None else (g * coef).astype(g.dtype) for g in grads]
+    return grads, norm

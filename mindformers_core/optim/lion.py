@@ -1,0 +1,50 @@
+"""Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms") on fp32 masters.
+
+    c <- b1 * m + (1 - b1) * g
+    p <- p * (1 - lr * wd) - lr * sign(c)        (decoupled decay on the old value)
+    m <- b2 * m + (1 - b2) * g                   (state ``lion_m.{name}``)
+
+Defaults follow Megatron's ``lion_beta1 = 0.95``, ``lion_beta2 = 0.98``.
+"""
+from __future__ import annotations
+
+import math
+
+from mindspore import Tensor, ops
+
+from .optimizer import Optimizer
+
+__all__ = ["Lion"]
+
+
+class Lion(Optimizer):
+    optimizer_name = "Lion"
+
+    def __init__(self, params_or_groups, lr: float = 1e-4, betas=(0.95, 0.98),
+                 weight_decay: float = 0.0, *, store_param_remainders: bool = False,
+                 embedding_min_norm=None):
+        betas = tuple(betas)
+        if len(betas) != 2:
+            raise ValueError(f"For 'Lion', the betas size should be in : [2], but got {len(betas)}.")
+        for k, b in enumerate(betas):
+            if not (isinstance(b, (int, float)) and math.isfinite(b) and 0.0 <= b < 1.0):
+                raise ValueError(f"Invalid beta parameter at index {k}: {b}, "
+                                 f"should be >= 0 and < 1.")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}, should be >= 0.")
+        super().__init__(params_or_groups, {"lr": float(lr), "betas": betas,
+                                            "weight_decay": float(weight_decay)},
+                         store_param_remainders=store_param_remainders,
+                         embedding_min_norm=embedding_min_norm)
+
+    def state_prefixes(self) -> tuple:
+        return ("lion_m",)
+
+    def _update(self, group, i, master, grad: Tensor) -> None:
+        lr, wd = float(group["lr"]), self.group_weight_decay(group)
+        b1, b2 = (float(b) for b in group["betas"])
+        m = self._get_state("lion_m", i)
+        direction = ops.sign(b1 * m + (1.0 - b1) * grad)
+        p = master * (1.0 - lr * wd) if wd != 0.0 else master
+        master.set_data(p - lr * direction)
+        m.set_data(b2 * m + (1.0 - b2) * grad)

@@ -1,0 +1,194 @@
+"""Per-step metrics: the log line, the progress bar, ``metrics.jsonl`` and the final summary.
+
+``metrics.jsonl`` (DESIGN.md §3): one JSON row per optimizer step with int ``step`` (1-based
+count of completed steps), ``loss`` (token-weighted mean cross-entropy of the step, nats),
+``lr`` (the lr APPLIED at this step, of the first parameter group; ``lrs`` lists every group),
+``grad_norm`` (global L2 norm before clipping), ``tokens_per_s``, ``step_time_s`` and, when the
+corpus' entropy rate is known, ``excess_loss = loss - entropy_floor``. Extra keys: ``clipped``,
+``skipped``, ``consumed_samples``, ``global_batch_size``, ``loss_scale``, ``aux_loss``,
+``num_zeros_in_grad`` when enabled. On resume the file is cut back to the resumed step, so it
+always describes one consistent run.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, TextIO
+
+__all__ = ["StepMetrics", "MetricsWriter", "format_step_line", "truncate_jsonl"]
+
+
+@dataclass
+class StepMetrics:
+    step: int
+    total_steps: int
+    loss: float
+    lr: float
+    lrs: List[float]
+    grad_norm: float
+    tokens_per_s: float
+    step_time_s: float
+    consumed_samples: int
+    global_batch_size: int
+    clipped: bool = False
+    skipped: bool = False
+    excess_loss: Optional[float] = None
+    loss_scale: Optional[float] = None
+    aux_loss: Optional[float] = None
+    num_zeros_in_grad: Optional[int] = None
+
+    def row(self) -> dict:
+        """The ``metrics.jsonl`` row (non-finite numbers become null: JSON has no NaN)."""
+        row = {
+            "step": int(self.step), "loss": _finite(self.loss), "lr": float(self.lr),
+            "grad_norm": _finite(self.grad_norm), "tokens_per_s": float(self.tokens_per_s),
+            "step_time_s": float(self.step_time_s),
+        }
+        if self.excess_loss is not None:
+            row["excess_loss"] = _finite(self.excess_loss)
+        row.update({"lrs": [float(x) for x in self.lrs], "clipped": bool(self.clipped),
+                    "skipped": bool(self.skipped), "consumed_samples": int(self.consumed_samples),
+                    "global_batch_size": int(self.global_batch_size)})
+        if self.loss_scale is not None:
+            row["loss_scale"] = float(self.loss_scale)
+        if self.aux_loss is not None:
+            row["aux_loss"] = _finite(self.aux_loss)
+        if self.num_zeros_in_grad is not None:
+            row["num_zeros_in_grad"] = int(self.num_zeros_in_grad)
+        return row
+
+
+def _finite(x: float):
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def format_step_line(m: StepMetrics) -> str:
+    """One human line per step, upstream-like field order."""
+    width = len(str(m.total_steps))
+    state = "skipped" if m.skipped else ("clipped" if m.clipped else "")
+    parts = [f"step: [{m.step:>{width}d}/{m.total_steps}]", f"loss: {m.loss:.6f}"]
+    if m.excess_loss is not None:
+        parts.append(f"excess: {m.excess_loss:.4f}")
+    parts += [f"lr: {m.lr:.6e}", f"grad_norm: {m.grad_norm:.6f}" + (f" ({state})" if state else ""),
+              f"tokens/s: {m.tokens_per_s:,.0f}", f"step_time: {m.step_time_s * 1000:.0f}ms",
+              f"consumed_samples: {m.consumed_samples}", f"global_batch_size: {m.global_batch_size}"]
+    if m.loss_scale is not None:
+        parts.append(f"loss_scale: {m.loss_scale:g}")
+    if m.aux_loss is not None and m.aux_loss != 0:
+        parts.append(f"aux_loss: {m.aux_loss:.6f}")
+    if m.num_zeros_in_grad is not None:
+        parts.append(f"num_zeros_in_grad: {m.num_zeros_in_grad}")
+    return "{ " + ", ".join(parts) + " }"
+
+
+def truncate_jsonl(path: str, last_step: int) -> None:
+    """Drop rows with ``step > last_step`` (a resumed run rewrites them)."""
+    if not os.path.exists(path):
+        return
+    with open(path, "r", encoding="utf-8") as fh:
+        lines = fh.readlines()
+    kept = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill mid-write
+        if int(row.get("step", 0)) <= last_step:
+            kept.append(json.dumps(row) + "\n")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.writelines(kept)
+
+
+@dataclass
+class MetricsWriter:
+    """Writes the step line (or a progress bar on a TTY) and ``metrics.jsonl``.
+
+    On an interactive terminal the bar is redrawn in place and a full line is printed every
+    ``log_interval`` steps; on a pipe or file (CI, nohup) every step is a plain line.
+    """
+    output_dir: Optional[str]
+    stream: TextIO = field(default_factory=lambda: sys.stdout)
+    enabled: bool = True            # False on ranks other than 0
+    log_interval: int = 10
+    _fh: Optional[TextIO] = None
+    _losses: List[float] = field(default_factory=list)
+    _start: float = field(default_factory=time.time)
+    _tokens: int = 0
+
+    def open(self, resume_step: int = 0) -> None:
+        if not self.enabled or self.output_dir is None:
+            return
+        os.makedirs(self.output_dir, exist_ok=True)
+        path = os.path.join(self.output_dir, "metrics.jsonl")
+        if resume_step > 0:
+            truncate_jsonl(path, resume_step)
+            mode = "a"
+        else:
+            mode = "w"
+        self._fh = open(path, mode, encoding="utf-8")
+
+    @property
+    def is_tty(self) -> bool:
+        return bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def log(self, m: StepMetrics, tokens: int) -> None:
+        self._losses.append(m.loss)
+        self._tokens += tokens
+        if not self.enabled:
+            return
+        if self._fh is not None:
+            self._fh.write(json.dumps(m.row()) + "\n")
+            self._fh.flush()
+        if self.is_tty:
+            self.stream.write("\r" + _bar(m) + " " * 4)
+            if m.step % self.log_interval == 0 or m.step == m.total_steps or m.skipped:
+                self.stream.write("\r" + format_step_line(m) + "\n")
+        else:
+            self.stream.write(format_step_line(m) + "\n")
+        self.stream.flush()
+
+    def message(self, text: str) -> None:
+        if self.enabled:
+            if self.is_tty:
+                self.stream.write("\r")
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def summary(self, state, entropy_floor: Optional[float], reason: str) -> str:
+        """Final summary text (also returned for tests)."""
+        wall = time.time() - self._start
+        finite = [x for x in self._losses if math.isfinite(x)]
+        lines = [f"training {reason}: {state.step} steps ({state.applied_steps} applied, "
+                 f"{state.total_skipped} skipped, {state.total_clipped} clipped), "
+                 f"{state.consumed_samples} samples, {wall:.1f}s this session"]
+        if finite:
+            first, last = finite[0], finite[-1]
+            tail = finite[-min(10, len(finite)):]
+            lines.append(f"loss: first {first:.4f} -> last {last:.4f} "
+                         f"(mean of last {len(tail)}: {sum(tail) / len(tail):.4f})")
+            if entropy_floor is not None:
+                lines.append(f"entropy floor {entropy_floor:.4f}: excess loss "
+                             f"{first - entropy_floor:.4f} -> {last - entropy_floor:.4f}")
+        if self._tokens and wall > 0:
+            lines.append(f"throughput: {self._tokens / wall:,.0f} tokens/s")
+        text = "\n".join(lines)
+        self.message(text)
+        return text
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def _bar(m: StepMetrics, width: int = 30) -> str:
+    frac = m.step / max(1, m.total_steps)
+    filled = int(round(frac * width))
+    return (f"[{'#' * filled}{'.' * (width - filled)}] {m.step}/{m.total_steps} "
+            f"loss {m.loss:.4f} lr {m.lr:.2e} gnorm {m.grad_norm:.3f} "
+            f"{m.step_time_s * 1000:.0f}ms/step")

@@ -1,0 +1,53 @@
+"""SIGTERM / SIGINT: finish the current optimizer step, save a checkpoint, exit 0.
+
+A preempted job gets SIGTERM (schedulers, ``kill``) or SIGINT (Ctrl-C). Stopping in the middle
+of a step would lose it or leave half-accumulated gradients; so the handler only records the
+request and the training loop checks :attr:`StopRequest.requested` between steps. A second
+signal of the same kind while already stopping restores the default behaviour, so a user who
+presses Ctrl-C twice still gets out at once.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Optional
+
+__all__ = ["StopRequest"]
+
+
+class StopRequest:
+    """Context manager that turns SIGTERM/SIGINT into a flag for the loop."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, log=None):
+        self.signum: Optional[int] = None
+        self._previous = {}
+        self._log = log
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _handle(self, signum, frame):  # noqa: ARG002 - signal handler signature
+        if self.signum is not None:
+            # Second signal: give the default behaviour back and re-deliver.
+            signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+            signal.raise_signal(signum)
+            return
+        self.signum = signum
+        if self._log is not None:
+            self._log(f"received {signal.Signals(signum).name}: finishing the current step, "
+                      "saving a checkpoint and exiting")
+
+    def __enter__(self) -> "StopRequest":
+        # Signal handlers can only be installed from the main thread.
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()

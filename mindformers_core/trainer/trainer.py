@@ -1,0 +1,421 @@
+"""The PyNative training loop.
+
+One optimizer step (DESIGN.md §1, reference §6, with the documented differences):
+
+1. ``num_micro`` micro-batches (``global_batch // (local_batch * dp)``; from the batch ramp
+   when ``rampup_batch_size`` is set), their loss tokens counted first (and summed over ranks);
+2. forward + backward per micro-batch with ``loss_sum_j / T + aux_j / N`` (``accumulate.py``),
+   times the loss scale under fp16 / static loss scaling; fp32 gradients summed;
+3. ``grad_reducer.reduce`` (identity on one process; DP all-reduce when distributed);
+4. unscale; global L2 norm in fp32 (the logged, pre-clip norm);
+5. skip when the norm is non-finite (``use_skip_step_on_nan``, upstream messages; a dynamic
+   loss scaler skips on overflow by itself), or above ``optimizer.grad_norm_skip_threshold``;
+   without ``use_skip_step_on_nan`` a non-finite norm stops the run (never applied silently);
+6. clip: ``coef = max_norm / (norm + 1e-6)``, applied when ``coef < 1``;
+7. per-group lr ``group_lrs(sched, opt.param_groups, k)`` with ``k`` the number of updates
+   applied so far (a skipped step does not advance the lr); the lr logged for step k is the
+   lr applied at step k (upstream logs the next one);
+8. ``opt.step(grads)``, then ``opt.post_step(model)`` (QK-Clip) and
+   ``model.update_expert_bias()`` when they exist;
+9. log, checkpoint every ``save_interleaved_steps``; stop requests (SIGTERM/SIGINT) and
+   ``training.stop_at_step`` end the run after a complete step with a checkpoint.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from typing import Callable, List, Optional
+
+import numpy as np
+
+from ..config.checkpoint import CheckpointConfig
+from .accumulate import accumulate_gradients, count_loss_tokens, make_grad_fn
+from .checkpoint import (CheckpointData, CheckpointError, list_checkpoints, prune_checkpoints,
+                         resolve_checkpoint, save_checkpoint)
+from .config_diff import config_changes
+from .grad_reducer import IdentityGradReducer
+from .metrics import MetricsWriter, StepMetrics
+from .rampup import build_batch_ramp
+from .rng import capture_rng_state, restore_rng_state, seed_everything
+from .signals import StopRequest
+from .train_state import TrainState
+
+__all__ = ["Trainer", "SKIP_WARNING", "SKIP_LIMIT_ERROR", "NONFINITE_ERROR"]
+
+SKIP_WARNING = ("[SkipStepOnNaN] Global gradient norm is %s at step %d, skipping the optimizer "
+                "update (consecutive skipped: %d, total skipped: %d).")
+SKIP_LIMIT_ERROR = ("[SkipStepOnNaN] The global gradient norm has been NaN/Inf for {n} "
+                    "consecutive steps, which reaches training.max_consecutive_skipped_steps={m}. "
+                    "Training is making no progress; check the data, the learning rate and the "
+                    "model configuration.")
+NONFINITE_ERROR = ("global gradient norm is {norm} at step {step}; the update was not applied. "
+                   "Set training.use_skip_step_on_nan: True to skip such steps, and check the "
+                   "data, the learning rate and the model configuration.")
+THRESHOLD_WARNING = ("[SkipStep] Global gradient norm %.6g exceeds optimizer.grad_norm_skip_"
+                     "threshold=%g at step %d, skipping the optimizer update "
+                     "(consecutive skipped: %d, total skipped: %d).")
+
+
+def _to_numpy(param) -> tuple:
+    """(array, original dtype name or None): bf16 has no numpy dtype, store it as fp32 (exact)."""
+    import mindspore as ms
+    if param.dtype == ms.bfloat16:
+        return param.astype(ms.float32).asnumpy(), "bfloat16"
+    return param.asnumpy(), None
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+class Trainer:
+    """``Trainer(cfg, output_dir).train()``.
+
+    ``model``, ``optimizer``, ``dataset``, ``lr_scheduler`` and ``grad_reducer`` default to the
+    ones the config builds; passing them in is for tests and for the distributed package
+    (which passes its all-reduce ``grad_reducer``). ``grad_hooks``: callables
+    ``hook(step, grads) -> grads`` run on the reduced, unscaled gradients before the norm
+    (fault injection in tests, gradient monitors).
+    """
+
+    def __init__(self, cfg, output_dir: Optional[str] = None, *, model=None, optimizer=None,
+                 dataset=None, lr_scheduler=None, grad_reducer=None, stream=None,
+                 world_size: Optional[int] = None, rank: Optional[int] = None,
+                 pynative_synchronize: Optional[bool] = None):
+        from .run import choose_pynative_synchronize, apply_pynative_synchronize
+        apply_pynative_synchronize(choose_pynative_synchronize(cfg)
+                                   if pynative_synchronize is None else pynative_synchronize)
+        self.cfg = cfg
+        self.output_dir = output_dir
+        self.grad_reducer = grad_reducer or IdentityGradReducer()
+        ws = self.grad_reducer.world_size if world_size is None else world_size
+        self.rank = self.grad_reducer.rank if rank is None else rank
+        self.plan = cfg.plan(ws)
+        tr = cfg.training
+        self.ckpt_cfg: CheckpointConfig = cfg.checkpoint
+        self.grad_hooks: List[Callable] = []
+        self.state = TrainState()
+        self.writer = MetricsWriter(output_dir, stream=stream or sys.stdout,
+                                    enabled=self.rank == 0)
+        self.total_steps = int(tr.steps)
+        stop_at = getattr(tr, "stop_at_step", None)
+        self.stop_at_step = None if stop_at is None else int(stop_at)
+        self.ramp = build_batch_ramp(tr.rampup_batch_size, tr.global_batch_size,
+                                     tr.local_batch_size, self.plan.data_parallel)
+
+        seed_everything(tr.seed, tr.deterministic)
+        loaded = self._resolve_resume()
+
+        if model is None:
+            from ..models import build_model
+            model = build_model(cfg.model, seed=tr.seed)
+        self.model = model
+        if loaded is not None:
+            self._load_model(loaded)
+        if lr_scheduler is None:
+            lr_scheduler = cfg.build_lr_scheduler()
+        self.lr_scheduler = lr_scheduler
+        if optimizer is None:
+            from ..optim import build_optimizer
+            optimizer = build_optimizer(cfg.optimizer, self.model, lr_scheduler=lr_scheduler)
+        self.optimizer = optimizer
+        self.loss_scaler = self._build_loss_scaler()
+        if dataset is None:
+            from ..data import build_dataset
+            dataset = build_dataset(cfg.train_dataset, cfg.model, tr.seed, self.rank,
+                                    self.plan.data_parallel)
+        self.dataset = dataset
+        self.entropy_floor = getattr(dataset, "entropy_floor", None)
+        self._grad_fn = make_grad_fn(self.model, self.optimizer.parameters)
+        self.resumed_from: Optional[str] = None
+        if loaded is not None:
+            self._load_rest(loaded)
+
+    # ------------------------------------------------------------------ setup helpers
+    def log(self, text: str) -> None:
+        self.writer.message(text)
+
+    def _build_loss_scaler(self):
+        """Static scale when ``optimizer.loss_scale`` is set, dynamic for fp16 params, else none."""
+        opt_cfg = self.cfg.optimizer
+        fp16 = "float16" in (getattr(self.cfg.model, "params_dtype", ""),
+                             getattr(self.cfg.model, "compute_dtype", ""))
+        if getattr(opt_cfg, "loss_scale", None) is None and not fp16:
+            return None
+        from ..optim.loss_scaler import build_loss_scaler
+        return build_loss_scaler(opt_cfg, fp16=fp16)
+
+    @property
+    def save_dir(self) -> str:
+        if self.ckpt_cfg.save_path:
+            return self.ckpt_cfg.save_path
+        return os.path.join(self.output_dir or ".", "checkpoint")
+
+    def _resolve_resume(self) -> Optional[CheckpointData]:
+        path = self.ckpt_cfg.load_path
+        if not path:
+            return None
+        data = resolve_checkpoint(path, log=self.log)
+        changes = config_changes(data.config, self.cfg.to_dict())
+        if changes:
+            self.log(f"resuming from {data.path} with a changed config ({len(changes)} "
+                     "field(s)):\n  " + "\n  ".join(changes))
+        return data
+
+    def _load_model(self, data: CheckpointData) -> None:
+        import mindspore as ms
+        params = {p.name: p for p in self.model.get_parameters()}
+        saved = {k[len("model."):]: v for k, v in data.tensors.items() if k.startswith("model.")}
+        missing = sorted(set(params) - set(saved))
+        unexpected = sorted(set(saved) - set(params))
+        if missing or unexpected:
+            raise CheckpointError(f"checkpoint {data.path} does not match the model: missing "
+                                  f"{missing[:10]}, unexpected {unexpected[:10]}")
+        for name, param in params.items():
+            arr = saved[name]
+            if tuple(arr.shape) != tuple(param.shape):
+                raise CheckpointError(f"checkpoint {data.path}: parameter {name} has shape "
+                                      f"{tuple(arr.shape)}, the model has {tuple(param.shape)}")
+            param.set_data(ms.Tensor(arr).astype(param.dtype))
+
+    def _load_rest(self, data: CheckpointData) -> None:
+        st = data.state
+        self.state = TrainState.from_dict(st["train_state"])
+        if not self.ckpt_cfg.no_load_optim:
+            if not st.get("has_optimizer", False):
+                raise CheckpointError(
+                    f"checkpoint {data.path} was saved with checkpoint.no_save_optim: True; set "
+                    "checkpoint.no_load_optim: True to start a fresh optimizer from its weights")
+            sd = dict(st.get("optimizer_scalars", {}))
+            sd.update({k[len("optim."):]: v for k, v in data.tensors.items()
+                       if k.startswith("optim.")})
+            self.optimizer.load_state_dict(sd)
+        if self.loss_scaler is not None and st.get("loss_scaler") is not None:
+            self.loss_scaler.load_state_dict(st["loss_scaler"])
+        if st.get("data") is not None:
+            self.dataset.load_state_dict(st["data"])
+        rng_arrays = {k[len("rng."):]: v for k, v in data.tensors.items() if k.startswith("rng.")}
+        restore_rng_state(st["rng"], rng_arrays)
+        self.resumed_from = data.path
+        self.log(f"resumed from {data.path}: step {self.state.step}, consumed samples "
+                 f"{self.state.consumed_samples}"
+                 + (" (optimizer state not loaded)" if self.ckpt_cfg.no_load_optim else ""))
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_payload(self):
+        """(tensors, dtypes, state) of the current run, as saved."""
+        tensors, dtypes = {}, {}
+        for param in self.model.get_parameters():
+            arr, orig = _to_numpy(param)
+            tensors[f"model.{param.name}"] = arr
+            if orig:
+                dtypes[f"model.{param.name}"] = orig
+        state = {"train_state": self.state.to_dict(), "has_optimizer": False}
+        if not self.ckpt_cfg.no_save_optim:
+            scalars = {}
+            for key, value in self.optimizer.state_dict().items():
+                if isinstance(value, np.ndarray):
+                    tensors[f"optim.{key}"] = value
+                elif hasattr(value, "asnumpy"):
+                    tensors[f"optim.{key}"] = _to_numpy(value)[0]
+                else:
+                    scalars[key] = _jsonable(value)
+            state["optimizer_scalars"] = scalars
+            state["has_optimizer"] = True
+        rng_json, rng_arrays = capture_rng_state()
+        state["rng"] = rng_json
+        tensors.update({f"rng.{k}": v for k, v in rng_arrays.items()})
+        state["data"] = _jsonable(self.dataset.state_dict()) if hasattr(self.dataset, "state_dict") else None
+        state["loss_scaler"] = (_jsonable(self.loss_scaler.state_dict())
+                                if self.loss_scaler is not None else None)
+        return tensors, dtypes, state
+
+    def save(self, write_hook=None) -> Optional[str]:
+        """Write a checkpoint of the current step (rank 0) and prune to ``save_max``."""
+        if self.rank != 0:
+            return None
+        tensors, dtypes, state = self.checkpoint_payload()
+        path = save_checkpoint(self.save_dir, self.ckpt_cfg.prefix, self.state.step, tensors,
+                               state, self.cfg.to_dict(), dtypes, write_hook=write_hook)
+        prune_checkpoints(self.save_dir, self.ckpt_cfg.prefix, self.ckpt_cfg.save_max)
+        self.log(f"saved checkpoint {path}")
+        return path
+
+    # ------------------------------------------------------------------ one step
+    def num_micro_batches(self) -> int:
+        if self.ramp is not None:
+            return self.ramp.num_micro_batches(self.state.consumed_samples)
+        return self.plan.num_accumulation_steps
+
+    def fetch_micro_batches(self, num_micro: int) -> List[dict]:
+        lbs = self.plan.local_batch_size
+        start = self.state.consumed_samples
+        return [self.dataset.micro_batch(self.state.step, j, num_micro, lbs, step_start=start)
+                for j in range(num_micro)]
+
+    def train_step(self) -> StepMetrics:
+        """One optimizer step; updates ``self.state`` and returns its metrics."""
+        import mindspore as ms
+        from ..core.lr import group_lrs
+        from ..optim.clip_grad import global_grad_norm
+
+        t0 = time.perf_counter()
+        tr = self.cfg.training
+        step_number = self.state.step + 1
+        num_micro = self.num_micro_batches()
+        global_batch = num_micro * self.plan.local_batch_size * self.plan.data_parallel
+        batches = self.fetch_micro_batches(num_micro)
+        local_tokens = count_loss_tokens(batches)
+        total_tokens = self.grad_reducer.global_token_count(local_tokens)
+        scale = float(self.loss_scaler.scale) if self.loss_scaler is not None else 1.0
+
+        grads, loss_sum, aux = accumulate_gradients(self._grad_fn, batches, total_tokens, scale)
+        grads, loss_sum, _ = self.grad_reducer.reduce(grads, loss_sum, local_tokens)
+        if scale != 1.0:
+            inv = ms.Tensor(np.float32(1.0 / scale))
+            grads = [g * inv for g in grads]
+        for hook in self.grad_hooks:
+            grads = hook(step_number, grads)
+        norm = float(global_grad_norm(grads))
+        finite = math.isfinite(norm)
+
+        skipped = clipped = False
+        threshold = getattr(self.cfg.optimizer, "grad_norm_skip_threshold", math.inf)
+        if not finite and self.loss_scaler is not None and self.loss_scaler.dynamic:
+            skipped = True   # fp16 overflow: the scaler lowers its scale; a normal event
+            self.log(f"[LossScaler] gradient overflow at step {step_number} (norm {norm}); "
+                     f"skipping the update, loss scale {scale:g} -> "
+                     f"{self._update_scaler(True):g}")
+            self._count_skip(overflow=True)
+        elif not finite:
+            if not tr.use_skip_step_on_nan:
+                raise FloatingPointError(NONFINITE_ERROR.format(norm=norm, step=step_number))
+            skipped = True
+            self._count_skip()
+            self.log(SKIP_WARNING % (norm, step_number, self.state.consecutive_skipped,
+                                     self.state.total_skipped))
+            limit = tr.max_consecutive_skipped_steps
+            if limit > 0 and self.state.consecutive_skipped >= limit:
+                raise RuntimeError(SKIP_LIMIT_ERROR.format(n=self.state.consecutive_skipped,
+                                                           m=limit))
+        elif norm > threshold:
+            skipped = True
+            self._count_skip()
+            self.log(THRESHOLD_WARNING % (norm, threshold, step_number,
+                                          self.state.consecutive_skipped, self.state.total_skipped))
+
+        lrs = [float(x) for x in group_lrs(self.lr_scheduler, self.optimizer.param_groups,
+                                           self.state.applied_steps)]
+        num_zeros = None
+        if not skipped:
+            if tr.max_norm is not None:
+                coef = tr.max_norm / (norm + 1e-6)
+                if coef < 1.0:
+                    c = ms.Tensor(np.float32(coef))
+                    grads = [g * c for g in grads]
+                    clipped = True
+                    self.state.total_clipped += 1
+            if getattr(self.cfg.optimizer, "log_num_zeros_in_grad", False):
+                num_zeros = int(sum(int((g == 0).sum().asnumpy()) for g in grads))
+            self.optimizer.set_group_lrs(lrs)
+            self.optimizer.step(grads)
+            if hasattr(self.optimizer, "post_step"):
+                self.optimizer.post_step(self.model)
+            if hasattr(self.model, "update_expert_bias"):
+                self.model.update_expert_bias()
+            self.state.applied_steps += 1
+            self.state.consecutive_skipped = 0
+            if self.loss_scaler is not None:
+                self._update_scaler(False)
+
+        self.state.step = step_number
+        self.state.consumed_samples += global_batch
+        self.state.consumed_tokens += int(total_tokens)
+        loss = loss_sum / total_tokens
+        step_time = time.perf_counter() - t0
+        return StepMetrics(
+            step=step_number, total_steps=self.total_steps, loss=loss, lr=lrs[0], lrs=lrs,
+            grad_norm=norm, tokens_per_s=total_tokens / step_time if step_time > 0 else 0.0,
+            step_time_s=step_time, consumed_samples=self.state.consumed_samples,
+            global_batch_size=global_batch, clipped=clipped, skipped=skipped,
+            excess_loss=(loss - self.entropy_floor) if self.entropy_floor is not None else None,
+            loss_scale=scale if self.loss_scaler is not None else None,
+            aux_loss=aux if aux else None, num_zeros_in_grad=num_zeros)
+
+    def _count_skip(self, overflow: bool = False) -> None:
+        self.state.total_skipped += 1
+        if not overflow:
+            self.state.consecutive_skipped += 1
+
+    def _update_scaler(self, found_inf: bool) -> float:
+        self.loss_scaler.update(found_inf)
+        return float(self.loss_scaler.scale)
+
+    # ------------------------------------------------------------------ the run
+    def _should_save(self, step: int, end: int) -> bool:
+        if not self.ckpt_cfg.enable_save:
+            return False
+        return step % self.ckpt_cfg.save_interleaved_steps == 0 or step == end
+
+    def train(self) -> str:
+        """Run to ``training.steps`` (or ``stop_at_step``, or a stop signal).
+
+        Returns why it ended: ``"finished"``, ``"stopped at step N"`` or ``"interrupted"``.
+        """
+        end = self.total_steps
+        if self.stop_at_step is not None:
+            end = min(end, self.stop_at_step)
+        self.writer.open(resume_step=self.state.step if self.resumed_from else 0)
+        self._write_resolved_config()
+        if self.state.step == 0:
+            self.log(self.plan.format() if hasattr(self.plan, "format") else str(self.plan))
+            if self.entropy_floor is not None:
+                self.log(f"corpus entropy floor: {self.entropy_floor:.4f} nats/token")
+        reason = "finished"
+        last_saved = None
+        try:
+            with StopRequest(log=self.log) as stop:
+                while self.state.step < end:
+                    metrics = self.train_step()
+                    self.writer.log(metrics, int(metrics.tokens_per_s * metrics.step_time_s))
+                    if self._should_save(self.state.step, end):
+                        self.save()
+                        last_saved = self.state.step
+                    if self.grad_reducer.broadcast_flag(stop.requested):
+                        reason = "interrupted"
+                        break
+                if reason == "finished" and end < self.total_steps:
+                    reason = f"stopped at step {end}"
+            # A stop request always saves (preemption must be resumable), even with
+            # enable_save False; otherwise the last step is saved when saving is on.
+            wants_save = self.ckpt_cfg.enable_save or reason == "interrupted"
+            if wants_save and last_saved != self.state.step and self.state.step > 0:
+                self.save()
+            self.writer.summary(self.state, self.entropy_floor, reason)
+        finally:
+            self.writer.close()
+        return reason
+
+    def _write_resolved_config(self) -> None:
+        if self.output_dir is None or self.rank != 0:
+            return
+        import yaml
+        os.makedirs(self.output_dir, exist_ok=True)
+        with open(os.path.join(self.output_dir, "resolved_config.yaml"), "w",
+                  encoding="utf-8") as fh:
+            yaml.safe_dump(self.cfg.to_dict(), fh, sort_keys=False)
+        plan = self.plan.to_dict() if hasattr(self.plan, "to_dict") else {}
+        with open(os.path.join(self.output_dir, "run_plan.yaml"), "w", encoding="utf-8") as fh:
+            yaml.safe_dump(_jsonable(plan), fh, sort_keys=False)
+
+    def latest_checkpoint(self) -> Optional[str]:
+        found = list_checkpoints(self.save_dir)
+        return found[-1][1] if found else None

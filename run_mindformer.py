@@ -1,0 +1,156 @@
+#!/usr/bin/env python
+"""Command line entry point: validate a config (``--check``) or train.
+
+    python run_mindformer.py --config run.yaml --mode 1 [--set training.steps=20 ...]
+                             [--output_dir ./output] [--check [--json] [--strict]]
+                             [--groups [--groups-out FILE]] [--plot-lr OUT.png]
+
+Exit codes: 0 ok; 2 invalid configuration (one line ``field.path: message``, no traceback);
+1 with ``--strict`` when the launch doctor reports WARN/FAIL; otherwise the trainer's code.
+Only PyNative (``--mode 1``) is supported. ``--check`` never imports MindSpore.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import warnings
+from typing import List, Optional
+
+EXIT_OK, EXIT_VERDICT, EXIT_CONFIG = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's usage errors use exit code 2 as well
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_CONFIG, f"error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="run_mindformer.py",
+                description="MindSpore PyNative LLM pretraining (mindformers_core).")
+    p.add_argument("--config", required=True, help="YAML run config")
+    p.add_argument("--mode", required=True, type=int,
+                   help="execution mode; 1 = PyNative (the only mode this trainer supports)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field, value parsed as YAML (repeatable), "
+                        "e.g. --set training.steps=20 --set optimizer.betas=[0.9,0.99]")
+    p.add_argument("--output_dir", default="./output", help="run directory (metrics, checkpoints)")
+    p.add_argument("--check", action="store_true",
+                   help="validate the config, print the resolved plan and exit (0 valid, 2 invalid)")
+    p.add_argument("--json", action="store_true", help="with --check: print the plan as JSON")
+    p.add_argument("--strict", action="store_true",
+                   help="with --check: run the launch doctor; exit 1 on any WARN/FAIL verdict")
+    p.add_argument("--groups", action="store_true",
+                   help="with --check: build the model and print the parameter-group table")
+    p.add_argument("--groups-out", dest="groups_out", default=None, metavar="FILE",
+                   help="also write the parameter-group table to FILE")
+    p.add_argument("--plot-lr", dest="plot_lr", default=None, metavar="OUT",
+                   help="plot the learning-rate schedule to OUT and exit")
+    return p
+
+
+def _optional(module: str, name: str):
+    """``module.name`` if that module exists, else None (tools land in other packages)."""
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and module.startswith(exc.name):
+            return None
+        raise
+    return getattr(mod, name, None)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def _check(cfg, args) -> int:
+    plan = cfg.plan()
+    verdicts = []
+    if args.strict:
+        run_doctor = _optional("mindformers_core.tools.doctor", "run_doctor")
+        if run_doctor is None:
+            return _fail("--strict needs the launch doctor (mindformers_core.tools.doctor), "
+                         "which is not installed", EXIT_VERDICT)
+        verdicts = list(run_doctor(cfg))
+    if args.json:
+        out = {"plan": plan.to_dict(), "config": cfg.to_dict()}
+        if args.strict:
+            out["verdicts"] = verdicts
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print(f"config OK: {args.config}")
+        print(plan.format())
+        for row in verdicts:
+            print(f"[{row.get('status', '?')}] " + " ".join(
+                f"{k}={v}" for k, v in row.items() if k != "status"))
+    if args.groups:
+        _print_groups(cfg, args.groups_out)
+    if args.strict and any(row.get("status") in ("WARN", "FAIL") for row in verdicts):
+        return EXIT_VERDICT
+    return EXIT_OK
+
+
+def _print_groups(cfg, out_path: Optional[str]) -> None:
+    from mindformers_core.models import build_model
+    from mindformers_core.optim.param_groups import format_param_group_table, get_param_groups
+    model = build_model(cfg.model)
+    groups = get_param_groups(model, cfg.optimizer)
+    table = format_param_group_table(groups)
+    print(table)
+    if out_path:
+        with open(out_path, "w", encoding="utf-8") as f:
+            f.write(table + "\n")
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"warning: {message}\n"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Parse ``argv`` and run; returns the exit code (see the module docstring)."""
+    args = build_parser().parse_args(argv)
+    previous = warnings.formatwarning
+    warnings.formatwarning = _one_line_warning  # warnings reach the user as one line too
+    try:
+        return _run(args)
+    finally:
+        warnings.formatwarning = previous
+
+
+def _run(args) -> int:
+    if args.mode == 0:
+        return _fail("--mode 0: graph mode is not supported by this trainer; "
+                     "use --mode 1 (PyNative)", EXIT_CONFIG)
+    if args.mode != 1:
+        return _fail(f"--mode {args.mode}: unknown mode; use --mode 1 (PyNative)", EXIT_CONFIG)
+    from mindformers_core.config import ConfigError, load_config
+    try:
+        cfg = load_config(args.config, overrides=args.overrides)
+        if args.plot_lr:
+            plot_lr = _optional("mindformers_core.tools.plot_lr", "plot_lr")
+            if plot_lr is None:
+                return _fail("--plot-lr needs mindformers_core.tools.plot_lr, which is not "
+                             "installed", EXIT_VERDICT)
+            written = plot_lr(cfg, cfg.training.steps, args.plot_lr)
+            print(f"lr schedule written to {written or args.plot_lr}")
+            return EXIT_OK
+        if args.check:
+            return _check(cfg, args)
+        if args.groups:
+            _print_groups(cfg, args.groups_out)
+        from mindformers_core.trainer import run_training
+        return int(run_training(cfg, args.output_dir) or 0)
+    except ConfigError as exc:
+        return _fail(str(exc), EXIT_CONFIG)
+    except ValueError as exc:
+        # construction-time checks of other packages (e.g. Muon's model checks) are ValueErrors
+        # that describe the user's setup: one line, no traceback
+        return _fail(f"{type(exc).__name__}: {exc}", EXIT_VERDICT)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

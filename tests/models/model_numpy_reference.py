@@ -1,0 +1,138 @@
+"""Independent float64 numpy forward of the GPT / DeepSeek-V3 models (test oracle).
+
+Written from the formulas in the models' docstrings, not from their code: used for forward
+equality, finite-difference gradient checks and explicit attention scores.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def rms(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def rope(x, theta):
+    """x [..., S, d], rotate-half convention, positions 0..S-1."""
+    s, d = x.shape[-2], x.shape[-1]
+    inv = theta ** (-np.arange(0, d, 2) / d)
+    ang = np.outer(np.arange(s), inv)
+    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+    rot = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], -1)
+    return x * cos + rot * sin
+
+
+def silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def attention(q, k, v, scale):
+    """q, k [B, N, S, D]; returns context and the masked scaled scores (-inf above diagonal)."""
+    s = q.shape[2]
+    scores = np.einsum("bnid,bnjd->bnij", q, k) * scale
+    scores = np.where(np.triu(np.ones((s, s), bool), 1), -np.inf, scores)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("bnij,bnjd->bnid", p, v), scores
+
+
+def forward(P, cfg, ids, record=None, bias_override=None):
+    """Logits [B, S, V] (float64). ``record`` (list) receives per-layer dicts with 'scores',
+    'topk', 'aux'. ``P``: name -> float64 array."""
+    L = "decoder.layers.{}."
+    b, s = ids.shape
+    h = P["embedding.word_embeddings.weight"][ids]
+    eps, theta, n = cfg.norm_epsilon, cfg.rope_theta, cfg.num_attention_heads
+    mla = cfg.resolved_multi_latent_attention()
+    aux_total = 0.0
+    for i in range(cfg.num_layers):
+        pre = L.format(i)
+        rec = {}
+        x = rms(h, P[pre + "input_layernorm.weight"], eps)
+        a = pre + "self_attention."
+        if mla:
+            dn, dr, dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+            if cfg.q_lora_rank is None:
+                q = x @ P[a + "linear_q_proj.weight"].T
+            else:
+                cq = rms(x @ P[a + "linear_q_down_proj.weight"].T, P[a + "q_layernorm.weight"], eps)
+                q = cq @ P[a + "linear_q_up_proj.weight"].T
+            q = q.reshape(b, s, n, dn + dr).transpose(0, 2, 1, 3)
+            kva = x @ P[a + "linear_kv_down_proj.weight"].T
+            ckv = rms(kva[..., : cfg.kv_lora_rank], P[a + "kv_layernorm.weight"], eps)
+            kpe = rope(kva[..., cfg.kv_lora_rank:][:, None], theta)
+            kv = (ckv @ P[a + "linear_kv_up_proj.weight"].T).reshape(b, s, n, dn + dv).transpose(0, 2, 1, 3)
+            qf = np.concatenate([q[..., :dn], rope(q[..., dn:], theta)], -1)
+            kf = np.concatenate([kv[..., :dn], np.broadcast_to(kpe, (b, n, s, dr))], -1)
+            ctx, scores = attention(qf, kf, kv[..., dn:], 1 / np.sqrt(dn + dr))
+        else:
+            g = cfg.resolved_num_query_groups()
+            d = cfg.hidden_size // n
+            qkv = x @ P[a + "linear_qkv.weight"].T
+            q = qkv[..., : n * d].reshape(b, s, n, d).transpose(0, 2, 1, 3)
+            k = qkv[..., n * d:(n + g) * d].reshape(b, s, g, d).transpose(0, 2, 1, 3)
+            v = qkv[..., (n + g) * d:].reshape(b, s, g, d).transpose(0, 2, 1, 3)
+            k, v = np.repeat(k, n // g, axis=1), np.repeat(v, n // g, axis=1)
+            ctx, scores = attention(rope(q, theta), rope(k, theta), v, 1 / np.sqrt(d))
+        rec["scores"] = scores
+        h = h + ctx.transpose(0, 2, 1, 3).reshape(b, s, -1) @ P[a + "linear_proj.weight"].T
+        x = rms(h, P[pre + "pre_mlp_layernorm.weight"], eps)
+        m = pre + "mlp."
+        if m + "router.weight" in P:
+            x2 = x.reshape(b * s, -1)
+            sc = 1 / (1 + np.exp(-(x2 @ P[m + "router.weight"].T)))
+            bias = P[m + "router.expert_bias"] if bias_override is None else bias_override[i]
+            k_ = cfg.num_experts_per_tok
+            top = np.argsort(-(sc + bias), axis=-1, kind="stable")[:, :k_]
+            w = np.take_along_axis(sc, top, -1)
+            if cfg.norm_topk_prob:
+                w = w / w.sum(-1, keepdims=True)
+            w = w * cfg.routed_scaling_factor
+            out = np.zeros_like(x2)
+            F = P[m + "experts.weight2"].shape[1]
+            for t in range(b * s):
+                for j in range(k_):
+                    e = top[t, j]
+                    hh = x2[t] @ P[m + "experts.weight1"][e]
+                    out[t] += w[t, j] * ((silu(hh[:F]) * hh[F:]) @ P[m + "experts.weight2"][e])
+            if m + "shared_experts.linear_fc1.weight" in P:
+                hh = x2 @ P[m + "shared_experts.linear_fc1.weight"].T
+                out += (silu(hh[:, 0::2]) * hh[:, 1::2]) @ P[m + "shared_experts.linear_fc2.weight"].T
+            E = sc.shape[1]
+            if cfg.moe_aux_loss_coeff > 0:
+                cnt = np.zeros((b, E))
+                for t in range(b * s):
+                    for j in range(k_):
+                        cnt[t // s, top[t, j]] += 1
+                f = cnt * E / (k_ * s)
+                pp = (sc / sc.sum(-1, keepdims=True)).reshape(b, s, E).mean(1)
+                rec["aux"] = cfg.moe_aux_loss_coeff * (f * pp).sum(-1).mean()
+                aux_total += rec["aux"]
+            rec["topk"] = top
+            h = h + out.reshape(b, s, -1)
+        else:
+            hh = x @ P[m + "linear_fc1.weight"].T
+            h = h + (silu(hh[..., 0::2]) * hh[..., 1::2]) @ P[m + "linear_fc2.weight"].T
+        if record is not None:
+            record.append(rec)
+    h = rms(h, P["decoder.final_layernorm.weight"], eps)
+    out_w = P.get("output_layer.weight", P["embedding.word_embeddings.weight"])
+    if record is not None:
+        record.append({"aux_total": aux_total})
+    return h @ out_w.T
+
+
+def loss_sum(P, cfg, ids, labels, mask):
+    """sum_t mask_t * CE(logits_t, labels_t) + aux (float64)."""
+    rec = []
+    logits = forward(P, cfg, ids, rec)
+    z = logits - logits.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(logp, labels[..., None], -1)[..., 0]
+    return float((nll * mask).sum()), float(rec[-1]["aux_total"])
+
+
+def params_of(model):
+    """name -> float64 numpy copy of every parameter."""
+    import mindspore as ms
+    return {p.name: p.astype(ms.float32).asnumpy().astype(np.float64) for p in model.get_parameters()}

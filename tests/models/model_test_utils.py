@@ -1,0 +1,35 @@
+"""Helpers of the model tests: tiny configs and batches."""
+import numpy as np
+import mindspore as ms
+
+from mindformers_core.config.model import ModelConfig
+
+
+def tiny_gpt(**kw) -> ModelConfig:
+    base = dict(model_type="gpt", vocab_size=32, hidden_size=16, num_layers=2,
+                num_attention_heads=4, ffn_hidden_size=24, seq_length=8, initializer_range=0.2)
+    base.update(kw)
+    return ModelConfig.from_dict(base, "model")
+
+
+def tiny_dsv3(**kw) -> ModelConfig:
+    base = dict(model_type="deepseek_v3", vocab_size=32, hidden_size=16, num_layers=2,
+                num_attention_heads=2, ffn_hidden_size=24, seq_length=8, q_lora_rank=8,
+                kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4,
+                first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2,
+                moe_intermediate_size=6, n_shared_experts=1, routed_scaling_factor=1.5,
+                initializer_range=0.2)
+    base.update(kw)
+    return ModelConfig.from_dict(base, "model")
+
+
+def batch(cfg, b=2, s=6, seed=0):
+    rng = np.random.RandomState(seed)
+    ids = rng.randint(0, cfg.vocab_size, (b, s)).astype(np.int32)
+    labels = rng.randint(0, cfg.vocab_size, (b, s)).astype(np.int32)
+    mask = (rng.rand(b, s) > 0.3).astype(np.float32)
+    return ids, labels, mask
+
+
+def T(x):
+    return ms.Tensor(x)

@@ -1,0 +1,127 @@
+"""fp32 masters for bf16 params, remainders, state_dict round trip, embedding_min_norm."""
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Parameter, Tensor
+
+from mindformers_core.optim.adamw import AdamW
+from mindformers_core.optim.main_params import (merge_bf16_and_remainder,
+                                                split_fp32_to_bf16_and_remainder)
+
+
+def bf16_param(value, shape=(4,), name="w"):
+    return Parameter(Tensor(np.full(shape, value, np.float32)).astype(ms.bfloat16), name=name)
+
+
+@pytest.mark.parametrize("remainders", [False, True])
+def test_bf16_param_moves_through_master(remainders):
+    p = bf16_param(1.0)
+    opt = AdamW([p], lr=1e-4, weight_decay=0.0, store_param_remainders=remainders)
+    g = Tensor(np.full((4,), -1.0, np.float32))  # Adam step = +lr per step (normalised)
+    for _ in range(40):
+        opt.step([g])
+    master = opt.main_params[0].asnumpy()
+    # the master holds the exact sum (fp32 rounding only); bf16 spacing at 1.0 is 2^-7
+    np.testing.assert_allclose(master, 1.0 + 40 * 1e-4, rtol=2e-6)
+    assert np.all(p.astype(ms.float32).asnumpy() > 1.0)  # the bf16 value changed (1.0 -> 1.0078)
+
+
+def test_without_master_bf16_would_not_move():
+    # Reference: rounding 1.0 + 1e-4 to bf16 every step gives 1.0 forever.
+    v = np.float32(1.0)
+    for _ in range(40):
+        v = Tensor(np.array([v + np.float32(1e-4)])).astype(ms.bfloat16).astype(ms.float32).asnumpy()[0]
+    assert v == 1.0
+
+
+def test_main_params_names_and_identity():
+    w32 = Parameter(Tensor(np.ones(3, np.float32)), name="a")
+    w16 = bf16_param(2.0, name="b")
+    opt = AdamW([w32, w16])
+    assert opt.main_params[0] is w32
+    assert opt.main_params[1].name == "main_param.b"
+    assert opt.main_params[1].dtype == ms.float32
+    sd = opt.state_dict()
+    assert "main_param.b" in sd and "main_param.a" not in sd
+    assert set(sd) == {"global_step", "main_param.b", "adam_m.a", "adam_m.b", "adam_v.a",
+                       "adam_v.b"}
+
+
+@pytest.mark.parametrize("remainders", [False, True])
+def test_state_dict_round_trip_bit_for_bit_and_continues(remainders):
+    rng = np.random.default_rng(0)
+    init = rng.standard_normal((6, 4)).astype(np.float32)
+    grads = [Tensor(rng.standard_normal((6, 4)).astype(np.float32)) for _ in range(6)]
+
+    def fresh():
+        return [Parameter(Tensor(init).astype(ms.bfloat16), name="w"),
+                Parameter(Tensor(init[0]), name="b")]
+
+    a = fresh()
+    oa = AdamW(a, lr=1e-2, weight_decay=0.1, store_param_remainders=remainders)
+    for g in grads[:3]:
+        oa.step([g, g[0]])
+    sd = oa.state_dict()
+    b = fresh()
+    b[0].set_data(a[0] * 1)  # the model checkpoint restores the params
+    b[1].set_data(a[1] * 1)
+    ob = AdamW(b, lr=1e-2, weight_decay=0.1, store_param_remainders=remainders)
+    ob.load_state_dict(sd)
+    sd2 = ob.state_dict()
+    assert sd2.keys() == sd.keys() and sd2["global_step"] == 3
+    for k in sd:
+        np.testing.assert_array_equal(sd2[k], sd[k])
+    for g in grads[3:]:
+        oa.step([g, g[0]])
+        ob.step([g, g[0]])
+    for x, y in zip(oa.main_params, ob.main_params):
+        np.testing.assert_array_equal(x.asnumpy(), y.asnumpy())
+    np.testing.assert_array_equal(a[0].astype(ms.float32).asnumpy(),
+                                  b[0].astype(ms.float32).asnumpy())
+
+
+def test_load_without_master_reloads_from_model():
+    p = bf16_param(3.0)
+    opt = AdamW([p])
+    opt.step([Tensor(np.ones(4, np.float32))])
+    sd = opt.state_dict()
+    del sd["main_param.w"]
+    p.set_data(Tensor(np.full(4, 5.0, np.float32)).astype(ms.bfloat16))
+    opt.load_state_dict(sd)
+    np.testing.assert_array_equal(opt.main_params[0].asnumpy(), np.full(4, 5.0, np.float32))
+
+
+def test_load_errors():
+    opt = AdamW([Parameter(Tensor(np.ones(3, np.float32)), name="a")])
+    with pytest.raises(KeyError, match="has no 'global_step'"):
+        opt.load_state_dict({})
+    with pytest.raises(ValueError, match=r"'adam_m.a' has shape \(2,\), expected \(3,\)"):
+        opt.load_state_dict({"global_step": 1, "adam_m.a": np.zeros(2, np.float32)})
+
+
+def test_remainder_split_merge_exact():
+    x = np.random.default_rng(0).standard_normal(10000).astype(np.float32) * 100
+    x = np.concatenate([x, np.float32([0.0, -0.0, 1.0, 1e-30, 3.4e38])])
+    high, rem = split_fp32_to_bf16_and_remainder(x)
+    assert rem.dtype == np.int16
+    np.testing.assert_array_equal(high.view(np.uint32) & 0xFFFF, 0)
+    np.testing.assert_array_equal(merge_bf16_and_remainder(high, rem).view(np.uint32),
+                                  x.view(np.uint32))
+    # the high half is within half a bf16 ulp of x (rounded, not truncated)
+    fin = np.abs(x) < 3e38  # 3.4e38 rounds up to inf in bf16 (still restored exactly above)
+    err = np.abs(high[fin].astype(np.float64) - x[fin])
+    assert np.all(err <= np.abs(x[fin]) * 2.0 ** -8 + 1e-38)
+
+
+def test_embedding_min_norm_rescales_small_rows():
+    emb = np.array([[0.0, 0.0], [0.03, 0.04], [3.0, 4.0]], np.float32)
+    w = Parameter(Tensor(emb), name="embedding.word_embeddings.weight")
+    other = Parameter(Tensor(np.full((1, 2), 0.01, np.float32)), name="output_layer.weight")
+    opt = AdamW([w, other], lr=0.0, weight_decay=0.0, embedding_min_norm=0.1)
+    zero = Tensor(np.zeros((3, 2), np.float32))
+    opt.step([zero, Tensor(np.zeros((1, 2), np.float32))])
+    out = w.asnumpy()
+    np.testing.assert_array_equal(out[0], [0.0, 0.0])           # zero row untouched
+    np.testing.assert_allclose(out[1], [0.12, 0.16], rtol=1e-6)  # norm 0.05 -> 0.2
+    np.testing.assert_array_equal(out[2], [3.0, 4.0])
+    np.testing.assert_allclose(other.asnumpy(), 0.01)           # not an input embedding
