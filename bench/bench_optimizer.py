@@ -189,9 +189,15 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e7, 5e7])
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--bandwidth-mb", type=int, default=512,
+                    help="size of the array copied to measure memory bandwidth")
+    ap.add_argument("--pynative-synchronize", action="store_true",
+                    help="run kernels in the calling thread (no executor hand-offs)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "optimizer.json"))
     args = ap.parse_args(argv)
-    bw = measure_bandwidth()
+    if args.pynative_synchronize:
+        ms.set_context(pynative_synchronize=True)
+    bw = measure_bandwidth(args.bandwidth_mb * 2 ** 20)
     bound_ns = BYTES_PER_PARAM / bw * 1e9
     rows = []
     for size in args.sizes:
@@ -211,7 +217,8 @@ def main(argv=None) -> dict:
                 "ratio_to_bandwidth_bound": (t / n * 1e9) / bound_ns,
                 "ratio_to_torch_fused": None if t_torch is None else t / t_torch,
             })
-    result = {"bandwidth_GBps": bw / 1e9, "bound_ns_per_param": bound_ns,
+    result = {"pynative_synchronize": bool(args.pynative_synchronize),
+              "bandwidth_GBps": bw / 1e9, "bound_ns_per_param": bound_ns,
               "bytes_per_param_moved": BYTES_PER_PARAM, "repeats": args.repeats,
               "torch_available": rows[0]["torch_fused_ns_per_param"] is not None if rows else False,
               "rows": rows, "state_bytes_per_param": state_bytes_per_param()}

@@ -71,7 +71,6 @@ class LrSchedulerConfig(Section):
         params = {k: v for k, v in fields.items() if k != "learning_rate"}
         params.update({k: v for k, v in data.items() if k not in ("type", "learning_rate")})
         obj = cls(type=sched_type, learning_rate=lr, params=params)
-        object.__setattr__(obj, "_uses_base_lr", uses_base_lr)
         object.__setattr__(obj, "_explicit", frozenset(data.keys()))
         obj.validate(path)
         return obj
@@ -97,7 +96,8 @@ class LrSchedulerConfig(Section):
 
     def as_build_dict(self) -> Dict[str, Any]:
         """What ``build_lr_scheduler`` takes: type, learning_rate, extension fields."""
-        if getattr(self, "_uses_base_lr", False):
+        fields = _lr_registry().scheduler_fields(self.type)
+        if "base_lr" in fields and "learning_rate" not in fields:
             return {"type": self.type, **self.params}
         return {"type": self.type, "learning_rate": self.learning_rate, **self.params}
 

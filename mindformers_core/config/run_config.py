@@ -21,7 +21,7 @@ import copy
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Union
+from typing import Any, Dict, Iterable, Optional, Union
 
 import yaml
 
@@ -34,7 +34,7 @@ from .optimizer import OptimizerConfig
 from .parallelism import ParallelismConfig
 from .schema import Section, type_name, unknown_key_error
 from .training import TrainingConfig
-from .yaml_io import load_yaml_text, parse_yaml_value
+from .strict_yaml import load_strict_yaml
 
 __all__ = ["RunConfig", "RunPlan", "load_config", "apply_overrides", "REQUIRED_SECTIONS"]
 
@@ -234,7 +234,7 @@ def _read_yaml_file(path: str) -> Any:
 
 def _parse_yaml(text: str, where: str) -> Any:
     try:
-        return load_yaml_text(text)
+        return load_strict_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

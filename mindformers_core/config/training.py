@@ -58,6 +58,8 @@ class TrainingConfig(Section):
         if self.max_consecutive_skipped_steps > 0 and not self.use_skip_step_on_nan:
             raise ConfigError(f"{path}.max_consecutive_skipped_steps",
                               "has no effect unless use_skip_step_on_nan is True")
+        # numpy.random.seed and mindspore.set_seed take 0 <= seed < 2**32
+        check_range(self.seed, f"{path}.seed", lo=0, hi=2 ** 32 - 1)
         if self.stop_at_step is not None and not 1 <= self.stop_at_step <= self.steps:
             raise ConfigError(f"{path}.stop_at_step",
                               f"must be in [1, steps={self.steps}], got {self.stop_at_step}")

@@ -1,0 +1,37 @@
+"""Data parallelism over msrun: environment, communication, gradient reduction, ZeRO-1.
+
+Importing this package does not import MindSpore (the config layer reads ``env`` for the world
+size); the other modules load on first use:
+
+    comm          init_distributed() (communication init only under msrun with > 1 worker),
+                  Communicator (world-group AllReduce / AllGather / Broadcast, byte counters),
+                  get_rank(), get_world_size(), barrier()
+    grad_reduce   DataParallelGradReducer: the trainer's grad_reducer (token-weighted SUM)
+    zero          shard_optimizer_state(opt, comm, num_shards): ZeRO-1 state sharding
+    zero_muon     Muon's comm_strategy (allgather / allgather_deredundency) on sharded state
+    shard_layout  dim-0 shard layout, NS cost and owner assignment (pure)
+    setup         setup_data_parallel(cfg): communicator + reducer for a run
+"""
+from __future__ import annotations
+
+import importlib
+
+from .env import env_rank, env_world_size, launched_by_msrun
+
+_LAZY = {
+    "Communicator": "comm", "CommStats": "comm", "init_distributed": "comm",
+    "get_communicator": "comm", "get_rank": "comm", "get_world_size": "comm",
+    "is_distributed": "comm", "barrier": "comm",
+    "DataParallelGradReducer": "grad_reduce", "plan_buckets": "grad_reduce",
+    "shard_optimizer_state": "zero", "optimizer_state_bytes": "zero",
+    "ShardLayout": "shard_layout", "assign_owners": "shard_layout", "ns_cost": "shard_layout",
+    "ns_flops": "shard_layout", "setup_data_parallel": "setup",
+}
+
+__all__ = ["env_rank", "env_world_size", "launched_by_msrun"] + sorted(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

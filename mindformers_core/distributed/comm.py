@@ -19,12 +19,13 @@ Byte accounting (:class:`CommStats`, per rank, bytes *received*, the usual ring 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
 import numpy as np
 
-from .env import env_rank, env_world_size, launched_by_msrun
+from .env import env_rank, env_world_size, is_msrun_scheduler, launched_by_msrun  # noqa: F401
 
 __all__ = ["Communicator", "CommStats", "init_distributed", "get_communicator", "get_rank",
            "get_world_size", "is_distributed", "barrier"]
@@ -140,12 +141,18 @@ def _nbytes(x) -> float:
 
 def init_distributed() -> Communicator:
     """The process-wide communicator; initialises MindSpore communication only when this
-    process is an msrun worker of a job with more than one worker. Idempotent."""
+    process was started by msrun (a plain process needs no init: world 1). Idempotent.
+
+    In msrun's scheduler process ``init()`` serves the cluster until the job ends; the process
+    then exits with status 0 (it must not run the training itself)."""
     global _COMM
     if _COMM is not None:
         return _COMM
-    world = env_world_size()
-    if launched_by_msrun() and world > 1:
+    if is_msrun_scheduler():
+        from mindspore.communication import init
+        init()
+        sys.exit(0)
+    if launched_by_msrun():   # also a 1-worker msrun job: its scheduler waits for us
         from mindspore.communication import get_group_size, get_rank as ms_get_rank, init
         init()
         rank, world = int(ms_get_rank()), int(get_group_size())

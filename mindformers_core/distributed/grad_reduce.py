@@ -115,12 +115,13 @@ class DataParallelGradReducer:
             return bool(flag)
         return bool(self.comm.all_reduce_sum(np.array([1.0 if flag else 0.0], np.float32))[0] > 0)
 
+    def prepare_optimizer(self, optimizer, cfg):
+        """ZeRO-1 sharding per ``cfg.parallelism`` and QK-Clip's MAX reduction (``setup``);
+        the trainer calls it right after building its optimizer."""
+        from .setup import prepare_optimizer
+        return prepare_optimizer(optimizer, cfg, self.comm)
+
     def reduce_max(self, values: np.ndarray) -> np.ndarray:
         """Element-wise MAX over ranks (QK-Clip's tracked max attention logits)."""
         return self.comm.all_reduce_max(np.asarray(values))
 
-
-def make_grad_reducer(comm: Optional[Communicator] = None):
-    """The reducer for this process: the DP all-reduce (identity semantics on one rank)."""
-    from .comm import init_distributed
-    return DataParallelGradReducer(comm or init_distributed())

@@ -19,10 +19,16 @@ powers given; passing beta powers 0 and folding bias correction into the scalars
     lr_t  = lr * sqrt(bc2) / bc1,     eps_t = eps * sqrt(bc2),
 
 gives exactly torch's update (multiply numerator and denominator by sqrt(bc2)). The scalars are
-computed in float64 in Python. The decoupled decay is one in-place multiply (numpy on the CPU
-buffer, see ``optimizer.scale_in_place``). The reference path (``impl="reference"``) composes
-plain ops and is also used for bf16 moments (``exp_avg_dtype`` / ``exp_avg_sq_dtype``), whose
-values are computed in fp32 and stored in bf16.
+computed in float64 in Python; the kernel's EMAs use fp32-rounded betas, and so does the bias
+correction (see :meth:`AdamW._fused_scalars`). Per group and step: one host sync, then the
+decoupled decay of every master as an in-place numpy multiply on its CPU buffer
+(``optimizer.scale_many_in_place``, ~0.3 ns/param), then one ``ops.Adam`` launch per parameter,
+then one sync and the fp32 -> bf16/fp16 write-back of low-precision parameters as a numpy copy
+into their buffers (``MainParams.store_many``). Where buffers cannot be aliased (not CPU) the
+same steps use ``set_data(master * c)`` and MindSpore's Cast (bit-identical, tested).
+
+The reference path (``impl="reference"``) composes plain ops and is also used for bf16 moments
+(``exp_avg_dtype`` / ``exp_avg_sq_dtype``), whose values are computed in fp32 and stored in bf16.
 
 On Ascend the upstream fused ``AdamW`` kernel could serve the same contract; it is not
 available on CPU and is not used here.
@@ -166,7 +172,7 @@ class AdamW(Optimizer):
                 wd_left = wd
             for i, master, g in zip(indices, masters, grads):
                 self._fused_update(master, m_slots[i], v_slots[i], g, lr, wd_left, scalars)
-                self._masters.store(i, master)
+            self._masters.store_many(indices, masters)
         else:
             for i, g in zip(indices, grads):
                 master = self._masters.master(i)

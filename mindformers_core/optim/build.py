@@ -10,6 +10,7 @@ callers.
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any, Callable, Dict
 
 __all__ = ["OPTIMIZERS", "build_optimizer", "register_optimizer"]
@@ -44,11 +45,30 @@ def _lion_kwargs(get, explicit) -> Dict[str, Any]:
                 embedding_min_norm=get("embedding_min_norm"))
 
 
+def _muon_kwargs(get, explicit) -> Dict[str, Any]:
+    """Every config field that names a parameter of ``Muon.__init__`` (the config field
+    names are Muon's argument names), plus ``lion_betas`` from lion_beta1/lion_beta2."""
+    from .muon import Muon
+    names = [n for n in inspect.signature(Muon.__init__).parameters
+             if n not in ("self", "params_or_groups", "model", "lr")]
+    kwargs = {}
+    for name in names:
+        value = get(name, _MISSING)
+        if value is not _MISSING and value is not None:
+            kwargs[name] = value
+    if "lion_betas" in names and get("lion_beta1") is not None:
+        kwargs["lion_betas"] = (float(get("lion_beta1")), float(get("lion_beta2")))
+    return kwargs
+
+
+_MISSING = object()
+
 # name -> (module, class name, kwargs builder); classes are imported on first use.
 _REGISTRY: Dict[str, tuple] = {
     "AdamW": ("adamw", "AdamW", _adamw_kwargs),
     "SGD": ("sgd", "SGD", _sgd_kwargs),
     "Lion": ("lion", "Lion", _lion_kwargs),
+    "Muon": ("muon", "Muon", _muon_kwargs),
 }
 
 
@@ -98,8 +118,6 @@ def build_optimizer(opt_cfg, model, lr_scheduler=None):
     """The optimizer named by ``opt_cfg.type`` over ``model``'s parameter groups."""
     get, explicit = _getter(opt_cfg)
     opt_type = get("type", "AdamW")
-    if opt_type == "Muon" and "Muon" not in _REGISTRY:
-        importlib.import_module(".muon", __package__)  # the Muon module registers itself
     if opt_type not in _REGISTRY:
         raise NotImplementedError(f"Optimizer type {opt_type} is not implemented yet. "
                                   f"Valid types: {sorted(_REGISTRY)}.")
@@ -108,7 +126,10 @@ def build_optimizer(opt_cfg, model, lr_scheduler=None):
         groups = get_param_groups(model, opt_cfg)
     except ImportError:  # pragma: no cover - param_groups ships with the package
         groups = [p for p in model.trainable_params()]
-    lr = float(lr_scheduler.lr_at(0)) if lr_scheduler is not None else float(get("lr", 1e-3) or 1e-3)
+    if lr_scheduler is not None:
+        lr = float(lr_scheduler.lr_at(0))
+    else:
+        lr = float(get("lr", None) if get("lr", None) is not None else 1e-3)
     _, _, kwargs_builder = _REGISTRY[opt_type]
     kwargs = kwargs_builder(get, explicit)
     cls = OPTIMIZERS[opt_type]

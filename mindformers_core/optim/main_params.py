@@ -111,6 +111,31 @@ class MainParams:
         elif master is not param:
             param.set_data(master.astype(param.dtype))
 
+    def store_many(self, indices: Sequence[int], masters: Sequence[Parameter]) -> None:
+        """:meth:`store` for several parameters with one host sync.
+
+        Where ``asnumpy()`` aliases the Parameters' CPU buffers, the fp32 -> bf16/fp16 cast is a
+        numpy ``copyto`` into the model parameter's own buffer (MindSpore's numpy bfloat16 type,
+        round-to-nearest-even: bit-identical to MindSpore's Cast and ~2x faster on CPU).
+        """
+        # local import: optimizer imports this module
+        from .optimizer import _numpy_view_aliases_storage, aliased_view
+        cast = [(i, m) for i, m in zip(indices, masters)
+                if self._remainders[i] is None and m is not self.params[i]]
+        for i, m in zip(indices, masters):
+            if self._remainders[i] is not None:
+                self.store(i, m)
+        if not cast:
+            return
+        fast = _numpy_view_aliases_storage(low_precision=True)
+        sources = [m.asnumpy() for _, m in cast] if fast else []  # first call waits on kernels
+        for k, (i, m) in enumerate(cast):
+            target = aliased_view(self.params[i]) if fast else None
+            if target is not None:
+                np.copyto(target, sources[k], casting="unsafe")
+            else:
+                self.params[i].set_data(m.astype(self.params[i].dtype))
+
     def tensors(self) -> tuple:
         """fp32 masters aligned with params (remainder masters rebuilt)."""
         return tuple(self.master(i) for i in range(len(self.params)))

@@ -50,6 +50,8 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from .adamw import AdamW
+from .build import register_optimizer
+from .lion import Lion
 from .muon_routing import normalize_adamw_include, routes_to_muon
 from .muon_split import SplitRule, merge_pieces, piece_shapes, split_pieces, split_rule_for
 from .newton_schulz import (DEFAULT_NS_COEFFICIENTS, MUON_SCALE_MODES, configure_ns_precision,
@@ -399,13 +401,8 @@ class Muon(AdamW):
 
     # -- scalar branch: Lion -------------------------------------------------------------------
     def _lion_update(self, group: Dict[str, Any], i: int, master, g: Tensor) -> None:
-        """c = b1 m + (1-b1) g;  p <- p (1 - lr wd) - lr sign(c);  m <- b2 m + (1-b2) g."""
-        b1, b2 = self.lion_betas
-        lr = float(group["lr"])
-        m = self._state["lion_m"][i]
-        c = m * b1 + g * (1.0 - b1)
-        master.set_data(master * (1.0 - lr * self.group_weight_decay(group)) - ops.sign(c) * lr)
-        m.set_data(m * b2 + g * (1.0 - b2))
+        """Lion's update (lion.Lion._update, state lion_m.{name}) with `lion_betas`."""
+        Lion._update(self, dict(group, betas=self.lion_betas), i, master, g)
 
     # -- QK-Clip -------------------------------------------------------------------------------
     def _apply_qk_clip(self) -> Optional[QKClipStats]:
@@ -426,3 +423,33 @@ class Muon(AdamW):
             for name, master in masters.items():
                 self._masters.store(index[name], master)
         return stats
+
+
+def _muon_kwargs(get, explicit) -> Dict[str, Any]:
+    """`optimizer:` section (OptimizerConfig or dict) -> Muon keyword arguments."""
+    kwargs = dict(
+        weight_decay=float(get("weight_decay", 0.1)), momentum=float(get("momentum", 0.95)),
+        nesterov=bool(get("nesterov", True)), matched_adamw_rms=float(get("matched_adamw_rms", 0.2)),
+        eps=float(get("eps", 1e-7)), ns_steps=int(get("ns_steps", 5)),
+        adamw_betas=tuple(float(b) for b in get("adamw_betas", (0.95, 0.95))),
+        adamw_eps=float(get("adamw_eps", 1e-8)), qk_clip_enabled=bool(get("qk_clip_enabled", True)),
+        qk_clip_threshold=float(get("qk_clip_threshold", 100)),
+        comm_strategy=get("comm_strategy", "allgather"), adamw_include=get("adamw_include"),
+        use_fused_adamw=bool(get("use_fused_adamw", False)), swap=bool(get("swap", False)),
+        muon_split_qkv=bool(get("muon_split_qkv", True)),
+        muon_scale_mode=get("muon_scale_mode", "spectral"),
+        muon_extra_scale_factor=float(get("muon_extra_scale_factor", 1.0)),
+        muon_scalar_optimizer=get("muon_scalar_optimizer", "adam"),
+        muon_coefficient_type=get("muon_coefficient_type"), ns_dtype=get("ns_dtype"),
+        adamw_lr_mult=float(get("adamw_lr_mult", 1.0)),
+        lion_betas=(float(get("lion_beta1", 0.95)), float(get("lion_beta2", 0.98))),
+        embedding_min_norm=get("embedding_min_norm"))
+    if kwargs["muon_coefficient_type"] is None:
+        kwargs["ns_coefficients"] = get("ns_coefficients", list(DEFAULT_NS_COEFFICIENTS))
+    for name in _MEMORY_BUDGETS:
+        if get(name) is not None:
+            kwargs[name] = get(name)
+    return kwargs
+
+
+register_optimizer("Muon", "muon", "Muon", _muon_kwargs)

@@ -21,6 +21,11 @@ three matmuls plus three small m x m element-wise ops, and X (the large operand)
 per step. Same-shape matrices stacked into a (batch, m, n) tensor run as one batched iteration
 (`ops.BatchMatMul`), which removes the per-matrix kernel launches that dominate small shapes.
 
+In fp32 the normalisation never touches X: ||X||_F^2 = trace(X X^T) comes from the first
+Gram matrix, and 1/||X||_F is folded into the first step's B (A0 = G / s^2, X1 = (B(A0) / s) X),
+which saves two full passes over X. (An fp32 Gram overflows for entries above ~1e18; gradients
+and momenta are far below that after clipping.)
+
 Precision (`ns_dtype`): float32 on CPU (MindSpore 2.10 has no CPU bf16 matmul), bfloat16 on
 Ascend, as upstream, where the normalisation is still done in fp32 and the result is returned in
 fp32. On Ascend upstream additionally sets `cube_math_type(4)` (fp32 accumulation of bf16 matmul
@@ -101,6 +106,7 @@ _GRAM_TALL = ops.MatMul(transpose_a=True)     # X^T X
 _BMM = ops.BatchMatMul()
 _BGRAM_WIDE = ops.BatchMatMul(transpose_b=True)
 _BGRAM_TALL = ops.BatchMatMul(transpose_a=True)
+_REDUCE_SUM_KEEP = ops.ReduceSum(keep_dims=True)
 _SCALED_EYE_CACHE: dict = {}
 
 
@@ -137,27 +143,42 @@ def orthogonalize(x: Tensor, schedule: Sequence[Sequence[float]], eps: float = 1
     tall = rows > cols
     short = cols if tall else rows
 
-    # Normalisation always in fp32 (upstream), then the iteration dtype.
     x32 = x.astype(ms.float32) if x.dtype != ms.float32 else x
-    if batched:
-        norm = ops.norm(x32, dim=(-2, -1), keepdim=True)
-    else:
-        norm = ops.norm(x32)
-    X = x32 / ops.maximum(norm, eps)
-    if dtype != ms.float32:
-        X = X.astype(dtype)
-
     if batched:
         gram = _BGRAM_TALL if tall else _BGRAM_WIDE
         mm = _BMM
     else:
         gram = _GRAM_TALL if tall else _GRAM_WIDE
         mm = _MM
-    for a, b, c in schedule:
-        A = gram(X, X)                              # short x short, symmetric
+
+    def step(X, A, a, b, c, inv_norm=None):
         B = mm(A, A * c + _scaled_eye(short, dtype, b)) + _scaled_eye(short, dtype, a)
-        X = mm(X, B) if tall else mm(B, X)          # B = a I + b A + c A^2, symmetric:
+        if inv_norm is not None:
+            B = B * inv_norm
+        return mm(X, B) if tall else mm(B, X)       # B = a I + b A + c A^2 is symmetric:
                                                     # (B X^T)^T = X B
+
+    schedule = list(schedule)
+    if dtype == ms.float32 and schedule:
+        # fp32: never rescale X itself. With s = max(||X||_F, eps) and G = X X^T (short side),
+        # ||X||_F^2 = trace(G), the first step on X0 = X / s is
+        #     A0 = G / s^2,   X1 = B(A0) X0 = (B(A0) / s) X,
+        # so the two full passes over X (norm, divide) become small ops on the Gram matrix.
+        G = gram(x32, x32)
+        trace = _REDUCE_SUM_KEEP(G * _scaled_eye(short, dtype, 1.0), (-2, -1))
+        norm = ops.maximum(ops.sqrt(trace), eps)
+        a, b, c = schedule[0]
+        X = step(x32, G / (norm * norm), a, b, c, inv_norm=1.0 / norm)
+        rest = schedule[1:]
+    else:
+        # Normalisation in fp32 (upstream), then the iteration dtype (bf16 on Ascend).
+        norm = ops.norm(x32, dim=(-2, -1), keepdim=True) if batched else ops.norm(x32)
+        X = x32 / ops.maximum(norm, eps)
+        if dtype != ms.float32:
+            X = X.astype(dtype)
+        rest = schedule
+    for a, b, c in rest:
+        X = step(X, gram(X, X), a, b, c)
     return X.astype(ms.float32) if X.dtype != ms.float32 else X
 
 

@@ -286,14 +286,30 @@ def scale_many_in_place(masters: Sequence[Parameter], factor: float) -> None:
     """
     if factor == 1.0:
         return
-    if _numpy_view_aliases_storage():
-        views = [m.asnumpy() for m in masters]
-        f32 = np.float32(factor)
-        for view in views:
+    views = [aliased_view(m) for m in masters] if _numpy_view_aliases_storage() \
+        else [None] * len(masters)
+    f32 = np.float32(factor)
+    for m, view in zip(masters, views):
+        if view is not None:
             np.multiply(view, f32, out=view)
-    else:
-        for m in masters:
+        else:
             m.set_data(m * factor)
+
+
+def aliased_view(param: Parameter) -> Optional[np.ndarray]:
+    """``param.asnumpy()`` when it is a writable view of the Parameter's buffer, else None.
+
+    Two calls returning the same data pointer while the first array is alive means no fresh
+    host copy was made; together with the process-wide probe (writes visible to kernels) this
+    makes in-place numpy writes safe.
+    """
+    first = param.asnumpy()
+    if not first.flags.writeable or first.size == 0:
+        return None
+    again = param.asnumpy()
+    if first.__array_interface__["data"][0] != again.__array_interface__["data"][0]:
+        return None
+    return first
 
 
 def scale_in_place(master: Parameter, factor: float) -> None:
@@ -305,25 +321,29 @@ def scale_in_place(master: Parameter, factor: float) -> None:
     """
     if factor == 1.0:
         return
-    if _numpy_view_aliases_storage():
-        view = master.asnumpy()  # synchronises pending writes to master; a view on CPU
-        np.multiply(view, np.float32(factor), out=view)
-    else:
-        master.set_data(master * factor)
+    scale_many_in_place([master], factor)
 
 
-_ALIASES: List[bool] = []
+_ALIASES: Dict[str, bool] = {}
 
 
-def _numpy_view_aliases_storage() -> bool:
+def _numpy_view_aliases_storage(low_precision: bool = False) -> bool:
     """Probe once per process whether ``Parameter.asnumpy()`` aliases the Parameter's
-    storage (true on CPU); a write through the view must be visible in the Parameter."""
-    if not _ALIASES:
-        probe = Parameter(Tensor(np.zeros(4, np.float32)), name="alias_probe")
-        view = probe.asnumpy()
-        ok = bool(view.flags.writeable)
-        if ok:
-            view[0] = 1.0
-            ok = bool(probe.asnumpy()[0] == 1.0) and bool((probe * 1.0).asnumpy()[0] == 1.0)
-        _ALIASES.append(ok)
-    return _ALIASES[0]
+    storage (true on CPU): a write through the view must be visible to later kernels.
+    ``low_precision`` probes bf16 and fp16 Parameters (MindSpore registers a numpy bfloat16)."""
+    key = "low" if low_precision else "fp32"
+    if key not in _ALIASES:
+        dtypes = (ms.bfloat16, ms.float16) if low_precision else (ms.float32,)
+        ok = True
+        for dtype in dtypes:
+            try:
+                probe = Parameter(Tensor(np.zeros(4, np.float32)).astype(dtype), name="probe")
+                view = probe.asnumpy()
+                ok = ok and bool(view.flags.writeable)
+                if ok:
+                    view[0] = 1.0
+                    ok = bool((probe * 1).astype(ms.float32).asnumpy()[0] == 1.0)
+            except (TypeError, ValueError, RuntimeError):
+                ok = False
+        _ALIASES[key] = ok
+    return _ALIASES[key]

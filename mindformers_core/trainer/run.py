@@ -33,6 +33,15 @@ def apply_pynative_synchronize(enabled: bool) -> None:
         _LAUNCH_BLOCKING = True
 
 
+def _grad_reducer():
+    """The data-parallel reducer under msrun with more than one worker; else the identity."""
+    from ..distributed.env import env_world_size, launched_by_msrun
+    if launched_by_msrun() and env_world_size() > 1:
+        from ..distributed.setup import setup_data_parallel
+        return setup_data_parallel()
+    return None
+
+
 def run_training(cfg, output_dir: str, stream=None) -> int:
     """Train ``cfg`` (a RunConfig), writing metrics and checkpoints under ``output_dir``.
 
@@ -48,7 +57,7 @@ def run_training(cfg, output_dir: str, stream=None) -> int:
     ms.set_context(mode=ms.PYNATIVE_MODE)
     out = stream or sys.stdout
     try:
-        trainer = Trainer(cfg, output_dir, stream=out)
+        trainer = Trainer(cfg, output_dir, stream=out, grad_reducer=_grad_reducer())
         trainer.train()
     except ConfigError:
         raise

@@ -126,6 +126,9 @@ class Trainer:
         if optimizer is None:
             from ..optim import build_optimizer
             optimizer = build_optimizer(cfg.optimizer, self.model, lr_scheduler=lr_scheduler)
+        if hasattr(self.grad_reducer, "prepare_optimizer"):
+            # distributed: ZeRO-1 sharding, QK-Clip MAX reduction (before any state is loaded)
+            optimizer = self.grad_reducer.prepare_optimizer(optimizer, cfg)
         self.optimizer = optimizer
         self.loss_scaler = self._build_loss_scaler()
         if dataset is None:
@@ -144,14 +147,22 @@ class Trainer:
         self.writer.message(text)
 
     def _build_loss_scaler(self):
-        """Static scale when ``optimizer.loss_scale`` is set, dynamic for fp16 params, else none."""
+        """Static scale when ``optimizer.loss_scale`` is set (any dtype), dynamic when the
+        model's params or compute dtype is float16, else none (fp32/bf16 need no scaling)."""
         opt_cfg = self.cfg.optimizer
         fp16 = "float16" in (getattr(self.cfg.model, "params_dtype", ""),
                              getattr(self.cfg.model, "compute_dtype", ""))
         if getattr(opt_cfg, "loss_scale", None) is None and not fp16:
             return None
         from ..optim.loss_scaler import build_loss_scaler
-        return build_loss_scaler(opt_cfg, fp16=fp16)
+        return build_loss_scaler(opt_cfg)
+
+    @property
+    def dynamic_loss_scaling(self) -> bool:
+        if self.loss_scaler is None:
+            return False
+        from ..optim.loss_scaler import DynamicLossScaler
+        return isinstance(self.loss_scaler, DynamicLossScaler)
 
     @property
     def save_dir(self) -> str:
@@ -289,7 +300,7 @@ class Trainer:
 
         skipped = clipped = False
         threshold = getattr(self.cfg.optimizer, "grad_norm_skip_threshold", math.inf)
-        if not finite and self.loss_scaler is not None and self.loss_scaler.dynamic:
+        if not finite and self.dynamic_loss_scaling:
             skipped = True   # fp16 overflow: the scaler lowers its scale; a normal event
             self.log(f"[LossScaler] gradient overflow at step {step_number} (norm {norm}); "
                      f"skipping the update, loss scale {scale:g} -> "
@@ -335,6 +346,8 @@ class Trainer:
             self.state.consecutive_skipped = 0
             if self.loss_scaler is not None:
                 self._update_scaler(False)
+        elif self.loss_scaler is not None and not self.dynamic_loss_scaling:
+            self._update_scaler(not finite)
 
         self.state.step = step_number
         self.state.consumed_samples += global_batch

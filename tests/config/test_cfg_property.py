@@ -68,7 +68,7 @@ def _mutate(base, path_value):
     return d
 
 
-SETTINGS = settings(max_examples=150, deadline=None,
+SETTINGS = settings(max_examples=150, deadline=None, derandomize=True,  # reproducible in CI
                     suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -120,3 +120,16 @@ def test_known_nasty_documents(tmp_path, text):
     p.write_text(text)
     with pytest.raises(ConfigError):
         load_config(str(p))
+
+
+@SETTINGS
+@given(st.lists(st.text(alphabet=st.sampled_from(list("training.steps=optimizer.eps[]{}:,0123 "
+                                                      "-e5nul")), max_size=30), max_size=3))
+def test_random_override_strings(overrides):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            out = load_config(VALID, overrides=overrides)
+        except ConfigError:
+            return
+    assert isinstance(out, RunConfig)

@@ -348,3 +348,21 @@ def test_import_does_not_load_mindspore():
             "assert 'mindspore' not in sys.modules, 'mindspore imported'")
     root = os.path.dirname(os.path.dirname(FIX))
     subprocess.run([sys.executable, "-c", code, SEED_41], check=True, cwd=root)
+
+
+def test_duplicate_key_in_yaml_is_an_error(tmp_path):
+    p = tmp_path / "dup.yaml"
+    p.write_text("training:\n  steps: 10\n  seed: 1\n  steps: 20\n"
+                 "optimizer: {type: AdamW}\n"
+                 "lr_scheduler: {type: ConstantWarmUpLR, warmup_steps: 0}\n")
+    with pytest.raises(ConfigError, match=r"dup\.yaml: invalid YAML at line 4, column 3: found "
+                                          r"duplicate key 'steps' \(first at line 2\)"):
+        load_config(str(p))
+
+
+def test_yaml_merge_keys_still_override(tmp_path):
+    p = tmp_path / "merge.yaml"
+    p.write_text("training: {steps: 10}\n"
+                 "optimizer:\n  <<: {type: AdamW, weight_decay: 0.01}\n  weight_decay: 0.1\n"
+                 "lr_scheduler: {type: ConstantWarmUpLR, warmup_steps: 0}\n")
+    assert load_config(str(p)).optimizer.weight_decay == 0.1

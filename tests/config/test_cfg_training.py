@@ -37,6 +37,8 @@ def test_defaults_match_seed_table():
     ({"stop_at_step": 0}, r"^training\.stop_at_step: must be in \[1, steps=1000\], got 0"),
     ({"steps": 10, "stop_at_step": 11}, r"^training\.stop_at_step: must be in \[1, steps=10\]"),
     ({"deterministic": 1}, r"^training\.deterministic: expected a bool"),
+    ({"seed": -1}, r"^training\.seed: must be in \[0, 4294967295\], got -1"),
+    ({"seed": 2 ** 32}, r"^training\.seed: must be in \[0, 4294967295\]"),
     ({"seed": "42"}, r"^training\.seed: expected an int, got str"),
     ({"stepz": 3}, r"^training\.stepz: unknown key; valid keys: .*did you mean 'steps'\?"),
     ({"data_parallel": 2}, r"^training\.data_parallel: unknown key"),

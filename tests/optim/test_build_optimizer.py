@@ -37,3 +37,19 @@ def test_unknown_type_lists_valid_names():
                        match=r"Optimizer type Adagrad is not implemented yet. Valid types: "):
         build_optimizer({"type": "Adagrad"}, Tiny())
     assert "AdamW" in OPTIMIZERS and OPTIMIZERS["AdamW"] is AdamW
+
+
+def test_from_optimizer_config_adamw_and_muon():
+    from mindformers_core.config.optimizer import OptimizerConfig
+    from mindformers_core.optim.muon import Muon
+    from tests.optim.test_muon import tiny_model
+
+    cfg = OptimizerConfig.from_dict({"type": "AdamW", "weight_decay": 0.1}, "optimizer")
+    model = tiny_model()
+    opt = build_optimizer(cfg, model)
+    assert isinstance(opt, AdamW) and not opt.store_param_remainders  # not written: off
+    assert {g["weight_decay"] for g in opt.param_groups} == {0.1, 0.0}
+    cfg = OptimizerConfig.from_dict({"type": "Muon", "momentum": 0.9,
+                                     "qk_clip_enabled": False}, "optimizer")
+    muon = build_optimizer(cfg, model)
+    assert isinstance(muon, Muon) and muon.model is model

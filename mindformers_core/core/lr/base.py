@@ -1,7 +1,8 @@
 """Base classes of the LR schedules and the name registry.
 
 A schedule is an immutable object whose ``lr_at(step)`` is a pure function of the 0-based
-optimizer step, computed in float64 with ``math`` only. Nothing is stored between calls, so a
+optimizer step, computed with ``math`` only: float64, or MindFormers' float32 result where
+float32 rounding shows beyond the compatibility tolerance (see :func:`pick`). Nothing is stored between calls, so a
 restarted run that rebuilds the schedule from its config gets exactly the same curve.
 
 Construction ``Cls(total_steps, path="lr_scheduler", **fields)`` checks every field (types,
@@ -16,8 +17,30 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 from ...config.errors import ConfigError
 from ...config.schema import unknown_key_error
 from .fields import as_float, as_int, resolve_steps
+from .float32 import f32, f32_const
 
-__all__ = ["LRSchedule", "WarmupSchedule", "SCHEDULE_CLASSES", "ALIASES", "register"]
+#: half the compatibility tolerance (abs 1e-9 or rel 1e-6): the float64 closed form is
+#: returned where it is this close to upstream's float32 value, leaving the other half for
+#: 1-2 ulp differences of float32 ``powf``/``logf`` between platforms
+_PICK_ABS = 5e-10
+_PICK_REL = 5e-7
+
+
+def pick(exact: float, upstream32: float) -> float:
+    """``exact`` (float64 closed form) unless it is further than half the compatibility
+    tolerance from ``upstream32`` (upstream's float32 op sequence), else ``upstream32``.
+
+    Far from cancellations the two agree to ~1e-7 relative and the exact value is returned;
+    where float32 rounding is amplified (a difference of nearly equal numbers, a cosine
+    argument rounded at a large phase, ``1 + cos`` near -1 with a large peak) upstream's value
+    is returned, so ``lr_at`` always equals MindFormers within abs 1e-9 or rel 1e-6.
+    """
+    d = exact - upstream32
+    if -_PICK_ABS <= d <= _PICK_ABS or abs(d) <= _PICK_REL * abs(upstream32):
+        return exact
+    return upstream32
+
+__all__ = ["LRSchedule", "WarmupSchedule", "SCHEDULE_CLASSES", "ALIASES", "register", "pick"]
 
 #: canonical class name -> class (filled by :func:`register`)
 SCHEDULE_CLASSES: Dict[str, type] = {}
@@ -115,10 +138,21 @@ class LRSchedule:
     def _setup(self, values: Dict[str, Any]) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def lr_at(self, step: int) -> float:  # pragma: no cover - abstract
-        """Learning rate applied at 0-based optimizer step ``step`` (float64); ``step < 0``
-        gives ``lr_at(0)`` (upstream extrapolates the warmup line below 0)."""
+    def lr_pair(self, step: int) -> Tuple[float, float]:  # pragma: no cover - abstract
+        """``(float64 closed form, upstream float32 value)`` at ``step``; where upstream is
+        not sane (DESIGN.md §5.2) both are our safe value."""
         raise NotImplementedError
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate applied at 0-based optimizer step ``step``: the float64 closed form,
+        or upstream's float32 value where they differ by more than half the compatibility
+        tolerance (:func:`pick`). ``step < 0`` gives ``lr_at(0)`` (upstream extrapolates the
+        warmup line below 0)."""
+        exact, up = self.lr_pair(step)
+        d = exact - up
+        if -_PICK_ABS <= d <= _PICK_ABS or abs(d) <= _PICK_REL * abs(up):
+            return exact
+        return up
 
     def __call__(self, step: int) -> float:
         return self.lr_at(step)
@@ -200,6 +234,21 @@ class WarmupSchedule(LRSchedule):
                               f"({self.total_steps}, from training.steps)")
         # precomputed slope of the warmup line (float64)
         self._slope = (self.eta - self.init) / self.W if self.W > 0 else 0.0
+        # upstream's float32 constants: eta and init as float32, (eta - init) computed on
+        # Python floats then cast (it multiplies a float32 tensor)
+        self._eta32 = f32_const(self.eta, self._p("learning_rate"))
+        self._init32 = f32_const(self.init, self._p("warmup_lr_init"))
+        self._span32 = f32(self.eta - self.init)
+
+    def _warm(self, step: int):
+        """(float64, upstream float32) warmup values at ``0 <= step < W``:
+        ``init + (eta - init) * (s / W)``."""
+        return (self.init + self._slope * step,
+                f32(self._init32 + f32(self._span32 * f32(step / self.W))))
+
+    def _floor32(self, key: str, value: float) -> float:
+        """``value`` (a floor field) as upstream's float32 constant."""
+        return f32_const(value, self._p(key))
 
     def _check_floor(self, key: str, value: float) -> None:
         if value > self.eta:

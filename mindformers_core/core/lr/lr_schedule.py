@@ -3,9 +3,15 @@
 Notation in the docstrings: ``s`` = 0-based optimizer step, ``W`` = resolved warmup steps,
 ``T`` = ``total_steps`` (``training.steps``), ``eta`` = ``learning_rate`` (the peak).
 Every schedule with warmup shares the line ``init + (eta - init) * s / W`` for ``s < W``
-(:class:`~.base.WarmupSchedule`). Values equal upstream's float32 results within float32
-rounding wherever upstream is sane; where it is not (DESIGN.md §5.2) we never return NaN or a
-negative lr and never rise after the final decay.
+(:class:`~.base.WarmupSchedule`).
+
+Compatibility: each ``lr_at`` evaluates both the float64 closed form and upstream's float32 op
+sequence (same operations, same order, each rounded to float32 with :func:`~.float32.f32`) and
+returns the closed form unless float32 rounding moved upstream further than half the tolerance
+(:func:`~.base.pick`). So ``lr_at`` equals MindFormers 2.1.0 within abs 1e-9 or rel 1e-6
+wherever upstream is sane, including where float32 cancellation shows (WSD's last decay steps
+with a large peak, cosines far past ``t_max``, ``1 + cos`` near -1). Where upstream is not sane
+(DESIGN.md §5.2) we never return NaN or a negative lr and never rise after the final decay.
 """
 from __future__ import annotations
 
@@ -13,8 +19,9 @@ import math
 from typing import Any, Dict
 
 from ...config.errors import ConfigError
-from .base import ALIASES, SCHEDULE_CLASSES, LRSchedule, WarmupSchedule, register
+from .base import ALIASES, SCHEDULE_CLASSES, LRSchedule, WarmupSchedule, pick, register
 from .fields import as_choice, as_float, resolve_steps
+from .float32 import f32, f32_const
 
 __all__ = [
     "ConstantWarmUpLR", "LinearWithWarmUpLR", "CosineWithWarmUpLR",
@@ -25,7 +32,21 @@ __all__ = [
 
 _PI = math.pi
 _TWO_PI = 2.0 * math.pi
+_PI32 = f32(math.pi)  # upstream multiplies a float32 tensor by math.pi
 _cos = math.cos
+_floor = math.floor
+#: steps up to this are exact in float32 (upstream casts the step to float32)
+_EXACT_STEPS = 1 << 24
+
+
+def _s32(step: int) -> float:
+    """The step as upstream's float32 cast of it."""
+    return float(step) if step <= _EXACT_STEPS else f32(step)
+
+
+def _half_one_plus_cos32(x32: float) -> float:
+    """Upstream ``max(0, 0.5 * (1.0 + cos(x)))`` in float32 (0.5 * y is exact)."""
+    return 0.5 * f32(1.0 + f32(_cos(x32)))
 
 
 # A step before the first update (``step < 0``, e.g. a "previous step" lookup at step 0) gets
@@ -42,10 +63,10 @@ class ConstantWarmUpLR(WarmupSchedule):
     def _setup(self, values):
         self._setup_warmup(values)
 
-    def lr_at(self, step: int) -> float:
+    def lr_pair(self, step: int):
         if step < self.W:
-            return self.init + self._slope * step if step >= 0 else self.lr_at(0)
-        return self.eta
+            return self._warm(step) if step >= 0 else self.lr_pair(0)
+        return self.eta, self._eta32
 
     def boundaries(self):
         return self._warmup_bounds()
@@ -64,11 +85,15 @@ class LinearWithWarmUpLR(WarmupSchedule):
         self._setup_warmup(values)
         self._len = float(max(1, self.total_steps - self.W))
 
-    def lr_at(self, step: int) -> float:
+    def lr_pair(self, step: int):
         if step < self.W:
-            return self.init + self._slope * step if step >= 0 else self.lr_at(0)
+            return self._warm(step) if step >= 0 else self.lr_pair(0)
         frac = (self.total_steps - step) / self._len
-        return self.eta * frac if frac > 0.0 else 0.0
+        if frac <= 0.0:
+            return 0.0, 0.0
+        # upstream: eta * max(0, (T - s) / max(1, T - W)), float32
+        return (self.eta * frac,
+                f32(self._eta32 * f32((self.total_steps - _s32(step)) / self._len)))
 
     def boundaries(self):
         return {**self._warmup_bounds(), "decay_start": self.W, "decay_end": self.total_steps,
@@ -90,9 +115,11 @@ class _CosineBase(WarmupSchedule):
     """Shared setup of CosineWithWarmUpLR and CosineWithRestartsAndWarmUpLR.
 
     ``p = (s - W) / max(1, T - W)``; the cosine is always stretched over ``T - W`` and cut
-    at ``D`` (``D`` truncates, it does not stretch). Ours cuts at ``min(D, W + max(1, T - W))``:
-    beyond ``T`` upstream keeps the cosine going (rising again) or returns 0; we hold
-    ``lr_end``.
+    at ``D`` (``D`` truncates, it does not stretch). From ``cut`` on we hold ``lr_end`` (or the
+    last decay value if float32 rounding put it a hair below): ``cut = D`` when ``D <= T``;
+    beyond ``T`` upstream keeps the cosine going (CosineWithWarmUpLR: we follow it while it
+    still falls and stop where it would rise again) or returns 0 (CosineWithRestarts: we
+    cut at ``T``).
     """
 
     FLOOR_FIELDS = ("lr_end",)
@@ -106,6 +133,25 @@ class _CosineBase(WarmupSchedule):
         self._len = float(max(1, self.total_steps - self.W))
         self.cut = min(self.D, self.W + int(self._len))
         self._range = self.eta - self.lr_end
+        self._lr_end32 = self._floor32("lr_end", self.lr_end)
+        # upstream: learning_rate - lr_end with lr_end a float32 tensor -> float32 subtraction
+        self._range32 = f32(self._eta32 - self._lr_end32)
+
+    def _set_hold(self) -> None:
+        """The value held from ``cut`` on: ``lr_end``, never above the last decay value."""
+        last = self.cut - 1
+        hold = min(self.lr_end, self.lr_at(last)) if last >= self.W else self.lr_end
+        self._hold = (hold, hold)
+
+    def _decay(self, step: int):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def lr_pair(self, step: int):
+        if step >= self.cut:
+            return self._hold
+        if step < self.W:
+            return self._warm(step) if step >= 0 else self.lr_pair(0)
+        return self._decay(step)
 
     def boundaries(self):
         return {**self._warmup_bounds(), "decay_start": min(self.W, self.cut),
@@ -127,14 +173,41 @@ class CosineWithWarmUpLR(_CosineBase):
     def _setup(self, values):
         self._setup_cosine(values, allow_ratio=True, cycles_lo_open=False)
         self._omega = _TWO_PI * self.c
+        self._k32 = f32(math.pi * self.c * 2.0)  # upstream: math_pi * num_cycles * 2.0 * p
+        if self.D > self.total_steps:
+            self.cut = self._first_rise_after_total()
+        self._set_hold()
 
-    def lr_at(self, step: int) -> float:
-        if step >= self.cut:
-            return self.lr_end
-        if step < self.W:
-            return self.init + self._slope * step if step >= 0 else self.lr_at(0)
+    def _decay(self, step: int):
         pct = 0.5 * (1.0 + _cos(self._omega * ((step - self.W) / self._len)))
-        return self.lr_end + self._range * pct if pct > 0.0 else self.lr_end
+        exact = self.lr_end + self._range * pct if pct > 0.0 else self.lr_end
+        x32 = f32(self._k32 * f32((_s32(step) - self.W) / self._len))
+        return exact, f32(self._lr_end32 + f32(self._range32 * _half_one_plus_cos32(x32)))
+
+    def _value(self, step: int) -> float:
+        return pick(*self._decay(step))
+
+    def _first_rise_after_total(self) -> int:
+        """With ``D > T`` upstream continues the cosine past ``T``: the first step there at
+        which it rises (or ``D``). It falls until its phase ``2*pi*c*p`` reaches the next odd
+        multiple of pi, so only a few steps around that point are evaluated."""
+        s0 = max(self.total_steps, self.W + 1)
+        if s0 >= self.D:
+            return self.D
+        if self._value(s0) > self._value(s0 - 1):
+            return s0
+        if self.c == 0.0:
+            return self.D  # constant eta until D
+        half_turns = self.c * 2.0 * (s0 - self.W) / self._len  # phase / pi at s0
+        odd = 2 * math.ceil((half_turns - 1.0) / 2.0) + 1
+        s_min = self.W + self._len * odd / (2.0 * self.c)
+        if s_min >= self.D:
+            return self.D
+        lo = max(s0 + 1, int(s_min) - 1)
+        for step in range(lo, min(self.D, int(s_min) + 4)):
+            if self._value(step) > self._value(step - 1):
+                return step
+        return min(self.D, int(s_min) + 1)
 
 
 @register("cosine_with_restarts")
@@ -151,16 +224,20 @@ class CosineWithRestartsAndWarmUpLR(_CosineBase):
 
     def _setup(self, values):
         self._setup_cosine(values, allow_ratio=False, cycles_lo_open=True)
+        self._c32 = f32(self.c)
+        self._set_hold()
 
-    def lr_at(self, step: int) -> float:
-        if step >= self.cut:
-            return self.lr_end
-        if step < self.W:
-            return self.init + self._slope * step if step >= 0 else self.lr_at(0)
+    def _decay(self, step: int):
         # c*(s-W) first: exact for the usual c, so a restart on an integer step lands exactly
         x = (self.c * (step - self.W)) / self._len
-        pct = 0.5 * (1.0 + _cos(_PI * (x - math.floor(x))))
-        return self.lr_end + self._range * pct if pct > 0.0 else self.lr_end
+        pct = 0.5 * (1.0 + _cos(_PI * (x - _floor(x))))
+        exact = self.lr_end + self._range * pct if pct > 0.0 else self.lr_end
+        # upstream: pi * ((num_cycles * p) % 1) with p = (s - W) / max(1, T - W), float32;
+        # y - floor(y) is exact in float32. Where its rounding moves a restart by a step,
+        # pick() returns upstream's value.
+        y32 = f32(self._c32 * f32((_s32(step) - self.W) / self._len))
+        x32 = f32(_PI32 * (y32 - _floor(y32)))
+        return exact, f32(self._lr_end32 + f32(self._range32 * _half_one_plus_cos32(x32)))
 
 
 @register("polynomial")
@@ -183,15 +260,29 @@ class PolynomialWithWarmUpLR(WarmupSchedule):
         self.power = self._float(values, "power")
         steps = self._int(values, "decay_steps")
         self.Dp = max(1, steps) if steps is not None else max(1, self.total_steps - self.W)
-        self._hold = min(self.W + self.Dp, self.total_steps)  # lr_end for s > _hold
+        # lr_end for s > _hold; with power 0 upstream's base**0 is 1 even when the base goes
+        # negative, so it stays sane (constant eta) up to T
+        self._hold = min(self.W + self.Dp, self.total_steps) if self.power > 0 else self.total_steps
         self._range = self.eta - self.lr_end
+        self._lr_end32 = self._floor32("lr_end", self.lr_end)
+        self._range32 = f32(self._eta32 - self._lr_end32)  # lr_end is a float32 tensor upstream
+        self._power32 = f32_const(self.power, self._p("power"))
+        last = min(self.lr_end, self.lr_at(self._hold))  # never above the last decay value
+        self._floor_pair = (last, last)
 
-    def lr_at(self, step: int) -> float:
+    def lr_pair(self, step: int):
         if step < self.W:
-            return self.init + self._slope * step if step >= 0 else self.lr_at(0)
+            return self._warm(step) if step >= 0 else self.lr_pair(0)
         if step > self._hold:
-            return self.lr_end
-        return self.lr_end + self._range * (1.0 - (step - self.W) / self.Dp) ** self.power
+            return self._floor_pair
+        exact = self.lr_end + self._range * (1.0 - (step - self.W) / self.Dp) ** self.power
+        # upstream (float32): decay = (eta - lr_end) * (1 - (s - W) / Dp) ** power + lr_end;
+        # lr = eta * (decay / eta)
+        base32 = f32(1.0 - f32((_s32(step) - self.W) / self.Dp))
+        decay32 = f32(f32(self._range32 * f32(math.pow(base32, self._power32))) + self._lr_end32)
+        if self._eta32 == 0.0:
+            return exact, 0.0
+        return exact, f32(self._eta32 * f32(decay32 / self._eta32))
 
     def boundaries(self):
         end = min(self.W + self.Dp, self.total_steps + 1)
@@ -231,27 +322,50 @@ class WarmUpStableDecayLR(WarmupSchedule):
         self.S = resolve_steps(steps, ratio, self.total_steps, "decay_start", self._path)
         self.style = as_choice(values["decay_style"], self._p("decay_style"), self.DECAY_STYLES)
         self._params["decay_style"] = self.style
-        self._end = max(self.S, self.total_steps)
         self._len = float(self.total_steps - self.S) if self.total_steps > self.S else 1.0
         self._range = self.eta - self.lr_end
+        self._lr_end32 = self._floor32("lr_end", self.lr_end)
+        self._range32 = f32(self._eta32 - self._lr_end32)  # lr_end is a float32 tensor upstream
+        self._eta_pair = (self.eta, self._eta32)
+        if self.S < self.total_steps:
+            # the decay includes T (upstream lr(T) is lr_end up to float32 rounding); after T
+            # upstream falls below lr_end and goes negative: hold, never above lr(T)
+            self._end = self.total_steps + 1
+            last = min(self.lr_end, self.lr_at(self.total_steps))
+        else:
+            # S == T: upstream NaN at T, -inf after; S > T: eta at S, then rising
+            self._end = self.S + 1 if self.S > self.total_steps else self.S
+            last = self.lr_end
+        self._floor_pair = (last, last)
 
-    def lr_at(self, step: int) -> float:
+    def lr_pair(self, step: int):
         if step < self.W:
-            return self.init + self._slope * step if step >= 0 else self.lr_at(0)
+            return self._warm(step) if step >= 0 else self.lr_pair(0)
         if step < self.S:
-            return self.eta
+            # upstream eta * s / s: NaN at s = 0 (warmup_steps 0; ours starts at the peak),
+            # else within 1 float32 ulp of eta
+            return self._eta_pair
         if step >= self._end:
-            return self.lr_end
+            return self._floor_pair
         p = (step - self.S) / self._len
         if self.style == "linear":
-            return self.eta - self._range * p
+            if self.S > self.total_steps:  # only step == S gets here: upstream eta
+                return self._eta_pair
+            # upstream (float32): eta - (eta - lr_end) * ((s - S) / (T - S))
+            return (self.eta - self._range * p if p < 1.0 else self.lr_end,
+                    f32(self._eta32 - f32(self._range32 * f32((_s32(step) - self.S) / self._len))))
+        if self.S > self.total_steps:
+            return self._eta_pair
         if self.style == "cosine":
-            return self.lr_end + self._range * 0.5 * (1.0 + _cos(_PI * p))
-        return self.lr_end + self._range * (1.0 - math.sqrt(p))
+            lr = self.lr_end + self._range * 0.5 * (1.0 + _cos(_PI * p))
+        else:
+            lr = self.lr_end + self._range * (1.0 - math.sqrt(p))
+        return lr, lr  # not an upstream style: float64 only
 
     def boundaries(self):
-        return {**self._warmup_bounds(), "decay_start": self.S, "decay_end": self._end,
-                "decay_start_steps": self.S, "decay_steps": self._end - self.S}
+        end = max(self.S, self.total_steps)
+        return {**self._warmup_bounds(), "decay_start": self.S, "decay_end": end,
+                "decay_start_steps": self.S, "decay_steps": end - self.S}
 
 
 @register()
@@ -262,8 +376,9 @@ class ConstantWithCoolDownLR(WarmupSchedule):
     ``max(1, decay_steps)``, else ``max(1, T)`` (upstream: the default D is T, so the schedule
     runs past ``total_steps``). Phases: warmup; ``s < W+K``: eta; ``s < W+K+D``:
     ``lr_end1 + (eta - lr_end1) * max(0, (1 + cos(2*pi*c*(s-W-K)/D)) / 2)``;
-    ``s < W+K+D+F``: lr_end1; then lr_end2 (``None`` means lr_end1). Upstream also maps an
-    explicit ``lr_end2: 0.0`` to lr_end1; ours honours the 0.0. ``lr_end2 <= lr_end1``.
+    ``s < W+K+D+F``: lr_end1; then lr_end2 (``None`` means lr_end1). ``lr_end2 <= lr_end1``.
+    As upstream (``lr_end2 or lr_end1``), an explicit ``lr_end2: 0.0`` also means lr_end1:
+    its curve is sane there, so ours matches it (set ``lr_end1`` lower to end lower).
     """
 
     FIELDS = {**WarmupSchedule.WARMUP_FIELDS, "keep_steps": 0, "final_steps": 0,
@@ -283,29 +398,39 @@ class ConstantWithCoolDownLR(WarmupSchedule):
             raise ConfigError(self._p("lr_end2"), f"must be <= lr_end1 ({self.e1!r}), got "
                                                   f"{e2!r} (the lr must not rise after the "
                                                   "cool-down)")
-        self.e2 = self.e1 if e2 is None else e2
+        self.e2 = e2 or self.e1  # upstream: lr_end2 or lr_end1 (0.0 falls back too)
         self.D = _decay_cutoff(self, values, allow_ratio=True)
         self._b1 = self.W + self.K
         self._b2 = self._b1 + self.D
         self._b3 = self._b2 + self.F
         self._omega = _TWO_PI * self.c / self.D if self.D > 0 else 0.0
         self._range = self.eta - self.e1
+        e1_32 = self._floor32("lr_end1", self.e1)
+        self._e1_32 = e1_32
+        self._cool32 = f32(self.eta - self.e1)  # Python floats upstream, then float32
+        self._k32 = f32(math.pi * self.c * 2.0)
+        self._eta_pair = (self.eta, self._eta32)
+        self._e1_pair = (self.e1, e1_32)
+        self._e2_pair = (self.e2, self._floor32("lr_end2", self.e2))
 
     def _adjust_floor(self, params, min_lr):
         if min_lr is not None and params.get("lr_end2") is not None:
             params["lr_end2"] = min(params["lr_end2"], min_lr)
 
-    def lr_at(self, step: int) -> float:
+    def lr_pair(self, step: int):
         if step < self.W:
-            return self.init + self._slope * step if step >= 0 else self.lr_at(0)
+            return self._warm(step) if step >= 0 else self.lr_pair(0)
         if step < self._b1:
-            return self.eta
+            return self._eta_pair
         if step < self._b2:
             pct = 0.5 * (1.0 + _cos(self._omega * (step - self._b1)))
-            return self.e1 + self._range * pct if pct > 0.0 else self.e1
+            exact = self.e1 + self._range * pct if pct > 0.0 else self.e1
+            # upstream (float32): p = (s - K - W) / D; e1 + (eta - e1) * (1 + cos(2 pi c p)) / 2
+            x32 = f32(self._k32 * f32((_s32(step) - self.K - self.W) / self.D))
+            return exact, f32(self._e1_32 + f32(self._cool32 * _half_one_plus_cos32(x32)))
         if step < self._b3:
-            return self.e1
-        return self.e2
+            return self._e1_pair
+        return self._e2_pair
 
     def boundaries(self):
         return {**self._warmup_bounds(), "decay_start": self._b1, "decay_end": self._b3,
@@ -327,6 +452,15 @@ class _AnnealingBase(LRSchedule):
             raise ConfigError(self._p("eta_min"), f"must be <= base_lr ({self.base!r}), got "
                                                   f"{self.eta_min!r}")
         self._range = self.base - self.eta_min
+        f32_const(self.base, self._p("base_lr"))
+        self._emin32 = f32_const(self.eta_min, self._p("eta_min"))
+        self._range32 = f32(self.base - self.eta_min)  # Python floats upstream, then float32
+
+    def _pair_at(self, x: float, x32: float):
+        """(float64, upstream float32) ``eta_min + (base - eta_min) * max(0, (1+cos x)/2)``."""
+        pct = 0.5 * (1.0 + _cos(x))
+        exact = self.eta_min + self._range * pct if pct > 0.0 else self.eta_min
+        return exact, f32(self._emin32 + f32(self._range32 * _half_one_plus_cos32(x32)))
 
 
 @register("cosine_annealing")
@@ -345,11 +479,12 @@ class CosineAnnealingLR(_AnnealingBase):
                                what="half period of the cosine in steps, an int >= 1")
         self._omega = _PI / self.t_max
 
-    def lr_at(self, step: int) -> float:
+    def lr_pair(self, step: int):
         if step < 0:
             step = 0
-        pct = 0.5 * (1.0 + _cos(self._omega * step))
-        return self.eta_min + self._range * pct if pct > 0.0 else self.eta_min
+        # upstream (float32): pi * s / t_max -- its rounding grows with s, which shows far
+        # past t_max (t_max 7, step 75: rel 3e-6 from the exact curve)
+        return self._pair_at(self._omega * step, f32(f32(_PI32 * _s32(step)) / self.t_max))
 
     def boundaries(self):
         return {"first_min": self.t_max, "period": 2 * self.t_max}
@@ -360,7 +495,8 @@ class CosineAnnealingWarmRestarts(_AnnealingBase):
     """SGDR: cycles of length ``T_i = t_0 * t_mult**i`` starting at ``t_0 (m^i - 1)/(m - 1)``;
     ``lr = eta_min + (base_lr - eta_min) * max(0, (1 + cos(pi * t_cur / T_i)) / 2)``.
 
-    The cycle index is found in exact integer arithmetic (upstream uses a float32 log).
+    The cycle index is upstream's float32 ``floor(log(s/t_0*(m-1) + 1) / log(m))``, so a
+    restart lands on the same step as in MindFormers; the rest follows from it exactly.
     """
 
     FIELDS = {"base_lr": None, "t_0": None, "t_mult": 1, "eta_min": 0.0}
@@ -370,32 +506,31 @@ class CosineAnnealingWarmRestarts(_AnnealingBase):
         self.t_0 = self._int(values, "t_0", lo=1, required=True,
                              what="length of the first cycle in steps, an int >= 1")
         self.t_mult = self._int(values, "t_mult", lo=1)
-        self._log_m = math.log(self.t_mult) if self.t_mult > 1 else 0.0
+        self._log_m32 = f32(math.log(self.t_mult)) if self.t_mult > 1 else 0.0
 
     def _cycle(self, step: int):
-        """(t_cur, T_i) of ``step``."""
+        """(t_cur, T_i) of ``step`` with upstream's float32 cycle index (exact integers
+        below 2**24 steps, where every float32 operation here is exact)."""
         t0, m = self.t_0, self.t_mult
         if step < t0:
             return step, t0
         if m == 1:
             return step % t0, t0
-        # estimate i from the closed form, then fix it exactly with integers
-        i = int(math.log(step / t0 * (m - 1) + 1.0) / self._log_m)
-        start = t0 * (m ** i - 1) // (m - 1)
-        while start > step:
-            i -= 1
-            start = t0 * (m ** i - 1) // (m - 1)
-        while start + t0 * m ** i <= step:
-            start += t0 * m ** i
-            i += 1
-        return step - start, t0 * m ** i
+        s32 = _s32(step)
+        a32 = f32(f32(f32(s32 / t0) * (m - 1.0)) + 1.0)
+        i = _floor(f32(f32(math.log(a32)) / self._log_m32))
+        start = t0 * (m ** i - 1) // (m - 1) if i >= 0 else 0
+        return step - start, t0 * m ** i if i >= 0 else t0
 
-    def lr_at(self, step: int) -> float:
+    def lr_pair(self, step: int):
         if step < 0:
             step = 0
         t_cur, t_i = self._cycle(step)
-        pct = 0.5 * (1.0 + _cos(_PI * t_cur / t_i))
-        return self.eta_min + self._range * pct if pct > 0.0 else self.eta_min
+        if step > _EXACT_STEPS or t_i > _EXACT_STEPS:
+            x32 = f32(f32(_PI32 * f32(t_cur)) / f32(t_i))
+        else:
+            x32 = f32(f32(_PI32 * t_cur) / t_i)
+        return self._pair_at(_PI * t_cur / t_i, x32)
 
     def boundaries(self):
         return {"first_restart": self.t_0}
@@ -420,11 +555,12 @@ class InverseSqrtLR(WarmupSchedule):
         self._check_floor("lr_end", self.lr_end)
         self._scale = self.eta * math.sqrt(max(self.W, 1))
 
-    def lr_at(self, step: int) -> float:
+    def lr_pair(self, step: int):
         if step < self.W:
-            return self.init + self._slope * step if step >= 0 else self.lr_at(0)
+            return self._warm(step) if step >= 0 else self.lr_pair(0)
         lr = self._scale / math.sqrt(step) if step > 1 else self.eta
-        return lr if lr > self.lr_end else self.lr_end
+        lr = lr if lr > self.lr_end else self.lr_end
+        return lr, lr  # not an upstream schedule: float64 only
 
     def boundaries(self):
         return {**self._warmup_bounds(), "decay_start": self.W, "decay_start_steps": self.W}
@@ -446,6 +582,7 @@ class LearningRateWiseLayer(LRSchedule):
         self.scale = as_float(values["lr_scale"], self._p("lr_scale"), lo=0.0, lo_open=True,
                               required=True, what="the factor applied to base_lr's schedule")
         self._params["lr_scale"] = self.scale
+        self._scale32 = f32_const(self.scale, self._p("lr_scale"))
         base = values["base_lr"]
         if base is None:
             raise ConfigError(self._p("base_lr"), "required: the wrapped schedule section, "
@@ -456,8 +593,9 @@ class LearningRateWiseLayer(LRSchedule):
         self.base = base
         self._params["base_lr"] = base.to_dict()
 
-    def lr_at(self, step: int) -> float:
-        return self.scale * self.base.lr_at(step)
+    def lr_pair(self, step: int):
+        exact, up = self.base.lr_pair(step)
+        return self.scale * exact, f32(self._scale32 * up)  # upstream: lr_scale * lr, float32
 
     @property
     def peak_lr(self) -> float:

@@ -1,0 +1,89 @@
+"""Start-up time of ``run_mindformer.py --check`` (a fresh interpreter per run, as a user runs it).
+
+For each config: the median wall time of ``--repeats`` runs of
+``python run_mindformer.py --config X --mode 1 --check``, next to a bare ``python -c pass`` run
+side by side in the same loop (the interpreter's own start-up) and the in-process
+``load_config`` time. Also records whether ``--check`` imported MindSpore (it must not: a
+``--check`` is meant to be instant on a login node).
+
+    python bench/bench_check.py [--repeats 7] [--quick]
+
+Prints a table; writes bench/results/check.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+CONFIGS = ["configs/quickstart.yaml", "configs/muon_deepseek_v3_tiny.yaml",
+           "configs/npu/deepseek_v3_muon.yaml"]
+_PROBE = ("import sys, run_mindformer; code = run_mindformer.main(sys.argv[1:]); "
+          "print('MINDSPORE_IMPORTED=' + str('mindspore' in sys.modules)); sys.exit(code)")
+
+
+def _wall(cmd) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-500:]}")
+    return dt
+
+
+def bench_config(path: str, repeats: int) -> dict:
+    check = [sys.executable, "run_mindformer.py", "--config", path, "--mode", "1", "--check"]
+    bare = [sys.executable, "-c", "pass"]
+    t_check, t_bare = [], []
+    for _ in range(repeats):          # interleaved: both see the same machine load
+        t_check.append(_wall(check))
+        t_bare.append(_wall(bare))
+    probe = subprocess.run([sys.executable, "-c", _PROBE, "--config", path, "--mode", "1",
+                            "--check"], cwd=ROOT, capture_output=True, text=True)
+    from mindformers_core.config import load_config
+    loads = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        load_config(os.path.join(ROOT, path)).plan()
+        loads.append(time.perf_counter() - t0)
+    return {"config": path, "check_s": statistics.median(t_check),
+            "python_startup_s": statistics.median(t_bare),
+            "check_minus_startup_s": statistics.median(c - b for c, b in zip(t_check, t_bare)),
+            "load_config_ms": 1e3 * statistics.median(loads),
+            "imports_mindspore": "MINDSPORE_IMPORTED=True" in probe.stdout}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--quick", action="store_true", help="3 repeats")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "check.json"))
+    args = ap.parse_args(argv)
+    repeats = 3 if args.quick else args.repeats
+    rows = [bench_config(c, repeats) for c in CONFIGS if os.path.exists(os.path.join(ROOT, c))]
+    print(f"{'config':<38} {'--check s':>9} {'python s':>8} {'extra s':>7} {'load ms':>7} mindspore")
+    for r in rows:
+        print(f"{r['config']:<38} {r['check_s']:>9.3f} {r['python_startup_s']:>8.3f} "
+              f"{r['check_minus_startup_s']:>7.3f} {r['load_config_ms']:>7.1f} "
+              f"{'imported' if r['imports_mindspore'] else 'not imported'}")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as fh:
+        json.dump({"benchmark": "check", "repeats": repeats, "python": platform.python_version(),
+                   "machine": platform.machine(), "cpus": os.cpu_count(),
+                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "results": rows},
+                  fh, indent=2)
+    print(f"wrote {args.out}")
+    return 1 if any(r["imports_mindspore"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

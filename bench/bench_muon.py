@@ -1,0 +1,238 @@
+"""Newton-Schulz / Muon benchmark: our MindSpore NS vs numpy NS vs MindSpore's raw fp32 matmul.
+
+All numbers come from one run, measured side by side (rounds interleave the contenders, and
+each reports its best round), because the machine may be shared:
+
+* ``matmul``: MindSpore fp32 ``ops.MatMul``: ``seq`` = the 15 matmuls of 5 NS steps (Gram,
+  A (bI + cA), B X, in NS's layout) back to back with nothing else, i.e. the same work over the
+  same duration as NS, which is the fair reference on a shared machine (the target ratio uses
+  it); ``mix`` = the best time of each of the three shapes alone; ``peak`` = the best single
+  matmul GFLOP/s of the run.
+* ``ns``: ``newton_schulz.orthogonalize`` (5 default steps, fp32), GFLOP/s of its matmuls
+  (5 * (4 s^2 l + 2 s^3) FLOPs for an s x l matrix, s the short side).
+* ``numpy``: the textbook iteration in float32 numpy (transpose when tall,
+  X <- aX + (bA + cA^2) X), same FLOP count.
+* ``tiny DeepSeek-V3 set``: every Newton-Schulz piece Muon makes for the tiny DeepSeek-V3 preset
+  (configs/model_presets/tiny_deepseek_v3.yaml), as Muon runs them (same-shape pieces batched) vs
+  numpy one piece at a time; plus the time of one full ``Muon.step`` on that model.
+
+Target (issue 6): NS reaches >= 80% of the fp32 matmul throughput for the 1024x4096 shapes.
+Prints a table; writes bench/results/muon.json.
+
+    python bench/bench_muon.py              # 3 rounds
+    python bench/bench_muon.py --rounds 5
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import mindspore as ms  # noqa: E402
+from mindspore import Tensor, ops  # noqa: E402
+
+from mindformers_core.config.yaml_io import load_yaml_text  # noqa: E402
+from mindformers_core.models.build import build_model  # noqa: E402
+from mindformers_core.optim.muon import Muon  # noqa: E402
+from mindformers_core.optim.muon_split import split_pieces  # noqa: E402
+from mindformers_core.optim.newton_schulz import (DEFAULT_NS_COEFFICIENTS,  # noqa: E402
+                                                  normalize_ns_schedule, ns_matmul_flops,
+                                                  orthogonalize)
+
+SCHEDULE = normalize_ns_schedule(list(DEFAULT_NS_COEFFICIENTS), 5)
+SHAPES = [(1024, 1024), (1024, 4096), (4096, 1024)]
+PRESET = os.path.join(ROOT, "configs", "model_presets", "tiny_deepseek_v3.yaml")
+TARGET = 0.8
+
+
+def numpy_ns(x: np.ndarray, schedule) -> np.ndarray:
+    """Plain float32 numpy Newton-Schulz (the baseline)."""
+    tall = x.shape[0] > x.shape[1]
+    X = x.T if tall else x
+    X = X / max(float(np.linalg.norm(X)), 1e-7)
+    for a, b, c in schedule:
+        A = X @ X.T
+        X = a * X + (b * A + c * (A @ A)) @ X
+    return X.T if tall else X
+
+
+def _best(fn, rounds_out: list) -> None:
+    t0 = time.perf_counter()
+    fn()
+    rounds_out.append(time.perf_counter() - t0)
+
+
+def _ms(fn):
+    """Run a MindSpore closure and wait for its result (asnumpy syncs on CPU)."""
+    def run():
+        out = fn()
+        (out[-1] if isinstance(out, (list, tuple)) else out).asnumpy()
+    return run
+
+
+def bench_shapes(rounds: int) -> list:
+    mm = ops.MatMul()
+    gram = ops.MatMul(transpose_b=True)
+    rows = []
+    for m, n in SHAPES:
+        rng = np.random.default_rng(0)
+        xn = rng.standard_normal((m, n)).astype(np.float32)
+        s, l = min(m, n), max(m, n)
+        x = Tensor(xn)
+        wide = Tensor(np.ascontiguousarray(xn.T) if m > n else xn)      # (s, l)
+        sq = Tensor(rng.standard_normal((s, s)).astype(np.float32))
+        contenders = {
+            "ns": (_ms(lambda: orthogonalize(x, SCHEDULE)), ns_matmul_flops((m, n), 5)),
+            "numpy": (lambda: numpy_ns(xn, SCHEDULE), ns_matmul_flops((m, n), 5)),
+            "mm_gram": (_ms(lambda: gram(wide, wide)), 2 * s * s * l),
+            "mm_square": (_ms(lambda: mm(sq, sq)), 2 * s ** 3),
+            "mm_update": (_ms(lambda: mm(sq, wide)), 2 * s * s * l),
+            # the 15 matmuls of 5 NS steps back to back, nothing else: the same work for the
+            # same duration as "ns", so both see the same machine load
+            "mm_seq": (_ms(lambda: _matmul_sequence(x, sq, m > n, len(SCHEDULE))),
+                       ns_matmul_flops((m, n), len(SCHEDULE))),
+        }
+        for fn, _ in contenders.values():      # warm-up (kernel selection, caches)
+            fn()
+        times = {k: [] for k in contenders}
+        for _ in range(rounds):
+            for k, (fn, _) in contenders.items():
+                _best(fn, times[k])
+        gflops = {k: contenders[k][1] / min(times[k]) / 1e9 for k in contenders}
+        # the matmul mix of one NS step, weighted by FLOPs: 2 s^2 l + 2 s^3 + 2 s^2 l
+        mix_time = (min(times["mm_gram"]) + min(times["mm_square"]) + min(times["mm_update"]))
+        mix = (4 * s * s * l + 2 * s ** 3) / mix_time / 1e9
+        rows.append({"shape": [m, n], "ns_gflops": gflops["ns"], "numpy_gflops": gflops["numpy"],
+                     "matmul_gflops": {k[3:]: gflops[k] for k in gflops
+                                       if k.startswith("mm_") and k != "mm_seq"},
+                     "matmul_sequence_gflops": gflops["mm_seq"],
+                     "matmul_mix_gflops": mix, "ns_time_s": min(times["ns"]),
+                     "numpy_time_s": min(times["numpy"])})
+    return rows
+
+
+_MM = ops.MatMul()
+_GRAM_WIDE = ops.MatMul(transpose_b=True)
+_GRAM_TALL = ops.MatMul(transpose_a=True)
+
+
+def _matmul_sequence(x, sq, tall, steps):
+    """The matmuls of `steps` NS steps on x in NS's own layout (Gram on the short side)."""
+    out = None
+    for _ in range(steps):
+        if tall:
+            out = (_GRAM_TALL(x, x), _MM(sq, sq), _MM(x, sq))
+        else:
+            out = (_GRAM_WIDE(x, x), _MM(sq, sq), _MM(sq, x))
+    return out
+
+
+def _tiny_model():
+    with open(PRESET) as f:
+        return build_model(load_yaml_text(f.read())["model"], seed=0)
+
+
+def bench_tiny_set(rounds: int) -> dict:
+    model = _tiny_model()
+    params = model.trainable_params()
+    opt = Muon(params, model=model, qk_clip_enabled=False)
+    rng = np.random.default_rng(1)
+    grads = [Tensor(rng.standard_normal(p.shape).astype(np.float32)) for p in params]
+    pieces = []
+    for i, p in enumerate(opt.parameters):
+        if opt._is_muon[i]:
+            pieces.extend(split_pieces(opt._rules[i], grads[i]))
+    buckets = {}
+    for t in pieces:
+        buckets.setdefault(tuple(t.shape[-2:]), []).append(t)
+    np_pieces = [t.asnumpy() for t in pieces]
+    flops = sum(ns_matmul_flops(t.shape, 5) for t in pieces)
+
+    def ours():
+        out = []
+        for items in buckets.values():
+            out.extend(opt._orthogonalize_many(items))
+        return out
+
+    def numpy_all():
+        for x in np_pieces:
+            if x.ndim == 3:
+                for xi in x:
+                    numpy_ns(xi, SCHEDULE)
+            else:
+                numpy_ns(x, SCHEDULE)
+
+    def step():
+        opt.step(grads)
+        params[0].asnumpy()
+
+    contenders = {"ns_batched": _ms(ours), "numpy": numpy_all, "muon_step": step}
+    for fn in contenders.values():
+        fn()
+    times = {k: [] for k in contenders}
+    for _ in range(rounds):
+        for k, fn in contenders.items():
+            _best(fn, times[k])
+    return {"num_pieces": len(pieces), "num_ns_calls": sum(1 for _ in buckets), "flops": flops,
+            "pieces": sorted({str(tuple(t.shape)) for t in pieces}),
+            "ns_gflops": flops / min(times["ns_batched"]) / 1e9,
+            "numpy_gflops": flops / min(times["numpy"]) / 1e9,
+            "ns_time_s": min(times["ns_batched"]), "numpy_time_s": min(times["numpy"]),
+            "muon_step_time_s": min(times["muon_step"])}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "muon.json"))
+    args = ap.parse_args(argv)
+    # Synchronous PyNative: on CPU it removes the async queue's per-op wait (matters for the
+    # many small kernels of the tiny set; neutral for the large matmuls).
+    ms.set_context(mode=ms.PYNATIVE_MODE, pynative_synchronize=True)
+    rows = bench_shapes(args.rounds)
+    peak = max(max(r["matmul_gflops"].values()) for r in rows)
+    tiny = bench_tiny_set(args.rounds)
+
+    print(f"{'shape':>12} {'NS GF/s':>9} {'numpy GF/s':>11} {'mm seq GF/s':>12} "
+          f"{'mm mix GF/s':>12} {'NS/seq':>7} {'NS/mix':>7} {'NS/peak':>8}")
+    for r in rows:
+        r["ns_over_matmul_sequence"] = r["ns_gflops"] / r["matmul_sequence_gflops"]
+        r["ns_over_matmul_mix"] = r["ns_gflops"] / r["matmul_mix_gflops"]
+        r["ns_over_peak"] = r["ns_gflops"] / peak
+        shape = "x".join(map(str, r["shape"]))
+        print(f"{shape:>12} {r['ns_gflops']:9.1f} {r['numpy_gflops']:11.1f} "
+              f"{r['matmul_sequence_gflops']:12.1f} {r['matmul_mix_gflops']:12.1f} "
+              f"{r['ns_over_matmul_sequence']:7.2f} {r['ns_over_matmul_mix']:7.2f} "
+              f"{r['ns_over_peak']:8.2f}")
+    print(f"MindSpore fp32 matmul peak in this run: {peak:.1f} GFLOP/s")
+    print(f"tiny DeepSeek-V3 set: {tiny['num_pieces']} pieces in {tiny['num_ns_calls']} batched NS "
+          f"calls: {tiny['ns_gflops']:.2f} GF/s ({tiny['ns_time_s'] * 1e3:.1f} ms) vs numpy "
+          f"{tiny['numpy_gflops']:.2f} GF/s ({tiny['numpy_time_s'] * 1e3:.1f} ms); "
+          f"full Muon.step {tiny['muon_step_time_s'] * 1e3:.1f} ms")
+    target_rows = [r for r in rows if 4096 in r["shape"]]
+    met = all(r["ns_over_matmul_sequence"] >= TARGET for r in target_rows)
+    seq_ratios = ", ".join("%.2f" % r["ns_over_matmul_sequence"] for r in target_rows)
+    peak_ratios = ", ".join("%.2f" % r["ns_over_peak"] for r in target_rows)
+    print(f"target NS >= {TARGET:.0%} of fp32 matmul (1024x4096 shapes): "
+          f"{'MET' if met else 'NOT MET'} ({seq_ratios} of the same matmuls run back to back; "
+          f"{peak_ratios} of the best single matmul)")
+    result = {"schedule_steps": len(SCHEDULE), "rounds": args.rounds, "matmul_peak_gflops": peak,
+              "shapes": rows, "tiny_deepseek_v3": tiny, "target_ratio": TARGET,
+              "target_met": met, "cpu_count": os.cpu_count(),
+              "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""Run every benchmark script in bench/ and print one summary table.
+
+    python -m bench                 # quick mode (well under 10 minutes on 2 cores)
+    python -m bench --full          # each script's default (longer) settings
+    python -m bench --only train,check
+    python bench/run_all.py --list
+
+Each ``bench/bench_*.py`` runs in its own interpreter (MindSpore's context and synchronous
+dispatch are process-wide), writes its own ``bench/results/<name>.json``, and is summarised
+here into rows ``bench | case | metric | value``. The table is also written to
+``bench/results/summary.json`` with the date, the machine and each script's wall time and exit
+code. A script that fails or times out is reported in the table; the others still run.
+Scripts without an entry in ``QUICK_ARGS`` get ``--quick`` when their ``--help`` offers it.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH_DIR = os.path.join(ROOT, "bench")
+RESULTS = os.path.join(BENCH_DIR, "results")
+
+#: quick-mode arguments per script (what keeps the whole run under 10 minutes on 2 cores)
+QUICK_ARGS: Dict[str, List[str]] = {
+    "lr": ["--calls", "2000"],
+    "optimizer": ["--sizes", "1e6", "1e7", "--repeats", "3", "--bandwidth-mb", "128"],
+    "muon": ["--rounds", "1"],
+    "train": ["--quick"],
+    "check": ["--quick"],
+}
+#: the order the table lists them in (others follow, alphabetically)
+ORDER = ["optimizer", "muon", "train", "check", "lr", "dp"]
+
+Row = Dict[str, object]
+
+
+def discover() -> Dict[str, str]:
+    """``name -> script path`` for every bench/bench_*.py (name without the prefix)."""
+    found = {}
+    for path in sorted(glob.glob(os.path.join(BENCH_DIR, "bench_*.py"))):
+        found[os.path.basename(path)[len("bench_"):-3]] = path
+    ordered = [n for n in ORDER if n in found] + sorted(n for n in found if n not in ORDER)
+    return {n: found[n] for n in ordered}
+
+
+def _help_text(script: str) -> str:
+    try:
+        proc = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return ""
+    return proc.stdout
+
+
+def script_args(name: str, script: str, full: bool) -> List[str]:
+    """The script's arguments: quick settings unless ``full``, and ``--out`` to its result file
+    (scripts outside ``QUICK_ARGS`` get the flags their ``--help`` offers)."""
+    if name in QUICK_ARGS:
+        return ([] if full else list(QUICK_ARGS[name])) + ["--out", result_file(name)]
+    text = _help_text(script)
+    args = [] if full or "--quick" not in text else ["--quick"]
+    return args + (["--out", result_file(name)] if "--out" in text else [])
+
+
+# --------------------------------------------------------------------------- summaries
+def _row(bench: str, case: str, metric: str, value, unit: str = "", note: str = "") -> Row:
+    return {"bench": bench, "case": case, "metric": metric, "value": value, "unit": unit,
+            "note": note}
+
+
+def _sum_optimizer(d: dict) -> List[Row]:
+    rows = []
+    for r in d.get("rows", []):
+        case = f"AdamW {r['params'] / 1e6:.0f}M params, {r['mode']}"
+        rows.append(_row("optimizer", case, "step", r["ours_ns_per_param"], "ns/param",
+                         f"{r['ratio_to_nn_adam']:.2f}x MindSpore nn.Adam (fused), "
+                         f"{r['ratio_to_bandwidth_bound']:.1f}x bandwidth bound"))
+    for mode, b in (d.get("state_bytes_per_param") or {}).items():
+        rows.append(_row("optimizer", mode, "state bytes", b, "B/param"))
+    return rows
+
+
+def _sum_muon(d: dict) -> List[Row]:
+    rows = []
+    for r in d.get("shapes", []):
+        shape = "x".join(map(str, r["shape"]))
+        rows.append(_row("muon", f"Newton-Schulz {shape} fp32", "throughput", r["ns_gflops"],
+                         "GFLOP/s", f"{r['ns_over_matmul_mix']:.2f}x of MindSpore fp32 matmul; "
+                         f"numpy {r['numpy_gflops']:.1f}"))
+    tiny = d.get("tiny_deepseek_v3")
+    if tiny:
+        rows.append(_row("muon", "tiny DeepSeek-V3 Muon.step", "step", 1e3 * tiny["muon_step_time_s"],
+                         "ms", f"{tiny.get('num_pieces', '?')} NS pieces"))
+    return rows
+
+
+def _sum_train(d: dict) -> List[Row]:
+    rows = []
+    for r in d.get("results", []):
+        ph = r["phase_ms_median"]
+        rows.append(_row("train", r["config"], "step", r["step_ms"], "ms",
+                         f"{r['tokens_per_s']:.0f} tok/s; fwd+bwd {ph['fwd_bwd']:.1f}, "
+                         f"optimizer {ph['optimizer']:.1f}, data {ph['data']:.1f}, "
+                         f"norm {ph['grad_norm']:.1f}, log {ph['logging']:.2f} ms"))
+        rows.append(_row("train", r["config"], "trainer overhead",
+                         r["trainer_overhead_pct_median"], "% of step",
+                         f"target < {r['overhead_target_pct']:.0f}%; "
+                         f"{r['trainer_overhead_pct_amortised']:.1f}% amortised incl. checkpoint"))
+    for name, why in (d.get("skipped") or {}).items():
+        rows.append(_row("train", name, "skipped", None, "", why[:80]))
+    return rows
+
+
+def _sum_check(d: dict) -> List[Row]:
+    return [_row("check", r["config"], "--check wall", r["check_s"], "s",
+                 f"python start-up {r['python_startup_s']:.2f} s; MindSpore "
+                 f"{'imported' if r['imports_mindspore'] else 'not imported'}")
+            for r in d.get("results", [])]
+
+
+def _sum_lr(d: dict) -> List[Row]:
+    res = [r for r in d.get("results", []) if not r["schedule"].startswith("group_lrs")]
+    if not res:
+        return []
+    worst = max(res, key=lambda r: r["us_per_call"])
+    return [_row("lr", "lr_at, slowest schedule", "per call", worst["us_per_call"], "us",
+                 f"{worst['schedule']}; target < {d.get('target_us', 5)} us")]
+
+
+def _sum_generic(name: str, d) -> List[Row]:
+    """Scalars at the top level, and each row of a list of results with its first numbers."""
+    rows = []
+    if isinstance(d, dict):
+        for k, v in d.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                rows.append(_row(name, "-", k, v))
+            elif isinstance(v, list):
+                for item in v[:12]:
+                    if isinstance(item, dict):
+                        label = ", ".join(f"{a}={b}" for a, b in item.items()
+                                          if isinstance(b, (str, int)) and not isinstance(b, bool))[:60]
+                        nums = [(a, b) for a, b in item.items()
+                                if isinstance(b, float)]
+                        for a, b in nums[:3]:
+                            rows.append(_row(name, label or k, a, b))
+    return rows
+
+
+SUMMARIZERS: Dict[str, Callable[[dict], List[Row]]] = {
+    "optimizer": _sum_optimizer, "muon": _sum_muon, "train": _sum_train, "check": _sum_check,
+    "lr": _sum_lr,
+}
+
+
+def result_file(name: str) -> str:
+    return os.path.join(RESULTS, f"{name}.json")
+
+
+def summarize(name: str, started: float) -> List[Row]:
+    path = result_file(name)
+    if not os.path.exists(path) or os.path.getmtime(path) < started:
+        return [_row(name, "-", "no result", None, "", f"{os.path.relpath(path, ROOT)} not written")]
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    fn = SUMMARIZERS.get(name)
+    return fn(data) if fn else _sum_generic(name, data)
+
+
+# --------------------------------------------------------------------------- table
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+    return str(v)
+
+
+def format_table(rows: List[Row]) -> str:
+    head = ("bench", "case", "metric", "value", "unit", "note")
+    cells = [[str(r["bench"]), str(r["case"]), str(r["metric"]), _fmt(r["value"]),
+              str(r["unit"]), str(r["note"])] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(head[:-1])]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head[:-1], widths)) + "  note"]
+    for c in cells:
+        lines.append("  ".join(x.ljust(w) for x, w in zip(c[:-1], widths)) + "  " + c[-1])
+    return "\n".join(lines)
+
+
+def format_markdown(rows: List[Row]) -> str:
+    lines = ["| bench | case | metric | value | unit | note |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['bench']} | {r['case']} | {r['metric']} | {_fmt(r['value'])} | "
+                     f"{r['unit']} | {r['note']} |")
+    return "\n".join(lines)
+
+
+def run_one(name: str, script: str, args: List[str], timeout: float) -> dict:
+    cmd = [sys.executable, script] + args
+    t0 = time.time()
+    print(f"== {name}: {' '.join(os.path.relpath(c, ROOT) if c.startswith(ROOT) else c for c in cmd[1:])}",
+          flush=True)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        code, tail = proc.returncode, (proc.stdout + proc.stderr)[-1500:]
+    except subprocess.TimeoutExpired:
+        code, tail = "timeout", f"killed after {timeout:.0f} s"
+    wall = time.time() - t0
+    print(f"   exit {code} in {wall:.0f} s", flush=True)
+    if code not in (0, 1):   # 1: a bench whose target was not met still wrote its results
+        print("   " + tail.replace("\n", "\n   "), flush=True)
+    return {"name": name, "exit": code, "wall_s": wall, "started": t0}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--full", action="store_true", help="each script's default (longer) settings")
+    ap.add_argument("--only", default=None, help="comma-separated names (e.g. train,check)")
+    ap.add_argument("--list", action="store_true", help="list the scripts and their quick args")
+    ap.add_argument("--timeout", type=float, default=400.0, help="seconds per script")
+    ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    args = ap.parse_args(argv)
+    scripts = discover()
+    if args.only:
+        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+        unknown = [w for w in wanted if w not in scripts]
+        if unknown:
+            ap.error(f"unknown bench {unknown}; available: {list(scripts)}")
+        scripts = {n: scripts[n] for n in wanted}
+    if args.list:
+        for name, path in scripts.items():
+            print(f"{name:<10} {os.path.relpath(path, ROOT)} "
+                  f"{' '.join(QUICK_ARGS.get(name, ['(--quick if offered)']))}")
+        return 0
+    os.makedirs(RESULTS, exist_ok=True)
+    t_all = time.time()
+    runs, rows = [], []
+    for name, path in scripts.items():
+        info = run_one(name, path, script_args(name, path, args.full), args.timeout)
+        runs.append(info)
+        try:
+            rows.extend(summarize(name, info["started"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            rows.append(_row(name, "-", "unreadable result", None, "", str(exc)[:80]))
+    total = time.time() - t_all
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    machine = (f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, "
+               f"Python {platform.python_version()}")
+    try:
+        import mindspore
+        machine += f", MindSpore {mindspore.__version__}"
+    except ImportError:
+        pass
+    print()
+    print(f"mindformers_core benchmarks ({'full' if args.full else 'quick'} mode), {stamp}, "
+          f"{machine}; total {total:.0f} s")
+    print(format_table(rows))
+    if args.markdown:
+        print()
+        print(format_markdown(rows))
+    with open(os.path.join(RESULTS, "summary.json"), "w", encoding="utf-8") as fh:
+        json.dump({"date": stamp, "machine": machine, "mode": "full" if args.full else "quick",
+                   "total_s": total,
+                   "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+                   "scripts": [{k: v for k, v in r.items() if k != "started"} for r in runs],
+                   "rows": rows}, fh, indent=2)
+    print(f"wrote {os.path.relpath(os.path.join(RESULTS, 'summary.json'), ROOT)}")
+    return 0 if all(r["exit"] in (0, 1) for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""ZeRO-1 optimizer-state sharding over data-parallel ranks (``data_parallel_shard`` > 1 or -1).
+
+:func:`shard_optimizer_state` turns any optimizer built on ``optim.optimizer.Optimizer``
+(AdamW, SGD, Lion, Muon and its AdamW branch) into its sharded form in place: the object keeps
+its parameters, groups and hyperparameters; its class becomes a subclass with
+:class:`ZeroMixin` (and ``zero_muon.ZeroMuonMixin`` for Muon) in front. Per rank, with ``S``
+shards (``shard_layout``: dim-0 rows, parameters with fewer rows than shards replicated):
+
+* moments and other per-parameter state (``adam_m``, ``adam_v``, ``muon_m``, ``lion_m``) hold
+  only this rank's rows;
+* fp32 masters of bf16/fp16 parameters hold only this rank's rows; fp32 parameters are their
+  own master, so their master shard is a temporary copy of this rank's rows during the step
+  (the full parameter is up to date on every rank after each step);
+* ``step(grads)`` takes the full, already reduced gradients (the trainer's DP all-reduce),
+  updates this rank's rows with the unchanged optimizer math (element-wise updates act on
+  rows exactly as on the whole tensor), then one all-gather of every rank's updated fp32 rows
+  (one flat buffer) rebuilds every parameter on every rank, cast to its dtype.
+
+The update is therefore the single-process update of the same global batch. Persistent
+optimizer memory per rank (masters + state) is about ``1/S`` of the unsharded optimizer's.
+
+``state_dict()`` is collective (every rank must call it; one all-gather) and returns the same
+full, unsharded format as the plain optimizer, so checkpoints do not depend on the shard
+count; ``load_state_dict`` takes that format and keeps this rank's rows.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor
+
+from ..optim.main_params import MainParams, is_low_precision
+from .comm import Communicator
+from .shard_layout import ShardLayout
+
+__all__ = ["ShardedMainParams", "ZeroMixin", "shard_optimizer_state", "optimizer_state_bytes",
+           "sharded_class"]
+
+
+def _fp32_numpy(t) -> np.ndarray:
+    return (t if t.dtype == ms.float32 else t.astype(ms.float32)).asnumpy()
+
+
+def _new_param(arr: np.ndarray, name: str, dtype=ms.float32) -> Parameter:
+    t = Tensor(np.ascontiguousarray(arr, np.float32).copy())
+    return Parameter(t if dtype == ms.float32 else t.astype(dtype), name=name, requires_grad=False)
+
+
+class ShardedMainParams:
+    """``MainParams`` with this rank's rows only (same interface, see the module docstring)."""
+
+    store_param_remainders = False
+
+    def __init__(self, params: Sequence[Parameter], layout: ShardLayout, source: MainParams):
+        if source.store_param_remainders:
+            raise ValueError("store_param_remainders cannot be combined with optimizer-state "
+                             "sharding (parallelism.data_parallel_shard != 1)")
+        self.params = tuple(params)
+        self.layout = layout
+        self._persistent: List[Optional[Parameter]] = []
+        self._live: Dict[int, Parameter] = {}
+        self._snapshot: Optional[List[Optional[float]]] = None
+        for i, p in enumerate(self.params):
+            if not layout.is_sharded(i):
+                self._persistent.append(source.master(i))       # the param or its full master
+            elif is_low_precision(p):
+                start, stop = layout.rows(i)
+                full = _fp32_numpy(source.master(i))
+                self._persistent.append(_new_param(full[start:stop], f"main_param.{p.name}"))
+            else:
+                self._persistent.append(None)                    # rows taken at step time
+
+    def master(self, i: int) -> Parameter:
+        m = self._persistent[i]
+        if m is not None:
+            return m
+        if i not in self._live:
+            start, stop = self.layout.rows(i)
+            p = self.params[i]
+            self._live[i] = _new_param(_fp32_numpy(p)[start:stop], f"main_param.{p.name}")
+        return self._live[i]
+
+    def store(self, i: int, master: Parameter) -> None:
+        """Replicated: cast into the parameter (as ``MainParams``). Sharded: the post-step
+        all-gather writes the parameter from every rank's rows."""
+        if not self.layout.is_sharded(i) and master is not self.params[i]:
+            self.params[i].set_data(master.astype(self.params[i].dtype))
+
+    def store_many(self, indices: Sequence[int], masters: Sequence[Parameter]) -> None:
+        """:meth:`store` for several parameters."""
+        for i, m in zip(indices, masters):
+            self.store(i, m)
+
+    def end_step(self) -> None:
+        self._live.clear()
+
+    def has_distinct_master(self, i: int) -> bool:
+        return self._persistent[i] is not self.params[i] and is_low_precision(self.params[i])
+
+    def uses_remainder(self, i: int) -> bool:  # noqa: ARG002 - MainParams interface
+        return False
+
+    def tensors(self) -> tuple:
+        """fp32 masters aligned with params: this rank's rows for sharded parameters."""
+        return tuple(self.master(i) for i in range(len(self.params)))
+
+    def persistent_bytes(self) -> int:
+        """Bytes of masters kept between steps besides the parameters themselves."""
+        return int(sum(m.nbytes for m, p in zip(self._persistent, self.params)
+                       if m is not None and m is not p))
+
+    def reload_from_model(self, indices: Optional[Sequence[int]] = None) -> None:
+        for i in (range(len(self.params)) if indices is None else indices):
+            m = self._persistent[i]
+            if m is None or m is self.params[i]:
+                continue
+            start, stop = self.layout.rows(i)
+            m.set_data(Tensor(_fp32_numpy(self.params[i])[start:stop].copy()))
+
+    def save_snapshot(self) -> None:
+        self._snapshot = [float(self.master(i).asnumpy().astype(np.float64).sum())
+                          if self.has_distinct_master(i) else None
+                          for i in range(len(self.params))]
+
+    def reload_unloaded_from_model(self) -> None:
+        if self._snapshot is None:
+            self.reload_from_model()
+            return
+        stale = [i for i, before in enumerate(self._snapshot) if before is not None and
+                 abs(float(self.master(i).asnumpy().astype(np.float64).sum()) - before) < 1e-6]
+        self.reload_from_model(stale)
+        self._snapshot = None
+
+
+class ZeroMixin:
+    """Sharded-state behaviour in front of an ``Optimizer`` subclass (see module docstring).
+
+    Set up by :func:`shard_optimizer_state`: ``_zero_comm`` (Communicator),
+    ``_zero_layout`` (ShardLayout), ``_masters`` (ShardedMainParams).
+    """
+
+    #: ``state_dict()`` is a collective: every rank must call it (the trainer's save does)
+    collective_state_dict = True
+
+    # -- state -----------------------------------------------------------------------------------
+    def _new_state(self, prefix: str, i: int, dtype=ms.float32) -> Parameter:
+        slots = self._state.setdefault(prefix, [None] * len(self.parameters))
+        p = self.parameters[i]
+        shape = self._zero_layout.shard_shape(i)
+        slots[i] = _new_param(np.zeros(shape, np.float32), f"{prefix}.{p.name}", dtype)
+        return slots[i]
+
+    def optimizer_state_bytes(self) -> int:
+        """Persistent optimizer memory of this rank: state tensors + distinct fp32 masters."""
+        return optimizer_state_bytes(self)
+
+    # -- step ------------------------------------------------------------------------------------
+    def step(self, grads: Sequence[Optional[Tensor]]) -> None:
+        """Full reduced gradients in; this rank's rows updated; all parameters all-gathered."""
+        grads = list(grads)
+        if len(grads) != len(self.parameters):
+            raise ValueError(f"{self.optimizer_name}.step got {len(grads)} gradients for "
+                             f"{len(self.parameters)} parameters")
+        layout = self._zero_layout
+        local = []
+        for i, g in enumerate(grads):
+            if g is None or not layout.is_sharded(i):
+                local.append(g)
+            else:
+                start, stop = layout.rows(i)
+                local.append(g[start:stop])
+        try:
+            super().step(local)
+            self._zero_allgather_params()
+        finally:
+            self._masters.end_step()
+
+    def _zero_allgather_params(self) -> None:
+        """One all-gather of every rank's updated fp32 rows; every parameter rebuilt."""
+        layout = self._zero_layout
+        idx = [i for i in range(len(self.parameters)) if layout.is_sharded(i)]
+        if not idx:
+            return
+        items = [(i, self._masters.master(i).asnumpy()) for i in idx]
+        fulls = layout.unpack_gathered(self._zero_comm.all_gather(layout.pack(items)), idx)
+        for i, arr in zip(idx, fulls):
+            p = self.parameters[i]
+            t = Tensor(arr)
+            p.set_data(t if p.dtype == ms.float32 else t.astype(p.dtype))
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """The unsharded format of the plain optimizer (collective: one all-gather)."""
+        layout = self._zero_layout
+        sd: Dict[str, Any] = {"global_step": int(self.global_step)}
+        keys, items = [], []
+
+        def add(key, i, tensor):
+            arr = _fp32_numpy(tensor).copy()
+            if layout.is_sharded(i):
+                keys.append(key)
+                items.append((i, arr))
+            else:
+                sd[key] = arr
+
+        for i, p in enumerate(self.parameters):
+            if self._masters.has_distinct_master(i):
+                add(f"main_param.{p.name}", i, self._masters.master(i))
+        for prefix, slots in self._state.items():
+            for i, (p, t) in enumerate(zip(self.parameters, slots)):
+                if t is not None:
+                    add(f"{prefix}.{p.name}", i, t)
+        if items or layout.world_size > 1:
+            # every rank takes part even with nothing sharded (the same collective sequence)
+            gathered = self._zero_comm.all_gather(layout.pack(items))
+            for key, arr in zip(keys, layout.unpack_gathered(gathered, [i for i, _ in items])):
+                sd[key] = arr
+        self._masters.end_step()
+        return sd
+
+    def load_state_dict(self, sd: Dict[str, Any]) -> None:
+        """Take this rank's rows of a full (unsharded-format) state dict."""
+        if "global_step" not in sd:
+            raise KeyError("optimizer state_dict has no 'global_step'")
+        layout = self._zero_layout
+
+        def rows_of(key, i):
+            arr = np.asarray(sd[key], dtype=np.float32)
+            if tuple(arr.shape) != tuple(self.parameters[i].shape):
+                raise ValueError(f"state_dict entry '{key}' has shape {tuple(arr.shape)}, "
+                                 f"expected {tuple(self.parameters[i].shape)}")
+            start, stop = layout.rows(i)
+            return arr[start:stop] if layout.is_sharded(i) else arr
+
+        for i, p in enumerate(self.parameters):
+            if not self._masters.has_distinct_master(i):
+                continue
+            key = f"main_param.{p.name}"
+            if key in sd:
+                self._masters.master(i).set_data(Tensor(rows_of(key, i).copy()))
+            else:
+                self._masters.reload_from_model([i])
+        prefixes = list(self._state) + [q for q in self.state_prefixes() if q not in self._state]
+        for prefix in prefixes:
+            for i, p in enumerate(self.parameters):
+                key = f"{prefix}.{p.name}"
+                if key not in sd:
+                    continue
+                slots = self._state.get(prefix)
+                dtype = slots[i].dtype if slots and slots[i] is not None \
+                    else self._state_dtype(prefix)
+                target = self._get_state(prefix, i, dtype)
+                target.set_data(Tensor(rows_of(key, i).copy()).astype(dtype))
+        self.global_step = int(sd["global_step"])
+        self._masters.end_step()
+
+
+def optimizer_state_bytes(opt) -> int:
+    """Persistent optimizer memory of this rank (any Optimizer, sharded or not): every state
+    tensor plus the fp32 masters that are not the parameters themselves."""
+    total = 0
+    for slots in opt._state.values():
+        total += sum(int(t.nbytes) for t in slots if t is not None)
+    masters = opt._masters
+    if isinstance(masters, ShardedMainParams):
+        total += masters.persistent_bytes()
+    else:
+        for i, p in enumerate(masters.params):
+            if masters.uses_remainder(i):
+                total += int(np.asarray(masters._remainders[i]).nbytes)
+            elif masters.has_distinct_master(i):
+                total += int(masters.master(i).nbytes)
+    return total
+
+
+_CLASSES: Dict[type, type] = {}
+
+
+def sharded_class(cls: type) -> type:
+    """``Sharded{cls}``: ZeroMixin (+ ZeroMuonMixin for Muon) in front of ``cls``."""
+    if issubclass(cls, ZeroMixin):
+        return cls
+    if cls not in _CLASSES:
+        from ..optim.muon import Muon
+        bases = (ZeroMixin, cls)
+        if issubclass(cls, Muon):
+            from .zero_muon import ZeroMuonMixin
+            bases = (ZeroMuonMixin,) + bases
+        _CLASSES[cls] = type(f"Sharded{cls.__name__}", bases, {})
+    return _CLASSES[cls]
+
+
+def shard_optimizer_state(opt, comm: Communicator, num_shards: Optional[int] = None):
+    """Shard ``opt``'s state over ``num_shards`` data-parallel ranks, in place; returns it.
+
+    ``num_shards`` None or -1: all ranks. With one shard (or one rank) the optimizer is
+    returned unchanged (replicated state needs no communication). State already present
+    (a stepped or loaded optimizer) keeps its values.
+    """
+    world = comm.world_size
+    shards = world if num_shards in (None, -1) else int(num_shards)
+    if shards < 1 or world % shards != 0:
+        raise ValueError(f"number of optimizer-state shards ({shards}) must divide the world "
+                         f"size ({world})")
+    if shards == 1 or isinstance(opt, ZeroMixin):
+        return opt
+    layout = ShardLayout([p.shape for p in opt.parameters], shards, comm.rank, world)
+    masters = ShardedMainParams(opt.parameters, layout, opt._masters)
+    for slots in opt._state.values():
+        for i, t in enumerate(slots):
+            if t is not None and layout.is_sharded(i):
+                start, stop = layout.rows(i)
+                slots[i] = _new_param(_fp32_numpy(t)[start:stop], t.name, t.dtype)
+    opt._masters = masters
+    opt._zero_comm = comm
+    opt._zero_layout = layout
+    opt.__class__ = sharded_class(type(opt))
+    if hasattr(opt, "_zero_setup"):
+        opt._zero_setup()
+    return opt

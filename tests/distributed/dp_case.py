@@ -1,0 +1,149 @@
+"""A data-parallel training case shared by the msrun worker script and the single-process
+reference: a tiny model, a fixed global batch per step, the trainer's accumulation, the DP
+reducer, global-norm clipping and the optimizer (optionally ZeRO-1 sharded).
+
+Global batch per step: ``GLOBAL_BATCH`` sequences. One process takes them as
+``GLOBAL_BATCH // LOCAL_BATCH`` micro-batches (accumulation); ``W`` ranks each take the
+``LOCAL_BATCH`` rows of their rank (``W * LOCAL_BATCH == GLOBAL_BATCH``, one micro-batch).
+Loss masks drop ~25% of the tokens at random, so the ranks hold unequal token counts and
+the token weighting across ranks is exercised.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+GLOBAL_BATCH = 4
+LOCAL_BATCH = 2
+SEQ = 16
+VOCAB = 64
+STEPS = 10
+
+MODELS = {
+    "gpt": {"model_type": "gpt", "vocab_size": VOCAB, "hidden_size": 32, "num_layers": 2,
+            "num_attention_heads": 2, "seq_length": SEQ},
+    # MLA (Muon's requirement); layer 1 is MoE with 4 grouped experts (3-D Muon weights)
+    "mla": {"model_type": "deepseek_v3", "multi_latent_attention": True, "vocab_size": VOCAB,
+            "hidden_size": 32, "num_layers": 2, "num_attention_heads": 2,
+            "ffn_hidden_size": 64, "seq_length": SEQ, "q_lora_rank": 16, "kv_lora_rank": 16,
+            "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+            "first_k_dense_replace": 1, "n_routed_experts": 4, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16, "n_shared_experts": 1},
+}
+
+OPTIMIZERS = {
+    "adamw": {"type": "AdamW", "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1},
+    "muon": {"type": "Muon", "weight_decay": 0.1, "momentum": 0.95, "qk_clip_enabled": True,
+             "qk_clip_threshold": 2.0},
+}
+
+#: name -> (optimizer, model, data_parallel_shard, comm_strategy)
+CASES = {
+    "adamw_replicated": ("adamw", "gpt", 1, None),
+    "adamw_sharded": ("adamw", "gpt", -1, None),
+    "muon_replicated": ("muon", "mla", 1, "allgather"),
+    "muon_sharded_allgather": ("muon", "mla", -1, "allgather"),
+    "muon_sharded_deredundency": ("muon", "mla", -1, "allgather_deredundency"),
+}
+
+
+def case_config(name: str):
+    from mindformers_core.config import load_config
+    opt_name, model_name, shard, strategy = CASES[name]
+    opt = dict(OPTIMIZERS[opt_name])
+    if strategy is not None:
+        opt["comm_strategy"] = strategy
+    return load_config({
+        "training": {"steps": STEPS, "local_batch_size": LOCAL_BATCH,
+                     "global_batch_size": GLOBAL_BATCH, "max_norm": 1.0, "seed": 7},
+        "optimizer": opt,
+        "lr_scheduler": {"type": "CosineWithWarmUpLR", "learning_rate": 2e-2,
+                         "warmup_steps": 2, "lr_end": 1e-3},
+        "model": MODELS[model_name],
+        "parallelism": {"data_parallel_shard": shard},
+    })
+
+
+def global_batches(steps: int = STEPS, seed: int = 1234):
+    """``steps`` global batches: dicts of input_ids, labels [B, SEQ] int32, loss_mask fp32."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        tokens = rng.integers(0, VOCAB, (GLOBAL_BATCH, SEQ + 1)).astype(np.int32)
+        mask = (rng.random((GLOBAL_BATCH, SEQ)) > 0.25).astype(np.float32)
+        out.append({"input_ids": tokens[:, :-1], "labels": tokens[:, 1:], "loss_mask": mask})
+    return out
+
+
+def _rows(batch, start, stop):
+    return {k: v[start:stop] for k, v in batch.items()}
+
+
+def _build_optimizer(cfg, model, sched):
+    """``build_optimizer`` from the config; Muon directly while the factory lacks it."""
+    from mindformers_core.optim import build_optimizer
+    try:
+        return build_optimizer(cfg.optimizer, model, lr_scheduler=sched)
+    except NotImplementedError:
+        if cfg.optimizer.type != "Muon":
+            raise
+    from mindformers_core.optim.muon import Muon
+    from mindformers_core.optim.param_groups import get_param_groups
+    o = cfg.optimizer
+    return Muon(get_param_groups(model, o), model=model, lr=sched.lr_at(0),
+                weight_decay=o.weight_decay, momentum=o.momentum,
+                qk_clip_enabled=o.qk_clip_enabled, qk_clip_threshold=o.qk_clip_threshold,
+                comm_strategy=o.comm_strategy)
+
+
+def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> dict:
+    """Train case ``name`` for ``steps`` steps on this process's share of the global batch.
+
+    Returns losses, pre-clip grad norms, final parameters, the full optimizer state_dict
+    (collective when sharded), per-rank optimizer-state bytes, comm stats and NS FLOPs."""
+    import mindspore as ms
+    from mindformers_core.core.lr import group_lrs
+    from mindformers_core.distributed.grad_reduce import DataParallelGradReducer
+    from mindformers_core.distributed.zero import optimizer_state_bytes
+    from mindformers_core.models import build_model
+    from mindformers_core.optim.clip_grad import clip_grad_by_global_norm
+    from mindformers_core.trainer.accumulate import (accumulate_gradients, count_loss_tokens,
+                                                     make_grad_fn)
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    cfg = case_config(name)
+    world, rank = comm.world_size, comm.rank
+    model = build_model(cfg.model, seed=cfg.training.seed)
+    sched = cfg.build_lr_scheduler()
+    opt = _build_optimizer(cfg, model, sched)
+    reducer = DataParallelGradReducer(comm)
+    opt = reducer.prepare_optimizer(opt, cfg)
+    grad_fn = make_grad_fn(model, opt.parameters)
+    comm.stats.reset()
+    losses, norms = [], []
+    for step, batch in enumerate(global_batches(steps)):
+        if world == 1:
+            micro = [_rows(batch, j * LOCAL_BATCH, (j + 1) * LOCAL_BATCH)
+                     for j in range(GLOBAL_BATCH // LOCAL_BATCH)]
+        else:
+            per = GLOBAL_BATCH // world
+            micro = [_rows(batch, rank * per, (rank + 1) * per)]
+        local = count_loss_tokens(micro)
+        total = reducer.global_token_count(local)
+        grads, loss_sum, _ = accumulate_gradients(grad_fn, micro, total)
+        grads, loss_sum, _ = reducer.reduce(grads, loss_sum, local)
+        grads, norm = clip_grad_by_global_norm(grads, cfg.training.max_norm)
+        opt.set_group_lrs(group_lrs(sched, opt.param_groups, step))
+        opt.step(grads)
+        losses.append(loss_sum / total)
+        norms.append(float(norm))
+    out = {
+        "losses": losses, "norms": norms,
+        "params": {p.name: p.asnumpy().copy() for p in model.trainable_params()},
+        "state_bytes": optimizer_state_bytes(opt),
+        "comm": comm.stats.to_dict(),
+        "ns_flops": float(getattr(opt, "ns_flops_total", 0.0)),
+        "ns_owner": dict(getattr(opt, "ns_owner_by_name", {})),
+    }
+    if state_dict:
+        out["state_dict"] = {k: v for k, v in opt.state_dict().items() if k != "global_step"}
+    return out
