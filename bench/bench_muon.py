@@ -17,10 +17,13 @@ each reports its best round), because the machine may be shared:
   numpy one piece at a time; plus the time of one full ``Muon.step`` on that model.
 
 Target (issue 6): NS reaches >= 80% of the fp32 matmul throughput for the 1024x4096 shapes.
+With ``--convergence`` it also trains the tiny DeepSeek-V3 job (configs/muon_deepseek_v3_tiny.yaml)
+with Muon (lr 2e-2, WSD) and with AdamW (lr 3e-3, WSD) and reports the steps each needs to bring
+the 5-step mean excess loss (loss - corpus entropy floor) to ``--target-excess``.
 Prints a table; writes bench/results/muon.json.
 
     python bench/bench_muon.py              # 3 rounds
-    python bench/bench_muon.py --rounds 5
+    python bench/bench_muon.py --rounds 5 --convergence
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -189,10 +193,50 @@ def bench_tiny_set(rounds: int) -> dict:
             "muon_step_time_s": min(times["muon_step"])}
 
 
+CONVERGENCE_CONFIG = os.path.join(ROOT, "configs", "muon_deepseek_v3_tiny.yaml")
+ADAMW_SECTION = "optimizer={type: AdamW, betas: [0.9, 0.95], eps: 1.e-8, weight_decay: 0.1}"
+
+
+def _steps_to_excess(rows, target: float, window: int = 5):
+    """First step whose mean excess loss over the last `window` steps is <= target."""
+    excess = [r["excess_loss"] for r in rows]
+    for k in range(window, len(excess) + 1):
+        if sum(excess[k - window:k]) / window <= target:
+            return rows[k - 1]["step"]
+    return None
+
+
+def compare_convergence(steps: int, target: float, out_dir: str) -> dict:
+    """Muon (lr 2e-2) vs AdamW (lr 3e-3), both WSD, same data and seed, on the tiny
+    DeepSeek-V3 synthetic-corpus job; steps until the 5-step mean excess loss <= target."""
+    from mindformers_core.config import load_config
+    from mindformers_core.trainer import Trainer
+    runs = {}
+    for name, extra in (("muon", ["lr_scheduler.learning_rate=2.e-2"]),
+                        ("adamw", [ADAMW_SECTION, "lr_scheduler.learning_rate=3.e-3"])):
+        run_dir = os.path.join(out_dir, f"convergence_{name}")
+        os.makedirs(run_dir, exist_ok=True)
+        cfg = load_config(CONVERGENCE_CONFIG, overrides=[f"training.steps={steps}",
+                                                         "checkpoint.enable_save=False"] + extra)
+        t0 = time.perf_counter()
+        Trainer(cfg, run_dir).train()
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        runs[name] = {"steps_to_target": _steps_to_excess(rows, target),
+                      "final_excess_loss": rows[-1]["excess_loss"],
+                      "wall_s": time.perf_counter() - t0,
+                      "excess_loss": [r["excess_loss"] for r in rows]}
+    return {"target_excess_loss": target, "steps": steps, **runs}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "muon.json"))
+    ap.add_argument("--convergence", action="store_true",
+                    help="also train Muon vs AdamW on the tiny DeepSeek-V3 job (minutes)")
+    ap.add_argument("--convergence-steps", type=int, default=150)
+    ap.add_argument("--target-excess", type=float, default=0.3)
     args = ap.parse_args(argv)
     # Synchronous PyNative: on CPU it removes the async queue's per-op wait (matters for the
     # many small kernels of the tiny set; neutral for the large matmuls).
@@ -228,6 +272,14 @@ def main(argv=None) -> dict:
               "shapes": rows, "tiny_deepseek_v3": tiny, "target_ratio": TARGET,
               "target_met": met, "cpu_count": os.cpu_count(),
               "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    if args.convergence:
+        with tempfile.TemporaryDirectory(prefix="bench_muon_") as run_root:
+            conv = compare_convergence(args.convergence_steps, args.target_excess, run_root)
+        result["convergence"] = conv
+        m, a = conv["muon"]["steps_to_target"], conv["adamw"]["steps_to_target"]
+        print(f"steps to 5-step mean excess loss <= {args.target_excess}: Muon {m}, AdamW {a} "
+              f"(final excess {conv['muon']['final_excess_loss']:.3f} vs "
+              f"{conv['adamw']['final_excess_loss']:.3f})")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)

@@ -7,9 +7,10 @@ large weight matrices) and each precision mode:
 * ``bf16+master``: bf16 parameters with fp32 masters, fp32 grads (upstream casts bf16 grads to
   fp32 in backward hooks, so the optimizer receives fp32 grads);
 
-the bench times ``AdamW.step`` (fused path), MindSpore's fused ``nn.Adam`` on fp32 copies of the
-same parameters, and a plain in-place numpy AdamW, each as the median of ``--repeats`` steps
-after warm-up (every timed step ends with a host sync). It reports ns/parameter, the ratio to
+the bench times ``AdamW.step`` (fused path) and MindSpore's fused ``nn.Adam`` on fp32 copies of
+the same parameters in alternating rounds (the ratio is the median of per-round ratios, robust
+to a shared machine's drifting load), and a plain in-place numpy AdamW; times are medians of
+``--repeats`` steps after warm-up, every timed step ending with a host sync. It reports ns/parameter, the ratio to
 ``nn.Adam``, and the ratio to the memory-bandwidth bound: 28 bytes/param (read p, m, v, g; write
 p, m, v in fp32) at the bandwidth of a large ``np.copyto`` measured in the same run. When torch is
 importable, ``torch.optim.AdamW(fused=True)`` is timed too. It also reports optimizer-state
@@ -83,28 +84,44 @@ def _arrays(n: int, seed: int):
     return [rng.standard_normal(shape, dtype=np.float32) for _ in range(N_TENSORS)]
 
 
-def bench_ours(n: int, mode: str, repeats: int) -> float:
+def _ours(n: int, mode: str):
     dtype = ms.float32 if mode == "fp32" else ms.bfloat16
-    params = [Parameter(Tensor(a).astype(dtype), name=f"w{k}")
+    params = [Parameter(Tensor(a).astype(dtype), name=f"{mode}{k}")
               for k, a in enumerate(_arrays(n, 0))]
     grads = [Tensor(a * 0.01) for a in _arrays(n, 1)]
     opt = AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
-    t = _median_time(lambda: opt.step(grads), repeats)
-    del opt, params, grads
-    return t
+    return lambda: opt.step(grads)
 
 
-def bench_nn_adam(n: int, repeats: int) -> float:
+def _nn_adam(n: int):
     params = [Parameter(Tensor(a), name=f"a{k}") for k, a in enumerate(_arrays(n, 0))]
     grads = tuple(Tensor(a * 0.01) for a in _arrays(n, 1))
-    before = params[0].asnumpy()[0, :4].copy()
     opt = nn.Adam(params, learning_rate=LR, beta1=BETAS[0], beta2=BETAS[1], eps=EPS)
-    t = _median_time(lambda: opt(grads), repeats)
-    moved = not np.array_equal(params[0].asnumpy()[0, :4], before)
-    del opt, params, grads
-    if not moved:
+    before = params[0].asnumpy()[0, :4].copy()
+    opt(grads)
+    _sync()
+    if np.array_equal(params[0].asnumpy()[0, :4], before):
         raise RuntimeError("nn.Adam did not move the parameters: its timing is meaningless")
-    return t
+    return lambda: opt(grads)
+
+
+def bench_interleaved(n: int, repeats: int) -> dict:
+    """Median step time of nn.Adam and of our AdamW (fp32, bf16+master), timed in alternation
+    (round r times each contender once), plus the median of the per-round ratios to nn.Adam:
+    pairing rounds cancels most of the drift of a shared, loaded machine."""
+    fns = {"nn_adam": _nn_adam(n), "fp32": _ours(n, "fp32"), "bf16+master": _ours(n, "bf16+master")}
+    times = {k: [] for k in fns}
+    for r in range(repeats + 2):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            _sync()
+            if r >= 2:  # two warm-up rounds
+                times[name].append(time.perf_counter() - t0)
+    out = {k: statistics.median(v) for k, v in times.items()}
+    for k in ("fp32", "bf16+master"):
+        out["ratio_" + k] = statistics.median(a / b for a, b in zip(times[k], times["nn_adam"]))
+    return out
 
 
 def bench_numpy(n: int, repeats: int) -> float:
@@ -202,21 +219,23 @@ def main(argv=None) -> dict:
     rows = []
     for size in args.sizes:
         n = int(size) // (N_TENSORS * 1024) * (N_TENSORS * 1024) or N_TENSORS * 1024
-        t_adam = bench_nn_adam(n, args.repeats)
+        timed = bench_interleaved(n, args.repeats)
+        t_adam = timed["nn_adam"]
         t_np = bench_numpy(n, args.repeats)
         t_torch = bench_torch(n, args.repeats)
         for mode in ("fp32", "bf16+master"):
-            t = bench_ours(n, mode, args.repeats)
+            t = timed[mode]
             rows.append({
                 "params": n, "mode": mode,
                 "ours_ns_per_param": t / n * 1e9,
                 "nn_adam_ns_per_param": t_adam / n * 1e9,
                 "numpy_ns_per_param": t_np / n * 1e9,
                 "torch_fused_ns_per_param": None if t_torch is None else t_torch / n * 1e9,
-                "ratio_to_nn_adam": t / t_adam,
+                "ratio_to_nn_adam": timed["ratio_" + mode],
                 "ratio_to_bandwidth_bound": (t / n * 1e9) / bound_ns,
                 "ratio_to_torch_fused": None if t_torch is None else t / t_torch,
             })
+        del timed
     result = {"pynative_synchronize": bool(args.pynative_synchronize),
               "bandwidth_GBps": bw / 1e9, "bound_ns_per_param": bound_ns,
               "bytes_per_param_moved": BYTES_PER_PARAM, "repeats": args.repeats,

@@ -202,6 +202,29 @@ def format_markdown(rows: List[Row]) -> str:
     return "\n".join(lines)
 
 
+def _previous_summary() -> dict:
+    path = os.path.join(RESULTS, "summary.json")
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {}
+
+
+def print_summary_markdown() -> int:
+    data = _previous_summary()
+    if not data:
+        print("no bench/results/summary.json: run python -m bench first", file=sys.stderr)
+        return 1
+    print(f"Measured {data['date']} on {data['machine']} ({data['mode']} mode, "
+          f"total {data['total_s']:.0f} s).")
+    print()
+    print(format_markdown(data["rows"]))
+    return 0
+
+
 def run_one(name: str, script: str, args: List[str], timeout: float) -> dict:
     cmd = [sys.executable, script] + args
     t0 = time.time()
@@ -220,13 +243,20 @@ def run_one(name: str, script: str, args: List[str], timeout: float) -> dict:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    global RESULTS
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     ap.add_argument("--full", action="store_true", help="each script's default (longer) settings")
     ap.add_argument("--only", default=None, help="comma-separated names (e.g. train,check)")
     ap.add_argument("--list", action="store_true", help="list the scripts and their quick args")
     ap.add_argument("--timeout", type=float, default=400.0, help="seconds per script")
     ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    ap.add_argument("--from-summary", action="store_true",
+                    help="run nothing: print bench/results/summary.json as a Markdown table")
+    ap.add_argument("--results", default=RESULTS, help="directory of the JSON results")
     args = ap.parse_args(argv)
+    RESULTS = os.path.abspath(args.results)
+    if args.from_summary:
+        return print_summary_markdown()
     scripts = discover()
     if args.only:
         wanted = [w.strip() for w in args.only.split(",") if w.strip()]
@@ -244,12 +274,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     runs, rows = [], []
     for name, path in scripts.items():
         info = run_one(name, path, script_args(name, path, args.full), args.timeout)
+        info["mode"] = "full" if args.full else "quick"
         runs.append(info)
         try:
             rows.extend(summarize(name, info["started"]))
         except (KeyError, TypeError, ValueError) as exc:
             rows.append(_row(name, "-", "unreadable result", None, "", str(exc)[:80]))
     total = time.time() - t_all
+    previous = _previous_summary()
+    ran = set(scripts)
+    kept_rows = [r for r in previous.get("rows", []) if r["bench"] not in ran]
+    kept_runs = [r for r in previous.get("scripts", []) if r["name"] not in ran]
+    if kept_rows:   # --only: keep the other benches' rows of the last summary
+        rows = kept_rows + rows
+        order = list(discover())
+        rows.sort(key=lambda r: order.index(r["bench"]) if r["bench"] in order else len(order))
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     machine = (f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, "
                f"Python {platform.python_version()}")
@@ -266,12 +305,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         print()
         print(format_markdown(rows))
     with open(os.path.join(RESULTS, "summary.json"), "w", encoding="utf-8") as fh:
-        json.dump({"date": stamp, "machine": machine, "mode": "full" if args.full else "quick",
+        modes = sorted({r.get("mode", "quick") for r in kept_runs + runs})
+        json.dump({"date": stamp, "machine": machine, "mode": "/".join(modes),
                    "total_s": total,
                    "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-                   "scripts": [{k: v for k, v in r.items() if k != "started"} for r in runs],
+                   "scripts": kept_runs + [{k: v for k, v in r.items() if k != "started"}
+                                           for r in runs],
                    "rows": rows}, fh, indent=2)
-    print(f"wrote {os.path.relpath(os.path.join(RESULTS, 'summary.json'), ROOT)}")
+    print(f"wrote {os.path.join(RESULTS, 'summary.json')}")
     return 0 if all(r["exit"] in (0, 1) for r in runs) else 1
 
 

@@ -52,6 +52,69 @@ sys.exit(1)
 EOF
 }
 
+# Fail fast: once msrun has seen a worker die and killed the others, it still waits for the
+# scheduler, which only gives up after its node timeout (~30 s). The job is lost by then, so
+# stop the scheduler (its pid is in the first line of scheduler.log) and let msrun report.
+stop_scheduler() {
+  local pid
+  pid=$(grep -m1 -oE "\(([0-9]+)[,:]" "$LOG_DIR/scheduler.log" 2>/dev/null | tr -dc '0-9')
+  if [ -n "$pid" ] && [ "$pid" != "$$" ]; then
+    echo "msrun_launcher: a worker failed; stopping the scheduler (pid $pid) so the job ends now" >&2
+    kill -TERM "$pid" 2>/dev/null || true
+  fi
+}
+
+# After a failed job: name the worker that failed first (msrun logs "Worker process PID exit
+# with exception. Error code: C"; the PID appears in that worker's log lines), how it ended
+# (a negative code is the signal that killed it), and its last error line; else the worker the
+# scheduler saw time out first; else every worker whose log holds a Python traceback.
+report_failure() {
+  local status=$1 out="$LOG_DIR/msrun_launcher.log" line pid code f rank how named=""
+  echo "msrun_launcher: the job failed (exit $status)." >&2
+  line=$(grep -m1 -E "Worker process [0-9]+ exit with exception" "$out" 2>/dev/null)
+  if [ -n "$line" ]; then
+    pid=$(echo "$line" | sed -E 's/.*Worker process ([0-9]+) exit.*/\1/')
+    code=$(echo "$line" | sed -nE 's/.*Error code: (-?[0-9]+).*/\1/p')
+    how="exit code ${code:-?}"
+    if [ -n "$code" ] && [ "$code" -lt 0 ]; then how="killed by signal $(( -code ))"; fi
+    for f in "$LOG_DIR"/worker_*.log; do
+      if [ -f "$f" ] && grep -qE "\(${pid}[,:]" "$f"; then
+        rank=$(basename "$f" .log); rank=${rank#worker_}
+        echo "msrun_launcher: failing worker: rank $rank (pid $pid, $how); log: $f" >&2
+        last_error "$f"
+        named=1
+        break
+      fi
+    done
+  fi
+  if [ -z "$named" ]; then
+    line=$(grep -h -m1 -oE "worker [0-9]+ is the first one timed out" "$LOG_DIR/scheduler.log" 2>/dev/null)
+    if [ -n "$line" ]; then
+      rank=$(echo "$line" | awk '{print $2}')
+      echo "msrun_launcher: failing worker: rank $rank (stopped answering the scheduler); log: $LOG_DIR/worker_$rank.log" >&2
+      last_error "$LOG_DIR/worker_$rank.log"
+      named=1
+    fi
+  fi
+  if [ -z "$named" ]; then
+    for f in "$LOG_DIR"/worker_*.log; do
+      if [ -f "$f" ] && grep -q "Traceback" "$f"; then
+        rank=$(basename "$f" .log); rank=${rank#worker_}
+        echo "msrun_launcher: failing worker: rank $rank; log: $f" >&2
+        last_error "$f"
+      fi
+    done
+  fi
+}
+
+# The last Python exception line of a worker log (MindSpore's own [LEVEL] lines skipped).
+last_error() {
+  local e
+  e=$(grep -E "^[A-Za-z_.]*(Error|Exception|Interrupt)\b" "$1" 2>/dev/null | tail -n 1)
+  [ -n "$e" ] && echo "  $e" >&2
+  return 0
+}
+
 SCRIPT_DIR=$(cd "$(dirname "$0")" && pwd)
 REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
 export GLOG_v="${GLOG_v:-2}"  # MindSpore C++ logs: WARNING and above
@@ -75,7 +138,13 @@ CMD="$1"
 
 if [ $# -eq 1 ]; then
   NPUS=$(visible_npus)
-  if [ "$NPUS" -gt 0 ]; then WORKER_NUM=$NPUS; else WORKER_NUM=1; fi
+  if [ "$NPUS" -gt 0 ]; then
+    WORKER_NUM=$NPUS
+    echo "msrun_launcher: WORKER_NUM=$WORKER_NUM (visible NPUs)"
+  else
+    WORKER_NUM=1
+    echo "msrun_launcher: WORKER_NUM=1 (no NPU visible: CPU host)"
+  fi
   LOCAL_WORKER=$WORKER_NUM
 else
   WORKER_NUM="$2"
@@ -123,17 +192,17 @@ fi
 
 echo "Running Command: ${MSRUN[*]} $CMD"
 echo "Worker logs: $LOG_DIR/worker_<rank>.log"
-# msrun takes the program and its arguments as separate words.
+# msrun takes the program and its arguments as separate words. Its own output is also kept
+# in LOG_DIR/msrun_launcher.log: it names the first worker process that died and how.
 eval "set -- $CMD"
-"${MSRUN[@]}" "$@"
-status=$?
-if [ $status -ne 0 ] && { [ "$JOIN" = True ] || [ "$JOIN" = true ]; }; then
-  echo "msrun_launcher: the job failed (exit $status). Failing worker(s):" >&2
-  for f in "$LOG_DIR"/worker_*.log; do
-    [ -f "$f" ] || continue
-    if grep -qE "Traceback|Error|exited with" "$f" 2>/dev/null; then
-      echo "  $(basename "$f" .log): $(grep -E "Error" "$f" | grep -v '^\[' | tail -n 1)" >&2
-    fi
-  done
+: > "$LOG_DIR/msrun_launcher.log"
+"${MSRUN[@]}" "$@" 2>&1 | while IFS= read -r line; do
+  printf '%s\n' "$line"
+  printf '%s\n' "$line" >> "$LOG_DIR/msrun_launcher.log"
+  case "$line" in *"kill all other workers"*) stop_scheduler;; esac
+done
+status=${PIPESTATUS[0]}
+if [ "$status" -ne 0 ] && { [ "$JOIN" = True ] || [ "$JOIN" = true ]; }; then
+  report_failure "$status"
 fi
-exit $status
+exit "$status"

@@ -121,6 +121,26 @@ class DataParallelGradReducer:
         from .setup import prepare_optimizer
         return prepare_optimizer(optimizer, cfg, self.comm)
 
+    def sync_moe_stats(self, model) -> None:
+        """SUM the MoE token-per-expert counts over ranks (one all-reduce) before the
+        aux-loss-free expert-bias update, so every rank applies the single-process update of
+        the global batch and the replicas stay identical."""
+        if self.world_size == 1 or not hasattr(model, "get_tokens_per_expert"):
+            return
+        loads = model.get_tokens_per_expert()
+        if not loads:
+            return
+        import mindspore as ms
+        layers = sorted(loads)
+        flat = np.concatenate([np.asarray(loads[i], np.float32).reshape(-1) for i in layers])
+        total = self.comm.all_reduce_sum(flat)
+        off = 0
+        for i in layers:
+            moe = model.moe_layers()[i]
+            n = int(np.asarray(loads[i]).size)
+            moe.tokens_per_expert = ms.Tensor(total[off:off + n].copy())
+            off += n
+
     def reduce_max(self, values: np.ndarray) -> np.ndarray:
         """Element-wise MAX over ranks (QK-Clip's tracked max attention logits)."""
         return self.comm.all_reduce_max(np.asarray(values))

@@ -42,6 +42,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
+from .fused_adam import FusedAdamGroup
 from .optimizer import Optimizer, scale_in_place, scale_many_in_place, state_dtype
 
 __all__ = ["AdamW", "validate_adamw_args"]
@@ -96,6 +97,8 @@ class AdamW(Optimizer):
         store_param_remainders: bf16 params keep an int16 remainder instead of an fp32 master.
         embedding_min_norm: see ``Optimizer``.
         impl: 'fused' (default) or 'reference'.
+        graph_min_numel: a group with at least this many elements (all with gradients) runs
+            its kernels from one compiled graph (``fused_adam``); None = never.
         use_fused, enable_fused_opt, swap, amsgrad, maximize: accepted (kernel/offload flags
         of upstream); amsgrad/maximize must be False.
         enable_cpu_offload: must be False (upstream: "Not support enable_cpu_offload.").
@@ -107,7 +110,8 @@ class AdamW(Optimizer):
                  weight_decay: float = 0.01, *, decoupled_weight_decay: bool = True,
                  exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32",
                  store_param_remainders: bool = False, embedding_min_norm=None,
-                 impl: str = "fused", enable_cpu_offload: bool = False, **flags):
+                 impl: str = "fused", graph_min_numel=1 << 16,
+                 enable_cpu_offload: bool = False, **flags):
         validate_adamw_args(betas, eps, weight_decay, self.optimizer_name)
         if enable_cpu_offload:
             raise ValueError("Not support enable_cpu_offload.")
@@ -139,6 +143,8 @@ class AdamW(Optimizer):
         self.impl = "reference" if low_moments else impl
         self._adam = ops.Adam()
         self._zero = Tensor(0.0, ms.float32)
+        self.graph_min_numel = graph_min_numel
+        self._graphs: Dict[tuple, Any] = {}
         for i in range(len(self.parameters)):
             self._new_state("adam_m", i, self.exp_avg_dtype)
             self._new_state("adam_v", i, self.exp_avg_sq_dtype)
@@ -162,16 +168,25 @@ class AdamW(Optimizer):
         lr, b1, b2, eps, wd, bc1, bc2 = self._hyper(group)
         m_slots, v_slots = self._state["adam_m"], self._state["adam_v"]
         if self.impl == "fused":
-            scalars = self._fused_scalars(lr, b1, b2, eps)
             masters = [self._masters.master(i) for i in indices]
-            if wd != 0.0 and self.decoupled_weight_decay:
-                # all decays first: one host sync for the group, not one per parameter
-                scale_many_in_place(masters, 1.0 - lr * wd)
-                wd_left = 0.0
-            else:
-                wd_left = wd
-            for i, master, g in zip(indices, masters, grads):
-                self._fused_update(master, m_slots[i], v_slots[i], g, lr, wd_left, scalars)
+            decay = 1.0 - lr * wd if (wd != 0.0 and self.decoupled_weight_decay) else 1.0
+            if abs(decay) >= 1e-3:
+                # Decay after the kernel: c*p - lr_t*u == c*(p - (lr_t/c)*u). The multiply
+                # then shares the host sync of the write-back: one sync per group and step.
+                scalars = self._fused_scalars(lr / decay, b1, b2, eps)
+                cell = self._graph_for(indices, masters)
+                if cell is not None and (decay != 1.0 or wd == 0.0):
+                    self._run_graph(cell, indices, grads, scalars)
+                else:
+                    for i, master, g in zip(indices, masters, grads):
+                        self._fused_update(master, m_slots[i], v_slots[i], g, lr,
+                                           0.0 if decay != 1.0 else wd, scalars)
+                scale_many_in_place(masters, decay)
+            else:  # lr*wd ~ 1: dividing by c would blow up; decay first
+                scale_many_in_place(masters, decay)
+                scalars = self._fused_scalars(lr, b1, b2, eps)
+                for i, master, g in zip(indices, masters, grads):
+                    self._fused_update(master, m_slots[i], v_slots[i], g, lr, 0.0, scalars)
             self._masters.store_many(indices, masters)
         else:
             for i, g in zip(indices, grads):
@@ -189,6 +204,50 @@ class AdamW(Optimizer):
             self._fused_update(master, m, v, grad, lr, wd, scalars)
         else:
             self._reference_update(master, m, v, grad, lr, b1, b2, eps, wd, bc1, bc2)
+
+    def _graph_for(self, indices: List[int], masters) -> "FusedAdamGroup | None":
+        """The compiled whole-group Adam (``fused_adam.FusedAdamGroup``) for a group whose
+        parameters all have gradients, persistent masters (no remainders) and together at
+        least ``graph_min_numel`` elements (below that the ~0.3 s compile does not pay off);
+        built on first use and cached by the group's parameter indices."""
+        key = tuple(indices)
+        if key in self._graphs:
+            cell = self._graphs[key]
+            if cell is not None and not _same_objects(
+                    cell.bound, (masters, [self._state["adam_m"][i] for i in indices],
+                                 [self._state["adam_v"][i] for i in indices])):
+                # masters/moments are rebuilt per step (e.g. sharded rows): a graph bound to
+                # the old objects would update stale copies, so this group goes eager for good
+                self._graphs[key] = cell = None
+            return cell
+        cell = None
+        numel = sum(int(m.size) for m in masters)
+        if (self.graph_min_numel is not None and numel >= self.graph_min_numel
+                and not any(self._masters.uses_remainder(i) for i in indices)
+                and any(key == tuple(g) for g in self._group_indices)):
+            bound = (list(masters), [self._state["adam_m"][i] for i in indices],
+                     [self._state["adam_v"][i] for i in indices])
+            cell = FusedAdamGroup(*bound)
+            cell.bound = bound
+        self._graphs[key] = cell
+        return cell
+
+    def _run_graph(self, cell, indices, grads, scalars) -> None:
+        """Run the compiled group; if the first call cannot compile (e.g. no source code for
+        the graph parser), drop to per-parameter kernels for this group from now on."""
+        if getattr(cell, "_compiled_ok", False):
+            cell(tuple(grads), self._zero, *scalars)
+            return
+        try:
+            cell(tuple(grads), self._zero, *scalars)  # compile errors raise before any kernel
+        except (RuntimeError, OSError, TypeError, ValueError):
+            self._graphs[tuple(indices)] = None
+            m_slots, v_slots = self._state["adam_m"], self._state["adam_v"]
+            for i, g in zip(indices, grads):
+                self._adam(self._masters.master(i), m_slots[i], v_slots[i], self._zero,
+                           self._zero, *scalars, g)
+            return
+        cell._compiled_ok = True
 
     def _fused_scalars(self, lr: float, b1: float, b2: float, eps: float):
         """(lr_t, b1, b2, eps_t) Tensors for ops.Adam at step t = global_step.
@@ -234,3 +293,9 @@ class AdamW(Optimizer):
         master.set_data(p)
         m.set_data(m_new if m.dtype == ms.float32 else m_new.astype(m.dtype))
         v.set_data(v_new if v.dtype == ms.float32 else v_new.astype(v.dtype))
+
+
+def _same_objects(bound, current) -> bool:
+    """True when every Parameter in ``current`` is the very object bound in ``bound``."""
+    return all(len(a) == len(b) and all(x is y for x, y in zip(a, b))
+               for a, b in zip(bound, current))

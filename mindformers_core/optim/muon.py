@@ -98,6 +98,7 @@ class Muon(AdamW):
         swap: must be False ("Muon does not support swap.").
         max_logits_reducer: data-parallel MAX reduction for QK-Clip (None on one card).
         embedding_min_norm: see `Optimizer`.
+        learning_rate: upstream's name for `lr` (accepted for upstream-style callers).
     """
 
     optimizer_name = "Muon"
@@ -115,7 +116,13 @@ class Muon(AdamW):
                  ns_dtype=None, adamw_lr_mult: float = 1.0, lion_betas=(0.95, 0.98),
                  phase0_batch_memory_gb: float = 1, ns_batch_memory_gb: float = 1,
                  phase4_batch_memory_gb: float = 4, swap: bool = False,
-                 max_logits_reducer=None, embedding_min_norm=None):
+                 max_logits_reducer=None, embedding_min_norm=None,
+                 learning_rate: Optional[float] = None):
+        if learning_rate is not None:   # upstream's name for lr
+            if lr != 2e-2 and lr != learning_rate:
+                raise ValueError(f"Muon got lr={lr!r} and learning_rate={learning_rate!r}; "
+                                 "give one of them")
+            lr = learning_rate
         # 1. base optimizer (groups, fp32 masters, AdamW state for the AdamW branch)
         adamw_betas = tuple(_as_float(b) for b in adamw_betas) \
             if isinstance(adamw_betas, (list, tuple)) else adamw_betas
@@ -187,7 +194,7 @@ class Muon(AdamW):
         if self.ns_dtype == ms.bfloat16 and ms.get_context("device_target") == "CPU":
             raise ValueError("ns_dtype bfloat16 needs Ascend: MindSpore has no CPU bf16 matmul kernel.")
         self.qk_clip_enabled = bool(qk_clip_enabled)
-        self.qk_clip_threshold = float(qk_clip_threshold)
+        self.qk_clip_threshold = float(qk_clip_threshold) if self.qk_clip_enabled else qk_clip_threshold
         self.use_fused_adamw = bool(use_fused_adamw)  # same math; upstream ignores it (allgather)
         self.max_logits_reducer = max_logits_reducer
         self.last_qk_clip: Optional[QKClipStats] = None
@@ -344,10 +351,7 @@ class Muon(AdamW):
             for k, piece in enumerate(pieces):
                 buckets.setdefault(tuple(piece.shape[-2:]), []).append((len(entries), k, piece))
             entries.append((group, i, pieces))
-        for items in buckets.values():
-            for chunk in self._chunks(items):
-                for (e, k, _), out in zip(chunk, self._orthogonalize_many([t for _, _, t in chunk])):
-                    entries[e][2][k] = out
+        self._run_newton_schulz(buckets, entries)
         for group, i, pieces in entries:
             lr = float(group["lr"])
             coef = lr * self.matched_adamw_rms * self.muon_extra_scale_factor
@@ -359,6 +363,17 @@ class Muon(AdamW):
             decay = 1.0 - lr * self.group_weight_decay(group)
             master.set_data(master * decay - delta if decay != 1.0 else master - delta)
             self._masters.store(i, master)
+
+    def _run_newton_schulz(self, buckets: Dict[tuple, list], entries: list) -> None:
+        """NS of every piece: `entries[e][2][k]` <- NS(piece) for each (e, k, piece) of each
+        same-shape bucket, batched within the memory budget.
+
+        comm hook: allgather runs all of it on every rank (as here); allgather_deredundency
+        would run only the buckets' pieces this rank owns and broadcast the results."""
+        for items in buckets.values():
+            for chunk in self._chunks(items):
+                for (e, k, _), out in zip(chunk, self._orthogonalize_many([t for _, _, t in chunk])):
+                    entries[e][2][k] = out
 
     def _chunks(self, items):
         """Split a same-shape bucket so one batched NS holds at most ns_batch_memory bytes."""

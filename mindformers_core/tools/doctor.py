@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from ..config import ConfigError, RunConfig, load_config
 from .batch_scaling import rule_for_optimizer, scale_lr_for_batch_size
 
 __all__ = ["Verdict", "STATUSES", "run_doctor", "format_doctor_table", "format_doctor_report",
-           "verdicts_to_json", "count_model_params", "token_band", "recommended_warmup"]
+           "verdicts_to_json", "count_model_params", "token_band", "recommended_warmup",
+           "add_doctor_arguments", "doctor_from_args"]
 
 STATUSES = ("PASS", "WARN", "FAIL")
 
@@ -47,6 +48,8 @@ _TOKEN_BANDS = ((2e8, 65_536, 1_048_576), (1e9, 262_144, 2_097_152), (1e10, 524_
 #: peak-lr bands for pretraining from scratch (AdamW: 6e-4 at 125M .. 1.5e-4 at 70B, tiny
 #: models up to ~1e-2; Lion runs 3-10x lower; Muon ~0.02 on its matrices)
 _PEAK_LR_BANDS = {"AdamW": (5e-5, 1e-2), "Lion": (1e-5, 3e-3), "Muon": (1e-4, 0.1)}
+_TYPICAL_PEAK_LR = {"AdamW": "3.e-4 (AdamW, ~100M-7B models)", "Lion": "1.e-4",
+                    "Muon": "2.e-2 (the capstone's Muon)"}
 _COSINE_TYPES = ("CosineWithWarmUpLR", "CosineWithRestartsAndWarmUpLR", "CosineAnnealingLR",
                  "CosineAnnealingWarmRestarts", "cosine", "cosine_with_restarts",
                  "cosine_annealing", "cosine_annealing_warm_restarts")
@@ -146,7 +149,7 @@ def check_peak_lr(cfg, sched, pretraining: bool) -> Verdict:
     return Verdict("peak_lr", "WARN",
                    f"peak lr {peak:.3g} is {side} the usual {opt} pretraining range "
                    f"[{lo:g}, {hi:g}]{hint}; tune it on a proxy (muP) sweep",
-                   "learning_rate: 3.e-4 (AdamW ~100M-7B) or your proxy-sweep value")
+                   f"learning_rate: {_TYPICAL_PEAK_LR[opt]} or your proxy-sweep value")
 
 
 def check_warmup(cfg, plan, pretraining: bool) -> Verdict:
@@ -166,8 +169,8 @@ def check_warmup(cfg, plan, pretraining: bool) -> Verdict:
                   f"the first thousand steps (want >= {need})")
     suggestion = f"warmup_steps: {need}"
     if need >= total:
-        suggestion += (f" (the run has only {total} steps: lengthen it, or pass pretraining="
-                       "False for a fine-tuning / smoke run)")
+        suggestion += (f" (the run has only {total} steps: lengthen it; a fine-tuning run "
+                       "is checked with pretraining=False / --fine-tuning)")
     else:
         suggestion += f" (or warmup_ratio: {need / total:.4g})"
     return Verdict("warmup", status, reason, suggestion)
@@ -504,3 +507,27 @@ def format_doctor_report(cfg, verdicts: Sequence[Verdict]) -> str:
     sched = cfg.build_lr_scheduler()
     return format_doctor_table(verdicts) + "\n\nlr at key steps:\n" + \
         lr_table(sched, cfg.training.steps)
+
+
+# ----------------------------------------------------------------------------------------------
+# command-line glue for run_mindformer.py --check
+# ----------------------------------------------------------------------------------------------
+def add_doctor_arguments(parser) -> None:
+    """The doctor's flags: --reference-batch, --reference-lr, --fine-tuning."""
+    parser.add_argument("--reference-batch", dest="reference_batch", type=float, default=None,
+                        help="doctor: global batch size of a reference run (same unit as "
+                             "training.global_batch_size)")
+    parser.add_argument("--reference-lr", dest="reference_lr", type=float, default=None,
+                        help="doctor: peak lr of that reference run")
+    parser.add_argument("--fine-tuning", dest="fine_tuning", action="store_true",
+                        help="doctor: the run starts from trained weights (short warmup and "
+                             "beta2 0.999 are fine)")
+
+
+def doctor_from_args(cfg, args, inspect_model: bool = True) -> List[Verdict]:
+    """``run_doctor`` with the flags of :func:`add_doctor_arguments` (missing flags = defaults).
+    ``inspect_model=False`` keeps MindSpore out (the two group-based items are skipped)."""
+    return run_doctor(cfg, reference_batch=getattr(args, "reference_batch", None),
+                      reference_lr=getattr(args, "reference_lr", None),
+                      pretraining=not getattr(args, "fine_tuning", False),
+                      inspect_model=inspect_model)

@@ -23,7 +23,10 @@ all-reduce); the sums of gradients, token counts and per-rank squared norms are 
 B_noise is in sequences of ``model.seq_length`` tokens; the token figure multiplies by it.
 
     python -m mindformers_core.tools.noise_scale --config x.yaml --mode 1 --small 2 --big 16 \
-        --steps 20 [--set k=v ...] [--seed N]
+        --steps 20 [--load CKPT] [--set k=v ...] [--seed N]
+
+The noise scale grows as the loss falls, so measure it on trained weights: ``--load`` (or
+``checkpoint.load_path``) takes a trainer checkpoint file or directory (its newest checkpoint).
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 __all__ = ["NoiseScaleEstimate", "estimate_noise_scale", "critical_batch_advice",
-           "measure_gradient_norms", "main"]
+           "measure_gradient_norms", "load_model_weights", "main"]
 
 
 @dataclass
@@ -121,45 +124,42 @@ def critical_batch_advice(est: NoiseScaleEstimate, current_batch: int,
 # ----------------------------------------------------------------------------------------------
 # Gradients of the real model
 # ----------------------------------------------------------------------------------------------
-class _RankReducer:
-    """Sums across data-parallel ranks (identity for one process)."""
-
-    def __init__(self, world: int):
-        self.world = int(world)
-        self._all_reduce = None
-        if self.world > 1:
-            from mindspore import ops
-            from mindspore.communication import init
-            init()
-            self._all_reduce = ops.AllReduce()
-
-    def sum_tensors(self, tensors: List) -> List:
-        if self._all_reduce is None:
-            return tensors
-        return [self._all_reduce(t) for t in tensors]
-
-    def sum_floats(self, values: Sequence[float]) -> List[float]:
-        if self._all_reduce is None:
-            return [float(v) for v in values]
-        from mindspore import Tensor
-        return [float(v) for v in self._all_reduce(
-            Tensor(np.asarray(values, np.float32))).asnumpy()]
-
-
 def _sq_norm(tensors) -> float:
     """Squared global L2 norm in float64 (sum over parameters of sum(g*g))."""
     return float(sum(float((t * t).sum().asnumpy()) for t in tensors))
 
 
+def load_model_weights(model, path: str) -> int:
+    """Set ``model``'s parameters from a trainer checkpoint (file or directory); returns its
+    step. Raises ``trainer.checkpoint.CheckpointError`` when it does not match the model."""
+    from mindspore import Tensor
+    from ..trainer.checkpoint import CheckpointError, resolve_checkpoint
+    data = resolve_checkpoint(path)
+    saved = {k[len("model."):]: v for k, v in data.tensors.items() if k.startswith("model.")}
+    for param in model.get_parameters():
+        arr = saved.get(param.name)
+        if arr is None or tuple(arr.shape) != tuple(param.shape):
+            got = "missing" if arr is None else f"shape {tuple(arr.shape)}"
+            raise CheckpointError(f"checkpoint {data.path} does not match the model: "
+                                  f"{param.name} is {got}, the model has {tuple(param.shape)}")
+        param.set_data(Tensor(arr).astype(param.dtype))
+    return data.step
+
+
 def measure_gradient_norms(model, dataset, b_small: int, b_big: int, draws: int,
-                           rank: int = 0, world: int = 1) -> Tuple[List[float], List[float]]:
+                           comm=None) -> Tuple[List[float], List[float]]:
     """(|g_b|^2 samples, |g_B|^2 samples) over ``draws`` draws (see the module docstring).
 
     ``dataset.next_batch(n)`` supplies this rank's micro-batches; the draws consume fresh data.
-    ``b_big`` must be a multiple of ``b_small * world``.
+    ``comm``: a ``distributed.comm.Communicator`` (default: one process, no communication);
+    ``b_big`` must be a multiple of ``b_small * comm.world_size``.
     """
     import mindspore as ms
     from mindspore import Tensor
+    from ..distributed.comm import Communicator
+
+    comm = Communicator() if comm is None else comm
+    world = comm.world_size
 
     if b_big % (b_small * world) != 0 or b_big <= b_small:
         raise ValueError(f"--big ({b_big}) must be a multiple of --small ({b_small}) x data "
@@ -174,7 +174,6 @@ def measure_gradient_norms(model, dataset, b_small: int, b_big: int, draws: int,
         return loss_sum / n_tokens
 
     grad_fn = ms.value_and_grad(token_mean_loss, grad_position=None, weights=params)
-    reducer = _RankReducer(world)
     small, big = [], []
     for _ in range(draws):
         acc, tokens, small_sq = None, 0.0, 0.0
@@ -191,8 +190,9 @@ def measure_gradient_norms(model, dataset, b_small: int, b_big: int, draws: int,
             weighted = [g * n for g in grads]
             acc = weighted if acc is None else [a + w for a, w in zip(acc, weighted)]
             tokens += n
-        acc = reducer.sum_tensors(acc)
-        tokens, small_sq = reducer.sum_floats([tokens, small_sq])
+        acc = [comm.all_reduce_sum(a) for a in acc]
+        tokens, small_sq = (float(x) for x in comm.all_reduce_sum(
+            np.array([tokens, small_sq], np.float32)))
         small.append(small_sq / (micro_per_rank * world))
         big.append(_sq_norm([a / tokens for a in acc]))
     return small, big
@@ -209,6 +209,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE")
     parser.add_argument("--seed", type=int, default=None, help="default training.seed")
+    parser.add_argument("--load", default=None, metavar="CKPT",
+                        help="measure at these weights (default checkpoint.load_path, if set)")
     args = parser.parse_args(argv)
     if args.mode != 1:
         print(f"error: --mode {args.mode}: only PyNative (--mode 1) is supported", file=sys.stderr)
@@ -219,16 +221,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not 0 < args.small < args.big:
             raise ValueError(f"need 0 < --small < --big, got {args.small}, {args.big}")
         from ..data import build_dataset
-        from ..distributed.env import env_rank, env_world_size
+        from ..distributed.comm import init_distributed
         from ..models import build_model
         from ..trainer.run import apply_pynative_synchronize, choose_pynative_synchronize
         apply_pynative_synchronize(choose_pynative_synchronize(cfg))
         seed = cfg.training.seed if args.seed is None else args.seed
-        world, rank = env_world_size(), env_rank()
+        comm = init_distributed()
+        world, rank = comm.world_size, comm.rank
         model = build_model(cfg.model, seed=seed)
+        load = args.load or cfg.checkpoint.load_path
+        at = f"checkpoint step {load_model_weights(model, load)}" if load else "initial weights"
         dataset = build_dataset(cfg.train_dataset, cfg.model, seed=seed, rank=rank, world=world)
         small, big = measure_gradient_norms(model, dataset, args.small, args.big, args.steps,
-                                            rank=rank, world=world)
+                                            comm)
         est = estimate_noise_scale(small, big, args.small, args.big)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -236,10 +241,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:   # CheckpointError
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if rank == 0:
         seq = cfg.model.seq_length
         print(f"gradient noise scale: small b={est.b_small}, big B={est.b_big}, "
-              f"draws={args.steps}, data parallel={world}")
+              f"draws={args.steps}, data parallel={world}, at {at}")
         print(f"  mean |g_b|^2 = {est.mean_sq_norm_small:.6g}   mean |g_B|^2 = "
               f"{est.mean_sq_norm_big:.6g}")
         print(f"  |G|^2 ~ {est.grad_sq_norm:.6g}   tr(Sigma) ~ {est.trace_sigma:.6g}")

@@ -34,6 +34,7 @@ class StepMetrics:
     step_time_s: float
     consumed_samples: int
     global_batch_size: int
+    tokens: int = 0                 # loss tokens of the step (all ranks)
     clipped: bool = False
     skipped: bool = False
     excess_loss: Optional[float] = None
@@ -50,7 +51,8 @@ class StepMetrics:
         }
         if self.excess_loss is not None:
             row["excess_loss"] = _finite(self.excess_loss)
-        row.update({"lrs": [float(x) for x in self.lrs], "clipped": bool(self.clipped),
+        row.update({"lrs": [float(x) for x in self.lrs], "tokens": int(self.tokens),
+                    "clipped": bool(self.clipped),
                     "skipped": bool(self.skipped), "consumed_samples": int(self.consumed_samples),
                     "global_batch_size": int(self.global_batch_size)})
         if self.loss_scale is not None:

@@ -9,11 +9,21 @@ __all__ = ["run_training", "choose_pynative_synchronize", "apply_pynative_synchr
 def choose_pynative_synchronize(cfg) -> bool:  # noqa: ARG001 - kept for per-config policies
     """Whether PyNative should dispatch synchronously: True on CPU, False elsewhere.
 
-    Measured (MindSpore 2.10 CPU, 2 shared cores, tiny GPT of the trainer tests, forward +
-    backward of 2 micro-batches): asynchronous dispatch 1.35-1.6 s per step, synchronous
-    0.035 s per step. On CPU the asynchronous queue costs milliseconds per dependent op and
-    the kernels of small models are far cheaper than that, so synchronous dispatch is the
-    faster default. On Ascend/GPU the asynchronous queue overlaps host and device work.
+    Measured on MindSpore 2.10 CPU (2 cores shared with other jobs, so absolute numbers are
+    noisy; the ratio is not):
+
+    * tiny GPT of the trainer tests, forward + backward of 2 micro-batches:
+      asynchronous 1.35-1.6 s, synchronous 0.035 s;
+    * ``configs/quickstart.yaml``, 25 steps, median step time (steps 6-25):
+      asynchronous 4.9 s / 3.2 s, synchronous 0.61 s / 0.32 s (two runs each);
+      wall time 116 s / 93 s vs 23 s / 9 s.
+
+    On CPU the asynchronous queue costs milliseconds per dependent op, far more than the
+    kernels of small models, so synchronous dispatch is the default there. On Ascend/GPU the
+    queue overlaps host and device work, so it stays asynchronous.
+
+    The switch must happen before the first MindSpore op of the process: set later, it only
+    partly takes effect (measured: 1.2-2 s instead of 0.13 s per step).
     """
     import mindspore as ms
     return ms.get_context("device_target") == "CPU"
@@ -33,15 +43,6 @@ def apply_pynative_synchronize(enabled: bool) -> None:
         _LAUNCH_BLOCKING = True
 
 
-def _grad_reducer():
-    """The data-parallel reducer under msrun with more than one worker; else the identity."""
-    from ..distributed.env import env_world_size, launched_by_msrun
-    if launched_by_msrun() and env_world_size() > 1:
-        from ..distributed.setup import setup_data_parallel
-        return setup_data_parallel()
-    return None
-
-
 def run_training(cfg, output_dir: str, stream=None) -> int:
     """Train ``cfg`` (a RunConfig), writing metrics and checkpoints under ``output_dir``.
 
@@ -52,13 +53,24 @@ def run_training(cfg, output_dir: str, stream=None) -> int:
     import mindspore as ms
     from ..config.errors import ConfigError
     from .checkpoint import CheckpointError
+    from .signals import StopRequest
     from .trainer import Trainer
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
+    # before any op runs: launch_blocking only takes full effect when set first
+    apply_pynative_synchronize(choose_pynative_synchronize(cfg))
     out = stream or sys.stdout
+
+    def say(text):
+        out.write(text + "\n")
+        out.flush()
+
     try:
-        trainer = Trainer(cfg, output_dir, stream=out, grad_reducer=_grad_reducer())
-        trainer.train()
+        # the handlers go in before the (slow) build, so an early SIGTERM still exits cleanly
+        with StopRequest(log=say) as stop:
+            # the Trainer picks the data-parallel reducer itself under msrun
+            trainer = Trainer(cfg, output_dir, stream=out)
+            trainer.train(stop_request=stop)
     except ConfigError:
         raise
     except (CheckpointError, FloatingPointError) as exc:

@@ -22,6 +22,7 @@ One optimizer step (DESIGN.md §1, reference §6, with the documented difference
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -58,6 +59,10 @@ THRESHOLD_WARNING = ("[SkipStep] Global gradient norm %.6g exceeds optimizer.gra
                      "(consecutive skipped: %d, total skipped: %d).")
 
 
+def _nullcontext(value):
+    return contextlib.nullcontext(value)
+
+
 def _to_numpy(param) -> tuple:
     """(array, original dtype name or None): bf16 has no numpy dtype, store it as fp32 (exact)."""
     import mindspore as ms
@@ -74,6 +79,16 @@ def _jsonable(value):
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+def _default_grad_reducer():
+    """The data-parallel reducer when launched by msrun (communication initialised there),
+    the identity in a plain process (no communication init)."""
+    from ..distributed.env import launched_by_msrun
+    if launched_by_msrun():
+        from ..distributed.setup import setup_data_parallel
+        return setup_data_parallel()
+    return IdentityGradReducer()
 
 
 class Trainer:
@@ -95,7 +110,8 @@ class Trainer:
                                    if pynative_synchronize is None else pynative_synchronize)
         self.cfg = cfg
         self.output_dir = output_dir
-        self.grad_reducer = grad_reducer or IdentityGradReducer()
+        # under msrun: the data-parallel all-reduce (distributed package); else the identity
+        self.grad_reducer = grad_reducer or _default_grad_reducer()
         ws = self.grad_reducer.world_size if world_size is None else world_size
         self.rank = self.grad_reducer.rank if rank is None else rank
         self.plan = cfg.plan(ws)
@@ -106,8 +122,7 @@ class Trainer:
         self.writer = MetricsWriter(output_dir, stream=stream or sys.stdout,
                                     enabled=self.rank == 0)
         self.total_steps = int(tr.steps)
-        stop_at = getattr(tr, "stop_at_step", None)
-        self.stop_at_step = None if stop_at is None else int(stop_at)
+        self.stop_at_step = tr.stop_at_step
         self.ramp = build_batch_ramp(tr.rampup_batch_size, tr.global_batch_size,
                                      tr.local_batch_size, self.plan.data_parallel)
 
@@ -127,7 +142,8 @@ class Trainer:
             from ..optim import build_optimizer
             optimizer = build_optimizer(cfg.optimizer, self.model, lr_scheduler=lr_scheduler)
         if hasattr(self.grad_reducer, "prepare_optimizer"):
-            # distributed: ZeRO-1 sharding, QK-Clip MAX reduction (before any state is loaded)
+            # data parallel: ZeRO-1 sharding (parallelism.data_parallel_shard), QK-Clip MAX;
+            # before any optimizer state is loaded
             optimizer = self.grad_reducer.prepare_optimizer(optimizer, cfg)
         self.optimizer = optimizer
         self.loss_scaler = self._build_loss_scaler()
@@ -251,9 +267,14 @@ class Trainer:
 
     def save(self, write_hook=None) -> Optional[str]:
         """Write a checkpoint of the current step (rank 0) and prune to ``save_max``."""
-        if self.rank != 0:
+        # a sharded optimizer's state_dict is a collective: every rank gathers, rank 0 writes
+        collective = (getattr(self.optimizer, "collective_state_dict", False)
+                      and not self.ckpt_cfg.no_save_optim)
+        if self.rank != 0 and not collective:
             return None
         tensors, dtypes, state = self.checkpoint_payload()
+        if self.rank != 0:
+            return None
         path = save_checkpoint(self.save_dir, self.ckpt_cfg.prefix, self.state.step, tensors,
                                state, self.cfg.to_dict(), dtypes, write_hook=write_hook)
         prune_checkpoints(self.save_dir, self.ckpt_cfg.prefix, self.ckpt_cfg.save_max)
@@ -341,13 +362,21 @@ class Trainer:
             if hasattr(self.optimizer, "post_step"):
                 self.optimizer.post_step(self.model)
             if hasattr(self.model, "update_expert_bias"):
+                if hasattr(self.grad_reducer, "sync_moe_stats"):
+                    self.grad_reducer.sync_moe_stats(self.model)  # DP: global expert loads
                 self.model.update_expert_bias()
             self.state.applied_steps += 1
             self.state.consecutive_skipped = 0
             if self.loss_scaler is not None:
                 self._update_scaler(False)
-        elif self.loss_scaler is not None and not self.dynamic_loss_scaling:
-            self._update_scaler(not finite)
+        else:
+            if self.loss_scaler is not None and not self.dynamic_loss_scaling:
+                self._update_scaler(not finite)   # a static scale stays; kept for symmetry
+            # statistics gathered in this step's forward passes must not leak into the next
+            # step's expert-bias update / QK-Clip (the update they belong to was skipped)
+            for name in ("reset_moe_stats", "reset_max_attention_logits"):
+                if hasattr(self.model, name):
+                    getattr(self.model, name)()
 
         self.state.step = step_number
         self.state.consumed_samples += global_batch
@@ -356,6 +385,7 @@ class Trainer:
         step_time = time.perf_counter() - t0
         return StepMetrics(
             step=step_number, total_steps=self.total_steps, loss=loss, lr=lrs[0], lrs=lrs,
+            tokens=int(total_tokens),
             grad_norm=norm, tokens_per_s=total_tokens / step_time if step_time > 0 else 0.0,
             step_time_s=step_time, consumed_samples=self.state.consumed_samples,
             global_batch_size=global_batch, clipped=clipped, skipped=skipped,
@@ -378,9 +408,11 @@ class Trainer:
             return False
         return step % self.ckpt_cfg.save_interleaved_steps == 0 or step == end
 
-    def train(self) -> str:
+    def train(self, stop_request: Optional[StopRequest] = None) -> str:
         """Run to ``training.steps`` (or ``stop_at_step``, or a stop signal).
 
+        ``stop_request``: an already installed :class:`StopRequest` (``run_training`` installs
+        one before building the trainer, so a signal during start-up is honoured too).
         Returns why it ended: ``"finished"``, ``"stopped at step N"`` or ``"interrupted"``.
         """
         end = self.total_steps
@@ -393,12 +425,16 @@ class Trainer:
             if self.entropy_floor is not None:
                 self.log(f"corpus entropy floor: {self.entropy_floor:.4f} nats/token")
         reason = "finished"
-        last_saved = None
+        last_saved = self.state.step if self.resumed_from else None  # already on disk
         try:
-            with StopRequest(log=self.log) as stop:
+            own = StopRequest(log=self.log) if stop_request is None else None
+            with (own if own is not None else _nullcontext(stop_request)) as stop:
                 while self.state.step < end:
+                    if stop.requested and self.grad_reducer.world_size == 1:
+                        reason = "interrupted"     # signalled before this step started
+                        break
                     metrics = self.train_step()
-                    self.writer.log(metrics, int(metrics.tokens_per_s * metrics.step_time_s))
+                    self.writer.log(metrics, metrics.tokens)
                     if self._should_save(self.state.step, end):
                         self.save()
                         last_saved = self.state.step

@@ -33,7 +33,7 @@ MODELS = {
 OPTIMIZERS = {
     "adamw": {"type": "AdamW", "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1},
     "muon": {"type": "Muon", "weight_decay": 0.1, "momentum": 0.95, "qk_clip_enabled": True,
-             "qk_clip_threshold": 2.0},
+             "qk_clip_threshold": 0.02},
 }
 
 #: name -> (optimizer, model, data_parallel_shard, comm_strategy)
@@ -96,7 +96,8 @@ def _build_optimizer(cfg, model, sched):
 
 
 def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> dict:
-    """Train case ``name`` for ``steps`` steps on this process's share of the global batch.
+    """Train case ``name`` for ``steps`` steps on this process's share of the global batch
+(the trainer's step: accumulate, reduce, clip, group lrs, optimizer, MoE expert-bias update).
 
     Returns losses, pre-clip grad norms, final parameters, the full optimizer state_dict
     (collective when sharded), per-rank optimizer-state bytes, comm stats and NS FLOPs."""
@@ -118,8 +119,9 @@ def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> di
     reducer = DataParallelGradReducer(comm)
     opt = reducer.prepare_optimizer(opt, cfg)
     grad_fn = make_grad_fn(model, opt.parameters)
+    initial = {p.name: p.asnumpy().copy() for p in model.trainable_params()}
     comm.stats.reset()
-    losses, norms = [], []
+    losses, norms, clipped_heads = [], [], 0
     for step, batch in enumerate(global_batches(steps)):
         if world == 1:
             micro = [_rows(batch, j * LOCAL_BATCH, (j + 1) * LOCAL_BATCH)
@@ -134,15 +136,23 @@ def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> di
         grads, norm = clip_grad_by_global_norm(grads, cfg.training.max_norm)
         opt.set_group_lrs(group_lrs(sched, opt.param_groups, step))
         opt.step(grads)
+        reducer.sync_moe_stats(model)      # as the trainer: global expert loads, then the
+        model.update_expert_bias()         # aux-loss-free bias update (MoE layer of "mla")
         losses.append(loss_sum / total)
         norms.append(float(norm))
+        stats = getattr(opt, "last_qk_clip", None)
+        clipped_heads += stats.num_clipped_heads if stats is not None else 0
     out = {
         "losses": losses, "norms": norms,
-        "params": {p.name: p.asnumpy().copy() for p in model.trainable_params()},
+        # every Parameter, also the MoE router's expert_bias (not trained by the optimizer)
+        "params": {p.name: p.asnumpy().copy() for p in model.get_parameters()},
+        "param_change": max(float(np.max(np.abs(p.asnumpy() - initial[p.name])))
+                            for p in model.trainable_params()),
         "state_bytes": optimizer_state_bytes(opt),
         "comm": comm.stats.to_dict(),
         "ns_flops": float(getattr(opt, "ns_flops_total", 0.0)),
         "ns_owner": dict(getattr(opt, "ns_owner_by_name", {})),
+        "qk_clipped_heads": int(clipped_heads),
     }
     if state_dict:
         out["state_dict"] = {k: v for k, v in opt.state_dict().items() if k != "global_step"}

@@ -1,9 +1,11 @@
 """msrun worker: run data-parallel cases (``dp_case.CASES``) and write this rank's results.
 
-    python tests/distributed/dp_worker.py OUT_DIR CASE [CASE ...]
+    python tests/distributed/dp_worker.py OUT_DIR CASE [CASE ...] [--resume CKPT_DIR RUN_DIR]
 
 Writes ``OUT_DIR/{case}.rank{r}.npz`` (losses, norms, ``param.*``, ``state.*``) and
 ``OUT_DIR/{case}.rank{r}.json`` (optimizer-state bytes, comm stats, NS FLOPs, NS owners).
+``--resume``: then resume the Trainer run of ``trainer_case`` from CKPT_DIR into RUN_DIR on
+this world size (the fault test's last checkpoint).
 """
 import json
 import os
@@ -14,7 +16,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 
-def main(out_dir, cases):
+def main(out_dir, cases, resume=None):
     import numpy as np
     import mindspore as ms
     from mindformers_core.distributed.comm import init_distributed
@@ -33,9 +35,21 @@ def main(out_dir, cases):
         with open(base + ".json", "w") as fh:
             json.dump({"world": comm.world_size, "state_bytes": res["state_bytes"],
                        "comm": res["comm"], "ns_flops": res["ns_flops"],
-                       "ns_owner": res["ns_owner"]}, fh)
+                       "ns_owner": res["ns_owner"],
+                       "qk_clipped_heads": res["qk_clipped_heads"]}, fh)
+    if resume:
+        from mindformers_core.trainer import Trainer
+        from trainer_case import trainer_config
+        ckpt, run_dir = resume
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        Trainer(trainer_config(run_dir, [f"checkpoint.load_path={ckpt}"]), run_dir).train()
     comm.barrier()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    args = sys.argv[2:]
+    resume = None
+    if "--resume" in args:
+        k = args.index("--resume")
+        resume, args = args[k + 1:k + 3], args[:k]
+    main(sys.argv[1], args, resume)

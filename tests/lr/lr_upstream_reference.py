@@ -7,6 +7,15 @@ can compare only where upstream is sane and show where we deliberately differ.
 
 ``upstream_curve(type, params, total_steps, steps) -> np.ndarray[float32]``; ``params`` use
 upstream keyword names (``learning_rate``, ``warmup_steps``, ``lr_end``, ``base_lr``, ...).
+
+It follows upstream's op order and dtypes: Python-float constants meet float32 tensors as
+float32, but ``learning_rate - warmup_lr_init`` (two Python floats) is computed in float64
+first, while ``learning_rate - lr_end`` is a float32 subtraction where ``lr_end`` is stored as a
+float32 tensor (Cosine*, Polynomial, WSD) and float64 where it is a Python float (CoolDown's
+``lr_end1``, the annealing schedules' ``eta_min``). ``cos`` and ``log`` are the correctly
+rounded float32 values (MindSpore's CPU kernels give those; numpy's float32 ``cos`` is off by an
+ulp on ~15% of arguments). ``test_lr_compat.py`` checks this file against values MindFormers
+itself computed (``data/mindformers_2_1_0_curves.json``).
 """
 import numpy as np
 
@@ -25,10 +34,17 @@ def _warmup(s, W, eta, init):
 
 
 def _cos(x):
-    return np.cos(x.astype(f32)).astype(f32)
+    return np.cos(np.asarray(x, f32).astype(np.float64)).astype(f32)
+
+
+def _log(x):
+    return np.log(np.asarray(x, f32).astype(np.float64)).astype(f32)
 
 
 def upstream_curve(kind, p, T, steps):
+    if kind == "LearningRateWiseLayer":
+        inner = dict(p["base_lr"])
+        return f32(p["lr_scale"]) * upstream_curve(inner.pop("type"), inner, T, steps)
     s = np.asarray(steps, dtype=np.int64).astype(f32)
     eta = p.get("learning_rate", 1e-5)
     init = p.get("warmup_lr_init", 0.0)
@@ -55,11 +71,11 @@ def upstream_curve(kind, p, T, steps):
             prog = (s - Wf) / f32(max(1, T - W))
             if kind == "CosineWithWarmUpLR":
                 pct = np.maximum(f32(0), f32(0.5) * (f32(1) + _cos(f32(PI * c * 2.0) * prog)))
-                after = lr_end + f32(eta - p.get("lr_end", 0.0)) * pct
+                after = lr_end + (f32(eta) - lr_end) * pct
             else:
                 frac = np.mod(f32(c) * prog, f32(1))
                 pct = np.maximum(f32(0), f32(0.5) * (f32(1) + _cos(f32(PI) * frac)))
-                after = np.where(prog < f32(1), lr_end + f32(eta - p.get("lr_end", 0.0)) * pct,
+                after = np.where(prog < f32(1), lr_end + (f32(eta) - lr_end) * pct,
                                  f32(0))
             out = np.where(s >= f32(D), lr_end, np.where(warm, wv, after))
         elif kind == "PolynomialWithWarmUpLR":
@@ -67,14 +83,14 @@ def upstream_curve(kind, p, T, steps):
             power = p.get("power", 1.0)
             Dp = max(1, p["decay_steps"]) if p.get("decay_steps") is not None else max(1, T - W)
             base = f32(1) - (s - Wf) / f32(Dp)
-            decay = f32(eta - lr_end) * np.power(base, f32(power)) + f32(lr_end)
+            decay = (f32(eta) - f32(lr_end)) * np.power(base, f32(power)) + f32(lr_end)
             after = f32(eta) * (decay / f32(eta))
             out = np.where(warm, wv, np.where(s > f32(T), f32(lr_end), after))
         elif kind == "WarmUpStableDecayLR":
             lr_end = p.get("lr_end", 1e-7)
             S = _steps(p.get("decay_start_steps"), p.get("decay_start_ratio"), T)
             stable = f32(eta) * (s / s)
-            dec = f32(eta) - f32(eta - lr_end) * ((s - f32(S)) / f32(T - S))
+            dec = f32(eta) - (f32(eta) - f32(lr_end)) * ((s - f32(S)) / f32(T - S))
             out = np.where(warm, wv, np.where(s < f32(S), stable, dec))
         elif kind == "ConstantWithCoolDownLR":
             K = max(0, p.get("keep_steps", 0))
@@ -105,7 +121,7 @@ def upstream_curve(kind, p, T, steps):
                 t_cur = s - np.floor(s / f32(t0)) * f32(t0)
                 t_i = np.full_like(s, t0)
             else:
-                idx = np.floor(np.log(s / f32(t0) * f32(m - 1.0) + f32(1)) / f32(np.log(m)))
+                idx = np.floor(_log(s / f32(t0) * f32(m - 1.0) + f32(1)) / f32(np.log(m)))
                 q = np.power(f32(m), idx)
                 start = f32(t0) * (f32(1) - q) / f32(1 - m)
                 t_i = f32(t0) * q

@@ -196,3 +196,28 @@ def test_build_optimizer_from_the_seed_yaml(mla):
         build_optimizer(dict(SEED_4_2, swap=True), mla)
     preset = build_optimizer({"type": "Muon", "muon_coefficient_type": "quintic"}, mla)
     assert preset.ns_schedule[0] == (4.0848, -6.8946, 2.9270)
+
+
+def test_upstream_learning_rate_name(mla, params):
+    assert Muon(params, model=mla, learning_rate=0.01).param_groups[0]["lr"] == 0.01
+    with pytest.raises(ValueError, match="give one of them"):
+        Muon(params, model=mla, lr=0.03, learning_rate=0.01)
+
+
+class UpstreamStyleModel:
+    """The minimal model surface upstream's own Muon tests use: a config with MLA on."""
+
+    class _Cfg:
+        multi_latent_attention = True
+
+    def get_gpt_transformer_config(self):
+        return self._Cfg()
+
+
+def test_minimal_upstream_style_model_works_without_qk_clip_support():
+    w = Parameter(Tensor(np.random.default_rng(0).standard_normal((6, 10)).astype(np.float32)),
+                  name="layers.0.weight")
+    b = Parameter(Tensor(np.zeros(6, np.float32)), name="layers.0.bias")
+    opt = Muon([w, b], model=UpstreamStyleModel())   # QK-Clip on: a no-op without a layout
+    opt.step([Tensor(np.ones((6, 10), np.float32)), Tensor(np.ones(6, np.float32))])
+    assert opt.last_qk_clip is None and opt.muon_param_names == ("layers.0.weight",)

@@ -2,7 +2,7 @@
 import pytest
 
 from mindformers_core.config import load_config
-from mindformers_core.tools.mup_coord_check import (CoordCheckResult, format_coord_table, main,
+from mindformers_core.tools.mup_coord_check import (format_coord_table, main,
                                                     plot_coord_check, run_coord_check,
                                                     width_model_config)
 
@@ -21,6 +21,7 @@ def sweep():
     return run_coord_check(load_config(CFG), widths=[16, 32, 64, 128], steps=4)
 
 
+@pytest.mark.slow
 def test_mup_is_flat_and_sp_drifts_over_an_8x_width_sweep(sweep):
     """Seed 003: muP curves within 2x across 8x width, SP drifts several-fold (> 4x)."""
     assert sweep.widths[-1] / sweep.widths[0] == 8
@@ -34,6 +35,7 @@ def test_mup_is_flat_and_sp_drifts_over_an_8x_width_sweep(sweep):
     assert sweep.acts["sp"][16] == sweep.acts["mup"][16]
 
 
+@pytest.mark.slow
 def test_table_and_text_fallback(sweep, tmp_path):
     table = format_coord_table(sweep)
     assert "max/min" in table and "largest drift over the 8x width sweep" in table
@@ -42,6 +44,7 @@ def test_table_and_text_fallback(sweep, tmp_path):
     assert (tmp_path / "coord.txt").read_text() == table
 
 
+@pytest.mark.slow
 def test_png_plot(sweep, tmp_path):
     pytest.importorskip("matplotlib")
     path = plot_coord_check(sweep, str(tmp_path / "coord.png"))

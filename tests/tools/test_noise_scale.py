@@ -122,3 +122,81 @@ def test_noise_scale_cli_errors(tmp_path, capsys):
     assert main(["--config", str(cfg), "--small", "2", "--big", "8",
                  "--set", "training.stepz=3"]) == 2
     assert "training.stepz" in capsys.readouterr().err
+
+
+def _numbers(text):
+    """The four measured quantities of the CLI's report."""
+    import re
+    pat = (r"mean \|g_b\|\^2 = (\S+)\s+mean \|g_B\|\^2 = (\S+)\n\s+\|G\|\^2 ~ (\S+)\s+"
+           r"tr\(Sigma\) ~ (\S+)")
+    return [float(x) for x in re.search(pat, text).groups()]
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_data_parallel_form_equals_one_process(tmp_path, capsys):
+    """Under msrun with 2 ranks, per-rank norms (small) and the all-reduced gradient (big) give
+    the same moments as one process playing both ranks: the ranks' shards of each draw are the
+    samples one process reads in turn."""
+    import os
+    import socket
+    import subprocess
+    from mindformers_core.tools.noise_scale import main
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        "training: {steps: 10, local_batch_size: 2, global_batch_size: 4}\n"
+        "optimizer: {type: AdamW}\n"
+        "lr_scheduler: {type: ConstantWarmUpLR, learning_rate: 1.e-3}\n"
+        "model: {vocab_size: 32, hidden_size: 32, num_layers: 1, num_attention_heads: 2,"
+        " seq_length: 16}\n"
+        "train_dataset: {type: SyntheticMarkov, markov_order: 1}\n")
+    args = ["--config", str(cfg), "--small", "2", "--big", "8", "--steps", "2"]
+    assert main(args) == 0
+    single = _numbers(capsys.readouterr().out)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cmd = "python -m mindformers_core.tools.noise_scale " + " ".join(args)   # msrun form
+    logs = tmp_path / "logs"
+    proc = subprocess.run(["bash", os.path.join(root, "scripts", "msrun_launcher.sh"), cmd, "2",
+                           str(port), str(logs), "True", "300"], cwd=root, capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": root})
+    log = (logs / "worker_0.log").read_text()
+    assert proc.returncode == 0, proc.stderr[-2000:] + log[-2000:]
+    assert "data parallel=2" in log
+    assert _numbers(log) == pytest.approx(single, rel=1e-4)
+
+
+def test_load_model_weights_from_a_trainer_checkpoint(tmp_path, capsys):
+    import yaml
+    from mindformers_core.config import load_config
+    from mindformers_core.models import build_model
+    from mindformers_core.tools.noise_scale import load_model_weights, main
+    from mindformers_core.trainer.checkpoint import CheckpointError, save_checkpoint
+    text = ("training: {steps: 10, local_batch_size: 2, global_batch_size: 4}\n"
+            "optimizer: {type: AdamW}\n"
+            "lr_scheduler: {type: ConstantWarmUpLR, learning_rate: 1.e-3}\n"
+            "model: {vocab_size: 32, hidden_size: 32, num_layers: 1, num_attention_heads: 2,"
+            " seq_length: 16}\n")
+    raw = yaml.safe_load(text)
+    trained = build_model(load_config(raw).model, seed=7)
+    tensors = {f"model.{p.name}": p.asnumpy() for p in trained.get_parameters()}
+    save_checkpoint(str(tmp_path / "ck"), "run", 5, tensors, {}, {})
+    model = build_model(load_config(raw).model, seed=0)
+    assert load_model_weights(model, str(tmp_path / "ck")) == 5
+    for a, b in zip(model.get_parameters(), trained.get_parameters()):
+        assert (a.asnumpy() == b.asnumpy()).all()
+    narrow = build_model(load_config({**raw, "model": {"hidden_size": 16,
+                                                       "num_attention_heads": 1}}).model)
+    with pytest.raises(CheckpointError, match="does not match the model"):
+        load_model_weights(narrow, str(tmp_path / "ck"))
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    assert main(["--config", str(path), "--small", "2", "--big", "4", "--steps", "1",
+                 "--load", str(tmp_path / "ck")]) == 0
+    assert "at checkpoint step 5" in capsys.readouterr().out
+    assert main(["--config", str(path), "--small", "2", "--big", "4", "--steps", "1",
+                 "--load", str(tmp_path / "nothing")]) == 1
+    assert "no such file or directory" in capsys.readouterr().err

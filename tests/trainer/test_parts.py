@@ -120,3 +120,23 @@ def test_summary_and_state_round_trip():
     assert "training finished: 5 steps (4 applied, 1 skipped, 0 clipped)" in text
     assert "loss: first 3.0000 -> last 2.0000" in text
     assert "excess loss 1.5000 -> 0.5000" in text
+
+
+def test_stop_request_turns_signals_into_a_flag_and_a_second_one_escapes():
+    import os
+    import signal
+    from mindformers_core.trainer.signals import StopRequest
+    before = signal.getsignal(signal.SIGINT)
+    logged = []
+    with StopRequest(log=logged.append) as stop:
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested and stop.signum == signal.SIGINT
+        assert "received SIGINT: finishing the current step" in logged[0]
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)   # second Ctrl-C: default behaviour
+    assert signal.getsignal(signal.SIGINT) is before
+    with StopRequest() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is not stop._handle

@@ -2,7 +2,8 @@
 
     from mindformers_core.core.lr import build_lr_scheduler, LR_SCHEDULERS, scheduler_fields, group_lrs
     sched = build_lr_scheduler(cfg.lr_scheduler, total_steps=cfg.training.steps)
-    lr = sched.lr_at(step)     # 0-based optimizer step, float64, no hidden state
+    lr = sched.lr_at(step)     # 0-based optimizer step, no hidden state; equals MindFormers'
+                               # float32 curve within abs 1e-9 or rel 1e-6 where it is sane
 
 Pure Python (``math`` only): importing it never imports MindSpore.
 """

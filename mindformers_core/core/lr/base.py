@@ -2,8 +2,9 @@
 
 A schedule is an immutable object whose ``lr_at(step)`` is a pure function of the 0-based
 optimizer step, computed with ``math`` only: float64, or MindFormers' float32 result where
-float32 rounding shows beyond the compatibility tolerance (see :func:`pick`). Nothing is stored between calls, so a
-restarted run that rebuilds the schedule from its config gets exactly the same curve.
+float32 rounding shows beyond the compatibility tolerance (see :func:`pick`). Nothing is
+stored between calls, so a restarted run that rebuilds the schedule from its config gets
+exactly the same curve.
 
 Construction ``Cls(total_steps, path="lr_scheduler", **fields)`` checks every field (types,
 ranges, cross-field rules) and raises ``ConfigError("{path}.{field}", ...)``. A key the type

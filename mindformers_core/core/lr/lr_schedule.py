@@ -19,9 +19,9 @@ import math
 from typing import Any, Dict
 
 from ...config.errors import ConfigError
-from .base import ALIASES, SCHEDULE_CLASSES, LRSchedule, WarmupSchedule, pick, register
+from .base import ALIASES, SCHEDULE_CLASSES, LRSchedule, WarmupSchedule, register
 from .fields import as_choice, as_float, resolve_steps
-from .float32 import f32, f32_const
+from .float32 import PI32, f32, f32_const, half_one_plus_cos32, s32
 
 __all__ = [
     "ConstantWarmUpLR", "LinearWithWarmUpLR", "CosineWithWarmUpLR",
@@ -32,22 +32,11 @@ __all__ = [
 
 _PI = math.pi
 _TWO_PI = 2.0 * math.pi
-_PI32 = f32(math.pi)  # upstream multiplies a float32 tensor by math.pi
+_PI32 = PI32
 _cos = math.cos
 _floor = math.floor
-#: steps up to this are exact in float32 (upstream casts the step to float32)
-_EXACT_STEPS = 1 << 24
-
-
-def _s32(step: int) -> float:
-    """The step as upstream's float32 cast of it."""
-    return float(step) if step <= _EXACT_STEPS else f32(step)
-
-
-def _half_one_plus_cos32(x32: float) -> float:
-    """Upstream ``max(0, 0.5 * (1.0 + cos(x)))`` in float32 (0.5 * y is exact)."""
-    return 0.5 * f32(1.0 + f32(_cos(x32)))
-
+_s32 = s32
+_half_one_plus_cos32 = half_one_plus_cos32
 
 # A step before the first update (``step < 0``, e.g. a "previous step" lookup at step 0) gets
 # lr(0): upstream would extrapolate the warmup line to a negative lr (-1e-4 for
@@ -174,9 +163,20 @@ class CosineWithWarmUpLR(_CosineBase):
         self._setup_cosine(values, allow_ratio=True, cycles_lo_open=False)
         self._omega = _TWO_PI * self.c
         self._k32 = f32(math.pi * self.c * 2.0)  # upstream: math_pi * num_cycles * 2.0 * p
+        self._cap_from, self._cap = self.cut, math.inf
         if self.D > self.total_steps:
             self.cut = self._first_rise_after_total()
+            # past T ours never rises, not even by upstream's float32 noise
+            self._cap_from = max(self.total_steps, self.W + 1)
+            if self._cap_from < self.cut:
+                self._cap = self.lr_at(self._cap_from - 1)
         self._set_hold()
+
+    def lr_pair(self, step: int):
+        if self._cap_from <= step < self.cut:
+            exact, up = self._decay(step)
+            return min(exact, self._cap), min(up, self._cap)
+        return _CosineBase.lr_pair(self, step)
 
     def _decay(self, step: int):
         pct = 0.5 * (1.0 + _cos(self._omega * ((step - self.W) / self._len)))
@@ -185,7 +185,12 @@ class CosineWithWarmUpLR(_CosineBase):
         return exact, f32(self._lr_end32 + f32(self._range32 * _half_one_plus_cos32(x32)))
 
     def _value(self, step: int) -> float:
-        return pick(*self._decay(step))
+        return self._decay(step)[1]  # upstream's float32 value decides where it rises
+
+    def _rises(self, step: int) -> bool:
+        """Upstream rises at ``step`` by more than the compatibility tolerance."""
+        v = self._value(step)
+        return v > self._value(step - 1) + max(1e-9, 1e-6 * abs(v))
 
     def _first_rise_after_total(self) -> int:
         """With ``D > T`` upstream continues the cosine past ``T``: the first step there at
@@ -194,7 +199,7 @@ class CosineWithWarmUpLR(_CosineBase):
         s0 = max(self.total_steps, self.W + 1)
         if s0 >= self.D:
             return self.D
-        if self._value(s0) > self._value(s0 - 1):
+        if self._rises(s0):
             return s0
         if self.c == 0.0:
             return self.D  # constant eta until D
@@ -234,7 +239,7 @@ class CosineWithRestartsAndWarmUpLR(_CosineBase):
         exact = self.lr_end + self._range * pct if pct > 0.0 else self.lr_end
         # upstream: pi * ((num_cycles * p) % 1) with p = (s - W) / max(1, T - W), float32;
         # y - floor(y) is exact in float32. Where its rounding moves a restart by a step,
-        # pick() returns upstream's value.
+        # lr_at returns upstream's value (base.pick).
         y32 = f32(self._c32 * f32((_s32(step) - self.W) / self._len))
         x32 = f32(_PI32 * (y32 - _floor(y32)))
         return exact, f32(self._lr_end32 + f32(self._range32 * _half_one_plus_cos32(x32)))
@@ -438,104 +443,6 @@ class ConstantWithCoolDownLR(WarmupSchedule):
                 "cooldown_end": self._b2, "final_end": self._b3}
 
 
-class _AnnealingBase(LRSchedule):
-    """CosineAnnealing*: the peak is ``base_lr`` (``learning_rate`` is not a field)."""
-
-    PEAK_FIELD = "base_lr"
-    FLOOR_FIELDS = ("eta_min",)
-
-    def _setup_base(self, values):
-        self.base = self._float(values, "base_lr", required=True,
-                                what="the peak lr of this schedule (it has no learning_rate)")
-        self.eta_min = self._float(values, "eta_min")
-        if self.eta_min > self.base:
-            raise ConfigError(self._p("eta_min"), f"must be <= base_lr ({self.base!r}), got "
-                                                  f"{self.eta_min!r}")
-        self._range = self.base - self.eta_min
-        f32_const(self.base, self._p("base_lr"))
-        self._emin32 = f32_const(self.eta_min, self._p("eta_min"))
-        self._range32 = f32(self.base - self.eta_min)  # Python floats upstream, then float32
-
-    def _pair_at(self, x: float, x32: float):
-        """(float64, upstream float32) ``eta_min + (base - eta_min) * max(0, (1+cos x)/2)``."""
-        pct = 0.5 * (1.0 + _cos(x))
-        exact = self.eta_min + self._range * pct if pct > 0.0 else self.eta_min
-        return exact, f32(self._emin32 + f32(self._range32 * _half_one_plus_cos32(x32)))
-
-
-@register("cosine_annealing")
-class CosineAnnealingLR(_AnnealingBase):
-    """``lr = eta_min + (base_lr - eta_min) * max(0, (1 + cos(pi * s / t_max)) / 2)``.
-
-    No warmup, no clamp at ``t_max``: periodic with period ``2 * t_max`` (as upstream and
-    torch define it).
-    """
-
-    FIELDS = {"base_lr": None, "t_max": None, "eta_min": 0.0}
-
-    def _setup(self, values):
-        self._setup_base(values)
-        self.t_max = self._int(values, "t_max", lo=1, required=True,
-                               what="half period of the cosine in steps, an int >= 1")
-        self._omega = _PI / self.t_max
-
-    def lr_pair(self, step: int):
-        if step < 0:
-            step = 0
-        # upstream (float32): pi * s / t_max -- its rounding grows with s, which shows far
-        # past t_max (t_max 7, step 75: rel 3e-6 from the exact curve)
-        return self._pair_at(self._omega * step, f32(f32(_PI32 * _s32(step)) / self.t_max))
-
-    def boundaries(self):
-        return {"first_min": self.t_max, "period": 2 * self.t_max}
-
-
-@register("cosine_annealing_warm_restarts")
-class CosineAnnealingWarmRestarts(_AnnealingBase):
-    """SGDR: cycles of length ``T_i = t_0 * t_mult**i`` starting at ``t_0 (m^i - 1)/(m - 1)``;
-    ``lr = eta_min + (base_lr - eta_min) * max(0, (1 + cos(pi * t_cur / T_i)) / 2)``.
-
-    The cycle index is upstream's float32 ``floor(log(s/t_0*(m-1) + 1) / log(m))``, so a
-    restart lands on the same step as in MindFormers; the rest follows from it exactly.
-    """
-
-    FIELDS = {"base_lr": None, "t_0": None, "t_mult": 1, "eta_min": 0.0}
-
-    def _setup(self, values):
-        self._setup_base(values)
-        self.t_0 = self._int(values, "t_0", lo=1, required=True,
-                             what="length of the first cycle in steps, an int >= 1")
-        self.t_mult = self._int(values, "t_mult", lo=1)
-        self._log_m32 = f32(math.log(self.t_mult)) if self.t_mult > 1 else 0.0
-
-    def _cycle(self, step: int):
-        """(t_cur, T_i) of ``step`` with upstream's float32 cycle index (exact integers
-        below 2**24 steps, where every float32 operation here is exact)."""
-        t0, m = self.t_0, self.t_mult
-        if step < t0:
-            return step, t0
-        if m == 1:
-            return step % t0, t0
-        s32 = _s32(step)
-        a32 = f32(f32(f32(s32 / t0) * (m - 1.0)) + 1.0)
-        i = _floor(f32(f32(math.log(a32)) / self._log_m32))
-        start = t0 * (m ** i - 1) // (m - 1) if i >= 0 else 0
-        return step - start, t0 * m ** i if i >= 0 else t0
-
-    def lr_pair(self, step: int):
-        if step < 0:
-            step = 0
-        t_cur, t_i = self._cycle(step)
-        if step > _EXACT_STEPS or t_i > _EXACT_STEPS:
-            x32 = f32(f32(_PI32 * f32(t_cur)) / f32(t_i))
-        else:
-            x32 = f32(f32(_PI32 * t_cur) / t_i)
-        return self._pair_at(_PI * t_cur / t_i, x32)
-
-    def boundaries(self):
-        return {"first_restart": self.t_0}
-
-
 @register("inverse_sqrt")
 class InverseSqrtLR(WarmupSchedule):
     """Inverse square root (Vaswani et al. 2017 rsqrt), with the shared linear warmup:
@@ -613,6 +520,9 @@ class LearningRateWiseLayer(LRSchedule):
     def boundaries(self):
         return self.base.boundaries()
 
+
+# the annealing schedules live in their own module; importing it registers them
+from .annealing import CosineAnnealingLR, CosineAnnealingWarmRestarts  # noqa: E402
 
 #: every accepted ``type`` name (class names and aliases) -> class
 LR_SCHEDULERS: Dict[str, type] = {**SCHEDULE_CLASSES,

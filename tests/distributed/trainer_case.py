@@ -1,0 +1,16 @@
+"""The tiny training run of the trainer-level data-parallel tests (quickstart's model and
+data, few steps, a checkpoint every 2 steps)."""
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+STEPS = 6
+
+
+def trainer_config(out_dir: str, overrides=()):
+    from mindformers_core.config import load_config
+    return load_config(os.path.join(ROOT, "configs", "quickstart.yaml"), overrides=[
+        f"training.steps={STEPS}", "training.local_batch_size=2", "training.global_batch_size=4",
+        "model.hidden_size=32", "model.seq_length=16", "checkpoint.save_interleaved_steps=2",
+        "checkpoint.save_max=5", f"checkpoint.save_path={os.path.join(out_dir, 'checkpoint')}",
+    ] + list(overrides))

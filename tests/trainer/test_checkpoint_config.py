@@ -1,0 +1,28 @@
+"""`checkpoint:` section: upstream field names, defaults and error messages."""
+import pytest
+
+from mindformers_core.config import ConfigError
+from mindformers_core.config.checkpoint import CheckpointConfig
+
+
+def test_defaults_and_field_names():
+    c = CheckpointConfig.from_dict({}, "checkpoint")
+    assert c.to_dict() == {"enable_save": False, "save_path": None, "save_max": 3,
+                           "save_interleaved_steps": 1000, "no_save_optim": False,
+                           "load_path": None, "no_load_optim": False,
+                           "prefix": "mindformers_core"}
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"save_max": 0}, r"checkpoint.save_max: must be >= 1, got 0"),
+    ({"save_interleaved_steps": 0}, r"checkpoint.save_interleaved_steps: must be >= 1, got 0"),
+    ({"prefix": "a/b"}, r"checkpoint.prefix: must be a non-empty file name prefix"),
+    ({"prefix": ""}, r"checkpoint.prefix: must be a non-empty file name prefix"),
+    ({"load_path": ""}, r"checkpoint.load_path: must be null or a non-empty path"),
+    ({"save_path": ""}, r"checkpoint.save_path: must be null or a non-empty path"),
+    ({"save_every": 5}, r"checkpoint.save_every: unknown key"),
+    ({"enable_save": "yes"}, r"checkpoint.enable_save: expected a bool"),
+])
+def test_errors(data, message):
+    with pytest.raises(ConfigError, match=message):
+        CheckpointConfig.from_dict(data, "checkpoint")
