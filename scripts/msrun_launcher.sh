@@ -13,7 +13,10 @@
 # Environment: MASTER_PORT, LOG_DIR, JOIN, CLUSTER_TIME_OUT override the defaults below.
 #
 # Difference from MindFormers: JOIN defaults to True, so the launcher waits for the job and
-# exits with its status (msrun then stops the other workers when one fails).
+# exits with its status. When a worker dies, msrun stops the other workers; the launcher then
+# also stops msrun's scheduler (which would wait ~30 s for its node timeout) and names the
+# failing rank, how it ended and its last error line. msrun's own output is kept in
+# LOG_DIR/msrun_launcher.log.
 set -u
 
 usage() {

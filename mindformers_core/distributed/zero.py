@@ -164,6 +164,7 @@ class ZeroMixin:
             raise ValueError(f"{self.optimizer_name}.step got {len(grads)} gradients for "
                              f"{len(self.parameters)} parameters")
         layout = self._zero_layout
+        self._masters.end_step()   # fp32 rows are taken afresh from the current parameters
         local = []
         for i, g in enumerate(grads):
             if g is None or not layout.is_sharded(i):
@@ -212,8 +213,7 @@ class ZeroMixin:
             for i, (p, t) in enumerate(zip(self.parameters, slots)):
                 if t is not None:
                     add(f"{prefix}.{p.name}", i, t)
-        if items or layout.world_size > 1:
-            # every rank takes part even with nothing sharded (the same collective sequence)
+        if items:   # the same on every rank: the layout depends only on the shapes
             gathered = self._zero_comm.all_gather(layout.pack(items))
             for key, arr in zip(keys, layout.unpack_gathered(gathered, [i for i, _ in items])):
                 sd[key] = arr

@@ -7,17 +7,18 @@ a-rows into one piece and all b-rows into another (two pieces, not one per head)
 names and row layouts (models/attention.py, models/mlp.py; weights are [out, in]) map to the
 upstream rules as follows:
 
-| our weight (upstream name)                  | layout                       | pieces                          |
-|---------------------------------------------|------------------------------|---------------------------------|
-| `linear_q_up_proj` (`linear_qb`), or        | per head [dn q_nope, dr q_rope] | periodic (dn, dr): (N*dn, r), (N*dr, r) |
-| `linear_q_proj` (no q_lora; upstream's periodic slab of `linear_qkv`) |  |                       |
-| `linear_kv_up_proj` (`linear_kvb`)          | per head [dn k_nope, dv v]   | periodic (dn, dv)               |
-| `linear_kv_down_proj` (kv slabs of upstream `linear_qkv`) | [kv_lora_rank c_kv, dr k_pe] | blocks (kv_lora_rank, dr) |
-| `linear_qkv` (GPT, block [Q, K, V])         | [N*d, G*d, G*d]              | blocks (Q, K, V)                |
-| `*linear_fc1` (dense and shared experts)    | interleaved gate/up rows     | periodic (1, 1): (F, H), (F, H) |
-| `experts.weight1` [E, H, 2F]                | [gate F | up F] columns      | halves of the last dim: (E, H, F) x 2 |
-| `experts.weight2` [E, F, H]                 | -                            | one (E, F, H) batch             |
-| anything else                               | -                            | the whole matrix                |
+* `linear_q_up_proj` (upstream `linear_qb`) and `linear_q_proj` (no q_lora; upstream's periodic
+  slab of `linear_qkv`): per head [dn q_nope | dr q_rope] rows -> periodic (dn, dr):
+  (N*dn, r) and (N*dr, r).
+* `linear_kv_up_proj` (`linear_kvb`): per head [dn k_nope | dv v] -> periodic (dn, dv).
+* `linear_kv_down_proj` (the kv slabs of upstream's `linear_qkv`): [kv_lora_rank c_kv | dr k_pe]
+  rows -> blocks (kv_lora_rank, dr).
+* `linear_qkv` (GPT, block layout [Q | K | V]): blocks (N*d, G*d, G*d).
+* `*linear_fc1` (dense MLP and shared experts): interleaved gate/up rows -> periodic (1, 1):
+  (F, H) and (F, H).
+* `experts.weight1` [E, H, 2F] ([gate F | up F] columns): halves of the last dim, (E, H, F) x 2.
+* `experts.weight2` [E, F, H]: one (E, F, H) batch.
+* anything else: the whole matrix.
 
 With `muon_split_qkv=False` every 2-D weight is one piece (the 3-D expert rule is kept: its two
 halves are different matrices, gate and up). A piece is 2-D (A, B) or 3-D (batch, A, B); Muon

@@ -3,6 +3,7 @@ recipes the docs promise exist and say what they claim, and the CPU recipes real
 import glob
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -120,7 +121,10 @@ def test_data_parallel_recipe_on_two_workers(tmp_path):
     """configs/data_parallel.yaml through the launcher on 2 workers, as docs/data_parallel.md
     says; rank 0 logs the same global batch as the single-process run plans."""
     out = tmp_path / "run"
-    env = dict(os.environ, MASTER_PORT="8163", LOG_DIR=str(tmp_path / "msrun_log"))
+    with socket.socket() as sock:   # a free port: other tests may run msrun at the same time
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, MASTER_PORT=str(port), LOG_DIR=str(tmp_path / "msrun_log"))
     cmd = (f"python run_mindformer.py --config configs/data_parallel.yaml --mode 1 "
            f"--set training.steps=3 --output_dir {out}")
     proc = subprocess.run(["bash", "scripts/msrun_launcher.sh", cmd, "2"], cwd=ROOT, env=env,
@@ -130,3 +134,14 @@ def test_data_parallel_recipe_on_two_workers(tmp_path):
         rows = [json.loads(line) for line in fh if line.strip()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["global_batch_size"] == 16 for r in rows)
+    # the docs promise: the same global batch on 1 worker gives the same losses
+    single = tmp_path / "single"
+    proc = subprocess.run([sys.executable, "run_mindformer.py", "--config",
+                           "configs/data_parallel.yaml", "--mode", "1", "--set",
+                           "training.steps=3", "--output_dir", str(single)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    with open(single / "metrics.jsonl", encoding="utf-8") as fh:
+        ref = [json.loads(line) for line in fh if line.strip()]
+    assert [r["loss"] for r in rows] == pytest.approx([r["loss"] for r in ref], rel=1e-4)
+    assert [r["grad_norm"] for r in rows] == pytest.approx([r["grad_norm"] for r in ref], rel=1e-4)

@@ -24,9 +24,6 @@ def pieces_of(name, u, cfg, split=True):
     dn, dr, dv = cfg.qk_head_dim, cfg.qk_pos_emb_head_dim, cfg.v_head_dim
     n = cfg.num_attention_heads
 
-    def rows(idx):
-        return idx
-
     if u.ndim == 3:
         if name.endswith("experts.weight1"):
             f = u.shape[-1] // 2
@@ -38,12 +35,12 @@ def pieces_of(name, u, cfg, split=True):
         period = dn + dr
         a = np.concatenate([np.arange(h * period, h * period + dn) for h in range(n)])
         b = np.concatenate([np.arange(h * period + dn, (h + 1) * period) for h in range(n)])
-        return [(rows(a), u[a]), (rows(b), u[b])]
+        return [(a, u[a]), (b, u[b])]
     if fnmatch.fnmatch(name, "*linear_kv_up_proj.weight"):
         period = dn + dv
         a = np.concatenate([np.arange(h * period, h * period + dn) for h in range(n)])
         b = np.concatenate([np.arange(h * period + dn, (h + 1) * period) for h in range(n)])
-        return [(rows(a), u[a]), (rows(b), u[b])]
+        return [(a, u[a]), (b, u[b])]
     if fnmatch.fnmatch(name, "*linear_kv_down_proj.weight"):
         k = cfg.kv_lora_rank
         return [(np.s_[:k], u[:k]), (np.s_[k:], u[k:])]
@@ -80,7 +77,8 @@ class NumpyMuon:
                 delta = np.zeros_like(u)
                 for where, piece in pieces_of(name, u, self.cfg, self.split):
                     A, B = piece.shape[-2:]
-                    delta[where] = lr * np.sqrt(max(A, B)) * self.rms * newton_schulz(piece, self.schedule, self.eps)
+                    ns = newton_schulz(piece, self.schedule, self.eps)
+                    delta[where] = lr * np.sqrt(max(A, B)) * self.rms * ns
                 self.p[name] = p * (1 - lr * wd) - delta
             else:
                 lra = lr * self.adamw_mult
@@ -88,4 +86,5 @@ class NumpyMuon:
                 self.m[name] = self.b1 * self.m[name] + (1 - self.b1) * g
                 self.v[name] = self.b2 * self.v[name] + (1 - self.b2) * g * g
                 bc1, bc2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
-                self.p[name] = p - (lra / bc1) * self.m[name] / (np.sqrt(self.v[name]) / np.sqrt(bc2) + self.adam_eps)
+                denom = np.sqrt(self.v[name]) / np.sqrt(bc2) + self.adam_eps
+                self.p[name] = p - (lra / bc1) * self.m[name] / denom

@@ -64,7 +64,8 @@ def test_gpt_qkv_blocks_and_unsplit_mode():
     q, k, v = _round_trip(rule, qkv)
     np.testing.assert_array_equal(k, qkv[32:48])
     assert split_rule_for(A + "linear_q_up_proj.weight", (18, 8), MLA, split_qkv=False) == SplitRule()
-    assert split_rule_for("decoder.layers.0.mlp.linear_fc1.weight", (8, 6), MLA, split_qkv=False) == SplitRule()
+    fc1 = "decoder.layers.0.mlp.linear_fc1.weight"
+    assert split_rule_for(fc1, (8, 6), MLA, split_qkv=False) == SplitRule()
     # the 3-D expert halves are gate and up, two different matrices: kept in either mode
     assert split_rule_for("experts.weight1", (2, 6, 8), MLA, split_qkv=False).kind == "halves"
     assert split_rule_for(A + "linear_proj.weight", (32, 15), MLA) == SplitRule()

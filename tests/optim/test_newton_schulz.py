@@ -6,7 +6,6 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor
 
-from mindformers_core.optim import newton_schulz as nsmod
 from mindformers_core.optim.newton_schulz import (
     DEFAULT_NS_COEFFICIENTS, configure_ns_precision, default_ns_dtype, muon_scale_factor,
     normalize_ns_schedule, ns_matmul_flops, orthogonalize, preset_schedule)

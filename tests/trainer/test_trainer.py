@@ -2,7 +2,6 @@
 NaN skipping, stop requests, stop_at_step, batch ramp, checkpoints and metrics files."""
 import io
 import json
-import math
 import os
 import signal
 
