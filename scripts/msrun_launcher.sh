@@ -193,13 +193,15 @@ if [ $# -eq 9 ]; then
   MSRUN+=("--master_addr=$MASTER_ADDR" "--node_rank=$NODE_RANK")
 fi
 
-echo "Running Command: ${MSRUN[*]} $CMD"
+echo "Running Command: ${MSRUN[*]} -- $CMD"
 echo "Worker logs: $LOG_DIR/worker_<rank>.log"
 # msrun takes the program and its arguments as separate words. Its own output is also kept
 # in LOG_DIR/msrun_launcher.log: it names the first worker process that died and how.
 eval "set -- $CMD"
 : > "$LOG_DIR/msrun_launcher.log"
-"${MSRUN[@]}" "$@" 2>&1 | while IFS= read -r line; do
+# "--": the program's own options are never taken by msrun (it would read a program's
+# "--worker" or "--log" as an abbreviation of --worker_num / --log_dir).
+"${MSRUN[@]}" -- "$@" 2>&1 | while IFS= read -r line; do
   printf '%s\n' "$line"
   printf '%s\n' "$line" >> "$LOG_DIR/msrun_launcher.log"
   case "$line" in *"kill all other workers"*) stop_scheduler;; esac

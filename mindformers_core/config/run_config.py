@@ -186,6 +186,7 @@ class RunConfig(Section):
         from ..distributed.env import env_world_size
         ws = env_world_size() if world_size is None else int(world_size)
         dp = self.data_parallel(ws)
+        self.parallelism.dp_shard(dp)  # raises ConfigError for a shard size that does not fit
         tr = self.training
         base_units = dp * tr.local_batch_size
         if tr.global_batch_size % base_units != 0:

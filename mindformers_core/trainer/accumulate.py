@@ -6,13 +6,15 @@ the loss tokens of the whole optimizer step (all micro-batches, all data-paralle
 before any forward pass because masks come with the data) and ``N`` micro-batches, micro-batch
 ``j`` back-propagates::
 
-    objective_j = S * (loss_sum_j / T + aux_j / N)
+    objective_j = S * (loss_sum_j / T + aux_j / (N * dp))
 
-(``S`` the loss scale, 1 unless fp16 / static loss scaling). Summed over ``j`` this is
+(``S`` the loss scale, 1 unless fp16 / static loss scaling; ``dp`` the data-parallel ranks
+whose gradients are summed). Summed over ``j`` and the ranks this is
 ``S * (sum of all token losses / T + mean aux)``, whose gradient equals the gradient of ONE
 batch holding every micro-batch -- also when micro-batches hold unequal token counts, where
 upstream's ``mean_j / N`` is biased (seed 003, exercise 4). The auxiliary loss follows upstream
-(``sense / N`` per micro-batch: a mean over micro-batches).
+(``sense / N`` per micro-batch with ``sense = 1/dp`` under data parallel: a mean over the
+micro-batches of every rank).
 
 Gradients of bf16/fp16 parameters are cast to fp32 before they are summed.
 """
@@ -43,13 +45,15 @@ def count_loss_tokens(batches: Sequence[dict]) -> float:
 
 
 def accumulate_gradients(grad_fn: Callable, batches: Sequence[dict], total_tokens: float,
-                         loss_scale: float = 1.0) -> Tuple[List, float, float]:
+                         loss_scale: float = 1.0,
+                         data_parallel: int = 1) -> Tuple[List, float, float]:
     """Run forward+backward on every micro-batch and sum the fp32 gradients.
 
     Returns ``(grads, loss_sum, aux_mean)``: the gradients of
     ``loss_scale * (sum of token losses / total_tokens + mean aux)``, the local sum of token
     losses (nats) and the mean auxiliary loss over micro-batches (unscaled).
-    ``total_tokens`` must be > 0.
+    ``total_tokens`` (all ranks) must be > 0; ``data_parallel`` is the number of ranks whose
+    gradients are summed afterwards, so the aux-loss gradient is a mean over all of them.
     """
     import mindspore as ms
 
@@ -58,7 +62,7 @@ def accumulate_gradients(grad_fn: Callable, batches: Sequence[dict], total_token
                          "check the dataset's loss_mask")
     num_micro = len(batches)
     loss_weight = ms.Tensor(np.float32(loss_scale / total_tokens))
-    aux_weight = ms.Tensor(np.float32(loss_scale / num_micro))
+    aux_weight = ms.Tensor(np.float32(loss_scale / (num_micro * data_parallel)))
     acc = None
     loss_parts, aux_parts = [], []
     for batch in batches:

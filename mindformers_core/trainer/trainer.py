@@ -309,7 +309,8 @@ class Trainer:
         total_tokens = self.grad_reducer.global_token_count(local_tokens)
         scale = float(self.loss_scaler.scale) if self.loss_scaler is not None else 1.0
 
-        grads, loss_sum, aux = accumulate_gradients(self._grad_fn, batches, total_tokens, scale)
+        grads, loss_sum, aux = accumulate_gradients(self._grad_fn, batches, total_tokens, scale,
+                                                    data_parallel=self.grad_reducer.world_size)
         grads, loss_sum, _ = self.grad_reducer.reduce(grads, loss_sum, local_tokens)
         if scale != 1.0:
             inv = ms.Tensor(np.float32(1.0 / scale))

@@ -366,3 +366,14 @@ def test_yaml_merge_keys_still_override(tmp_path):
                  "optimizer:\n  <<: {type: AdamW, weight_decay: 0.01}\n  weight_decay: 0.1\n"
                  "lr_scheduler: {type: ConstantWarmUpLR, warmup_steps: 0}\n")
     assert load_config(str(p)).optimizer.weight_decay == 0.1
+
+
+def test_plan_rejects_a_shard_size_that_does_not_divide_data_parallel():
+    from mindformers_core.config import ConfigError, load_config
+    cfg = load_config({"training": {"steps": 10, "local_batch_size": 1, "global_batch_size": 4},
+                       "optimizer": {"type": "AdamW"},
+                       "lr_scheduler": {"type": "ConstantWarmUpLR", "warmup_steps": 0},
+                       "parallelism": {"data_parallel_shard": 3}})
+    with pytest.raises(ConfigError, match=r"parallelism.data_parallel_shard: .*must divide"):
+        cfg.plan(world_size=4)
+    assert cfg.plan(world_size=1).data_parallel == 1

@@ -90,3 +90,20 @@ def test_no_loss_tokens_is_an_error():
     model = TinyLM()
     with pytest.raises(ValueError, match="no loss tokens"):
         accumulate_gradients(make_grad_fn(model, model.trainable_params()), [b], 0.0)
+
+
+def test_aux_gradient_is_a_mean_over_data_parallel_ranks():
+    """Under data parallel the ranks' gradients are SUMMED, so each rank weights its aux loss by
+    1/(N*dp): two ranks holding the same micro-batch then sum to the single-rank aux gradient."""
+    rng = np.random.default_rng(7)
+    b = _batch(rng, 2, 4, 16)
+    b["loss_mask"][:] = 0
+    b["loss_mask"][0, 0] = 1  # one token so the step is valid; its CE gradient is shared below
+    model = TinyLM(seed=8, aux_coeff=0.5)
+    fn = make_grad_fn(model, model.trainable_params())
+    tokens = count_loss_tokens([b])
+    g1, _, _ = accumulate_gradients(fn, [b], tokens)
+    g2, _, _ = accumulate_gradients(fn, [b], 2 * tokens, data_parallel=2)
+    # rank-sum of two identical ranks' grads == single-rank grad (CE over 2x tokens, aux / 2)
+    for a, c in zip(g1, g2):
+        np.testing.assert_allclose(2 * c.asnumpy(), a.asnumpy(), rtol=1e-5, atol=1e-7)
