@@ -40,7 +40,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 import mindspore as ms
-from mindspore import Parameter, Tensor, ops
+from mindspore import Parameter, Tensor, mutable, ops
 
 from .fused_adam import FusedAdamGroup
 from .optimizer import Optimizer, scale_in_place, scale_many_in_place, state_dtype
@@ -236,10 +236,10 @@ class AdamW(Optimizer):
         """Run the compiled group; if the first call cannot compile (e.g. no source code for
         the graph parser), drop to per-parameter kernels for this group from now on."""
         if getattr(cell, "_compiled_ok", False):
-            cell(tuple(grads), self._zero, *scalars)
+            cell(mutable(tuple(grads)), self._zero, *scalars)
             return
         try:
-            cell(tuple(grads), self._zero, *scalars)  # compile errors raise before any kernel
+            cell(mutable(tuple(grads)), self._zero, *scalars)  # compile errors raise before any kernel
         except (RuntimeError, OSError, TypeError, ValueError):
             self._graphs[tuple(indices)] = None
             m_slots, v_slots = self._state["adam_m"], self._state["adam_v"]

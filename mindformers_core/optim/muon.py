@@ -36,10 +36,12 @@ Ascend cube_math_type, split rules, comm_strategy; then our extra knobs. Unlike 
 weight that is not a grouped expert weight is rejected here, not at the first step.
 
 Communication: single-card and replicated data parallel need nothing (gradients arrive
-reduced). For sharded weights `_gather_for_ns` / `_scatter_from_ns` are the hooks where the
-`comm_strategy` (allgather: every rank gathers the full U and runs NS; allgather_deredundency:
-one owner rank per weight runs NS and scatters the update) plugs in; on one card they are the
-identity and both strategies give the same update.
+reduced). For sharded weights the `comm_strategy` (allgather: every rank gathers the full U and
+runs NS; allgather_deredundency: one owner rank per weight runs NS and the update goes back)
+plugs in at `_gather_for_ns`, `_run_newton_schulz` and `_scatter_from_ns`; on one card they are
+the identity / the plain batched NS and both strategies give the same update.
+`distributed/zero_muon.py` builds the ZeRO-sharded variant on these internals (`_is_muon`,
+`_rules`, `_chunks`, `_orthogonalize_many`, `_qk_names`, `_muon_update`, `_apply_qk_clip`).
 """
 from __future__ import annotations
 

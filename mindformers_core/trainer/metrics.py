@@ -41,6 +41,8 @@ class StepMetrics:
     loss_scale: Optional[float] = None
     aux_loss: Optional[float] = None
     num_zeros_in_grad: Optional[int] = None
+    qk_clipped_heads: Optional[int] = None    # Muon QK-Clip: heads rescaled this step
+    max_attention_logit: Optional[float] = None  # largest tracked q.k logit of the step
 
     def row(self) -> dict:
         """The ``metrics.jsonl`` row (non-finite numbers become null: JSON has no NaN)."""
@@ -61,6 +63,9 @@ class StepMetrics:
             row["aux_loss"] = _finite(self.aux_loss)
         if self.num_zeros_in_grad is not None:
             row["num_zeros_in_grad"] = int(self.num_zeros_in_grad)
+        if self.qk_clipped_heads is not None:
+            row["qk_clipped_heads"] = int(self.qk_clipped_heads)
+            row["max_attention_logit"] = _finite(self.max_attention_logit)
         return row
 
 
@@ -85,6 +90,8 @@ def format_step_line(m: StepMetrics) -> str:
         parts.append(f"aux_loss: {m.aux_loss:.6f}")
     if m.num_zeros_in_grad is not None:
         parts.append(f"num_zeros_in_grad: {m.num_zeros_in_grad}")
+    if m.qk_clipped_heads is not None:
+        parts.append(f"qk_clip: {m.qk_clipped_heads} heads (max logit {m.max_attention_logit:.2f})")
     return "{ " + ", ".join(parts) + " }"
 
 

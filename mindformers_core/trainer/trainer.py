@@ -348,6 +348,7 @@ class Trainer:
         lrs = [float(x) for x in group_lrs(self.lr_scheduler, self.optimizer.param_groups,
                                            self.state.applied_steps)]
         num_zeros = None
+        qk_stats = None
         if not skipped:
             if tr.max_norm is not None:
                 coef = tr.max_norm / (norm + 1e-6)
@@ -360,6 +361,7 @@ class Trainer:
                 num_zeros = int(sum(int((g == 0).sum().asnumpy()) for g in grads))
             self.optimizer.set_group_lrs(lrs)
             self.optimizer.step(grads)
+            qk_stats = getattr(self.optimizer, "last_qk_clip", None)
             if hasattr(self.optimizer, "post_step"):
                 self.optimizer.post_step(self.model)
             if hasattr(self.model, "update_expert_bias"):
@@ -392,7 +394,9 @@ class Trainer:
             global_batch_size=global_batch, clipped=clipped, skipped=skipped,
             excess_loss=(loss - self.entropy_floor) if self.entropy_floor is not None else None,
             loss_scale=scale if self.loss_scaler is not None else None,
-            aux_loss=aux if aux else None, num_zeros_in_grad=num_zeros)
+            aux_loss=aux if aux else None, num_zeros_in_grad=num_zeros,
+            qk_clipped_heads=qk_stats.num_clipped_heads if qk_stats is not None else None,
+            max_attention_logit=qk_stats.max_logit if qk_stats is not None else None)
 
     def _count_skip(self, overflow: bool = False) -> None:
         self.state.total_skipped += 1
