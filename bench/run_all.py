@@ -35,7 +35,10 @@ QUICK_ARGS: Dict[str, List[str]] = {
     "muon": ["--rounds", "1"],
     "train": ["--quick"],
     "check": ["--quick"],
+    "dp": ["--measure"],
 }
+#: scripts whose result-file flag is not ``--out``
+OUT_FLAG: Dict[str, str] = {"dp": "--json"}
 #: the order the table lists them in (others follow, alphabetically)
 ORDER = ["optimizer", "muon", "train", "check", "lr", "dp"]
 
@@ -64,7 +67,12 @@ def script_args(name: str, script: str, full: bool) -> List[str]:
     """The script's arguments: quick settings unless ``full``, and ``--out`` to its result file
     (scripts outside ``QUICK_ARGS`` get the flags their ``--help`` offers)."""
     if name in QUICK_ARGS:
-        return ([] if full else list(QUICK_ARGS[name])) + ["--out", result_file(name)]
+        quick = list(QUICK_ARGS[name])
+        if full and name == "dp":
+            quick = ["--measure"]      # its defaults skip the measured 2-worker run
+        elif full:
+            quick = []
+        return quick + [OUT_FLAG.get(name, "--out"), result_file(name)]
     text = _help_text(script)
     args = [] if full or "--quick" not in text else ["--quick"]
     return args + (["--out", result_file(name)] if "--out" in text else [])
@@ -154,9 +162,36 @@ def _sum_generic(name: str, d) -> List[Row]:
     return rows
 
 
+def _sum_dp(d: dict) -> List[Row]:
+    rows = []
+    model_rows = d.get("model_rows", [])
+    base = None
+    for entry in model_rows:
+        ranks = entry["ranks"]
+        w = entry["world"]
+        state = max(r["adamw_state_bytes"] for r in ranks)
+        base = state if w == 1 else base
+        ratio = f"{state / base:.2f}x of 1 rank; " if base else ""
+        ag = max(r["ns_flops_allgather"] for r in ranks) / 1e9
+        dr = max(r["ns_flops_deredundency"] for r in ranks) / 1e9
+        rows.append(_row("dp", f"{d.get('model', '?')}, {w} ranks", "AdamW state/rank",
+                         state / 2 ** 20, "MiB", f"{ratio}ZeRO-1 (model)"))
+        if w > 1:
+            rows.append(_row("dp", f"{d.get('model', '?')}, {w} ranks", "Muon NS/rank", dr, "GFLOP",
+                             f"allgather_deredundency; allgather {ag:.4f} GFLOP (model)"))
+    measured = d.get("measured_2_workers") or {}
+    rank0 = measured.get("0") or measured.get(0) or {}
+    for strategy, m in rank0.items():
+        rows.append(_row("dp", f"2 msrun CPU workers, {strategy}", "received/step/rank",
+                         m["bytes"] / 2 ** 20, "MiB",
+                         f"measured; state {m['state_bytes'] / 2 ** 20:.3f} MiB, "
+                         f"NS {m['ns_flops'] / 1e9:.4f} GFLOP"))
+    return rows
+
+
 SUMMARIZERS: Dict[str, Callable[[dict], List[Row]]] = {
     "optimizer": _sum_optimizer, "muon": _sum_muon, "train": _sum_train, "check": _sum_check,
-    "lr": _sum_lr,
+    "lr": _sum_lr, "dp": _sum_dp,
 }
 
 

@@ -17,15 +17,6 @@ TINY = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "num_l
 SCHEDULE = normalize_ns_schedule([3.4445, -4.7750, 2.0315], 5)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _synchronous_pynative():
-    """Synchronous PyNative: ~20x faster for these many small kernels on a loaded CPU."""
-    old = ms.get_context("pynative_synchronize")
-    ms.set_context(pynative_synchronize=True)
-    yield
-    ms.set_context(pynative_synchronize=old)
-
-
 def tiny_model(**overrides):
     return build_model(dict(TINY, **overrides), seed=0)
 

@@ -13,15 +13,6 @@ from mindformers_core.optim.newton_schulz import (
 FLAT5 = normalize_ns_schedule(list(DEFAULT_NS_COEFFICIENTS), 5)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _synchronous_pynative():
-    """Synchronous PyNative: ~20x faster for these many small kernels on a loaded CPU."""
-    old = ms.get_context("pynative_synchronize")
-    ms.set_context(pynative_synchronize=True)
-    yield
-    ms.set_context(pynative_synchronize=old)
-
-
 def _svals(y):
     return np.linalg.svd(np.asarray(y, np.float64), compute_uv=False)
 

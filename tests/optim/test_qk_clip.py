@@ -16,14 +16,6 @@ PRE = "decoder.layers.0.self_attention."
 N, DN, DR, DV = 4, 8, 4, 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _synchronous_pynative():
-    old = ms.get_context("pynative_synchronize")
-    ms.set_context(pynative_synchronize=True)
-    yield
-    ms.set_context(pynative_synchronize=old)
-
-
 def _track(model):
     ids = Tensor(np.random.default_rng(0).integers(0, 64, (2, 8)).astype(np.int32))
     model.reset_max_attention_logits()
