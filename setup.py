@@ -16,7 +16,7 @@ setup(
         "safetensors>=0.4",
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6"],
+        "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.5"],  # plots are tested too
         "plot": ["matplotlib>=3.5"],
     },
     entry_points={"console_scripts": ["mindformers-run=run_mindformer:main"]},
