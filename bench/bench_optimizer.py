@@ -205,7 +205,7 @@ def state_bytes_per_param() -> dict:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e7, 5e7])
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--bandwidth-mb", type=int, default=512,
                     help="size of the array copied to measure memory bandwidth")
     ap.add_argument("--pynative-synchronize", action="store_true",

@@ -121,7 +121,10 @@ def _sum_train(d: dict) -> List[Row]:
         rows.append(_row("train", r["config"], "trainer overhead",
                          r["trainer_overhead_pct_median"], "% of step",
                          f"target < {r['overhead_target_pct']:.0f}%; "
-                         f"{r['trainer_overhead_pct_amortised']:.1f}% amortised incl. checkpoint"))
+                         f"{r['trainer_overhead_pct_amortised']:.1f}% amortised incl. checkpoint"
+                         + (f"; {r['trainer_overhead_pct_with_concat_norm']:.1f}% with a one-kernel "
+                            f"grad norm ({r['concat_norm_ms_median']:.1f} vs {ph['grad_norm']:.1f} ms)"
+                            if "trainer_overhead_pct_with_concat_norm" in r else "")))
     for name, why in (d.get("skipped") or {}).items():
         rows.append(_row("train", name, "skipped", None, "", why[:80]))
     return rows
@@ -253,8 +256,8 @@ def print_summary_markdown() -> int:
     if not data:
         print("no bench/results/summary.json: run python -m bench first", file=sys.stderr)
         return 1
-    print(f"Measured {data['date']} on {data['machine']} ({data['mode']} mode, "
-          f"total {data['total_s']:.0f} s).")
+    print(f"Measured {data['date']} (last update) on {data['machine']} ({data['mode']} mode; "
+          f"the scripts ran {data['total_s']:.0f} s in all).")
     print()
     print(format_markdown(data["rows"]))
     return 0
@@ -342,7 +345,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     with open(os.path.join(RESULTS, "summary.json"), "w", encoding="utf-8") as fh:
         modes = sorted({r.get("mode", "quick") for r in kept_runs + runs})
         json.dump({"date": stamp, "machine": machine, "mode": "/".join(modes),
-                   "total_s": total,
+                   "total_s": total if not kept_runs else
+                   sum(r["wall_s"] for r in kept_runs + runs),
                    "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
                    "scripts": kept_runs + [{k: v for k, v in r.items() if k != "started"}
                                            for r in runs],

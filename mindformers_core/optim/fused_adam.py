@@ -19,19 +19,31 @@ __all__ = ["FusedAdamGroup"]
 
 
 class FusedAdamGroup(nn.Cell):
-    """``cell(grads, zero, lr_t, b1, b2, eps_t)``: p -= lr_t * m / (sqrt(v) + eps_t) with
-    m, v EMAs, for every (p, m, v, g) of the group, in one graph."""
+    """``cell(grads, zero, lr_t, b1, b2, eps_t, decay)``: p -= lr_t * m / (sqrt(v) + eps_t)
+    with m, v EMAs, for every (p, m, v, g) of the group, in one graph; with
+    ``decay_in_graph`` also p <- p * decay after the kernel (``ops.Assign``).
+
+    ``decay_in_graph`` is for devices where the caller cannot scale the masters in place
+    through aliased host views: replacing a bound Parameter's data (``set_data``) between
+    calls would leave the compiled graph updating stale buffers. On CPU the caller applies
+    the decay in its numpy epilogue instead (one blocked pass together with the
+    low-precision write-back), and ``decay`` is unused.
+    """
 
     def __init__(self, masters: Sequence[Parameter], exp_avg: Sequence[Parameter],
-                 exp_avg_sq: Sequence[Parameter]):
+                 exp_avg_sq: Sequence[Parameter], decay_in_graph: bool = False):
         super().__init__(auto_prefix=False)
         self.masters = ParameterTuple(list(masters))
         self.exp_avg = ParameterTuple(list(exp_avg))
         self.exp_avg_sq = ParameterTuple(list(exp_avg_sq))
         self.adam = ops.Adam()
+        self.assign = ops.Assign()
+        self.decay_in_graph = bool(decay_in_graph)
 
     @jit
-    def construct(self, grads, zero, lr_t, b1, b2, eps_t):
+    def construct(self, grads, zero, lr_t, b1, b2, eps_t, decay):
         for p, m, v, g in zip(self.masters, self.exp_avg, self.exp_avg_sq, grads):
             self.adam(p, m, v, zero, zero, lr_t, b1, b2, eps_t, g)
+            if self.decay_in_graph:
+                self.assign(p, p * decay)
         return zero

@@ -19,6 +19,8 @@ restores the exact master. Masters then cost 2 bytes per parameter instead of 4.
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -26,7 +28,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor
 
 __all__ = ["MainParams", "is_low_precision", "split_fp32_to_bf16_and_remainder",
-           "merge_bf16_and_remainder"]
+           "merge_bf16_and_remainder", "fp32_to_bf16_bits", "scale_and_cast_blocked"]
 
 LOW_PRECISION = (ms.bfloat16, ms.float16)
 
@@ -50,6 +52,122 @@ def merge_bf16_and_remainder(bf16_as_fp32: np.ndarray, remainder: np.ndarray) ->
     high = np.ascontiguousarray(bf16_as_fp32, dtype=np.float32).view(np.uint32).astype(np.int64)
     u32 = (high + remainder.astype(np.int64)).astype(np.uint32)
     return u32.view(np.float32)
+
+
+# Elements per block of the blocked epilogue: 256K fp32 = 1 MiB, so a block of the master
+# and its uint32 scratch stay in cache between the multiply and the cast passes. Measured at
+# 10M bf16 params on the 2-core CPU (decay + cast, ns/param): 64K blocks 1.47 with one
+# thread, 1.43 with two (short ufunc calls serialise on the GIL); 256K blocks with two
+# threads 0.93; 1M blocks 1.00.
+BLOCK = 1 << 18
+_POOL: Optional[tuple] = None   # (pid, ThreadPoolExecutor), made on first use
+
+
+def _workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def fp32_to_bf16_bits(src: np.ndarray, dst_u16: np.ndarray, tmp_u32: np.ndarray) -> None:
+    """bf16 bits of fp32 ``src`` (round to nearest, ties to even) into ``dst_u16``.
+
+    With u = bits(src): bf16 = (u + 0x7FFF + ((u >> 16) & 1)) >> 16, five vectorised integer
+    passes over a cache-resident block (~2x faster than numpy's element-wise bfloat16 cast,
+    which also holds the GIL). This is exact RNE for every finite value and infinity
+    (overflow rounds to inf as in a float cast); NaN payloads could carry into the sign or
+    exponent, so a block holding a NaN takes the dtype cast instead (bit-identical to
+    MindSpore's Cast). ``tmp_u32`` is scratch of at least ``src.size`` elements.
+    """
+    if np.isnan(np.minimum.reduce(src)):  # min propagates NaN; one pass, no bool array
+        with np.errstate(invalid="ignore"):  # NaN -> bf16 NaN is the intended result
+            np.copyto(dst_u16.view(_bf16_dtype()), src, casting="unsafe")
+        return
+    u = src.view(np.uint32)
+    t = tmp_u32[:u.size]
+    np.right_shift(u, np.uint32(16), out=t)
+    np.bitwise_and(t, np.uint32(1), out=t)
+    t += np.uint32(0x7FFF)
+    t += u
+    t >>= np.uint32(16)
+    np.copyto(dst_u16, t, casting="unsafe")
+
+
+_BF16 = []
+_ONE: List[Tensor] = []
+
+
+def wait_for_kernels() -> None:
+    """Block until the kernels queued so far have run, through a one-element op.
+
+    PyNative runs ops and graphs in launch order, so the result of a new tiny op is ready
+    only after them. Measured on CPU at 10M params: waiting this way right after the group
+    graph costs ~0.2 ms over the kernels, whereas the first ``Parameter.asnumpy()`` of a
+    Parameter the graph writes waits ~20 ms longer. Correctness does not depend on it: the
+    ``asnumpy()`` that follows still waits for anything pending.
+    """
+    if not _ONE:
+        _ONE.append(Tensor(np.ones(1, np.float32)))
+    (_ONE[0] + 0).asnumpy()
+
+
+def _bf16_dtype():
+    if not _BF16:
+        _BF16.append(Tensor(np.zeros(1, np.float32)).astype(ms.bfloat16).asnumpy().dtype)
+    return _BF16[0]
+
+
+def scale_and_cast_blocked(pairs, factor: float) -> None:
+    """For each (fp32 master array, bf16/fp16 target array or None): master *= factor in
+    place, then target <- cast(master), round to nearest even (bit-identical to MindSpore's
+    Cast). Contiguous arrays go block by block (:data:`BLOCK` elements), so the cast reads
+    the block the multiply just wrote from cache; bf16 uses :func:`fp32_to_bf16_bits`, fp16
+    numpy's cast. Above two blocks in all, the blocks are split over a few threads (numpy
+    releases the GIL inside these ufuncs; the MindSpore kernels are idle meanwhile).
+    """
+    f32 = np.float32(factor)
+    bf16 = _bf16_dtype()
+    work = []   # (master block, target block or None, blocked?)
+    for master, target in pairs:
+        if factor == 1.0 and target is None:
+            continue
+        if not master.flags.c_contiguous or (target is not None
+                                             and not target.flags.c_contiguous):
+            work.append((master, target, False))  # strided: whole-array ufuncs
+            continue
+        m = master.reshape(-1)
+        t = None if target is None else target.reshape(-1)
+        for a in range(0, m.size, BLOCK):
+            work.append((m[a:a + BLOCK], None if t is None else t[a:a + BLOCK], True))
+    if not work:
+        return
+
+    def run(jobs):
+        tmp = np.empty(BLOCK, np.uint32)
+        for m, t, blocked in jobs:
+            if factor != 1.0:
+                np.multiply(m, f32, out=m)
+            if t is None:
+                continue
+            if blocked and t.dtype == bf16:
+                fp32_to_bf16_bits(m, t.view(np.uint16), tmp)
+            else:
+                np.copyto(t, m, casting="unsafe")
+
+    total = sum(job[0].size for job in work)
+    n = min(_workers(), total // BLOCK, len(work))
+    if n <= 1:
+        run(work)
+        return
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid():  # a forked child has no pool threads
+        _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=_workers(),
+                                                 thread_name_prefix="adam-epilogue"))
+    parts, acc, cut = [[]], 0, total / n   # contiguous runs of about total/n elements
+    for job in work:
+        if acc >= cut * len(parts) and len(parts) < n:
+            parts.append([])
+        parts[-1].append(job)
+        acc += job[0].size
+    list(_POOL[1].map(run, parts))
 
 
 class MainParams:
@@ -114,9 +232,10 @@ class MainParams:
     def store_many(self, indices: Sequence[int], masters: Sequence[Parameter]) -> None:
         """:meth:`store` for several parameters with one host sync.
 
-        Where ``asnumpy()`` aliases the Parameters' CPU buffers, the fp32 -> bf16/fp16 cast is a
-        numpy ``copyto`` into the model parameter's own buffer (MindSpore's numpy bfloat16 type,
-        round-to-nearest-even: bit-identical to MindSpore's Cast and ~2x faster on CPU).
+        Where ``asnumpy()`` aliases the Parameters' CPU buffers, the fp32 -> bf16/fp16 cast is
+        written straight into the model parameter's own buffer by
+        :func:`scale_and_cast_blocked` (round to nearest even: bit-identical to MindSpore's
+        Cast, tested, and ~7x faster than it on CPU).
         """
         # local import: optimizer imports this module
         from .optimizer import _numpy_view_aliases_storage, aliased_view
@@ -128,13 +247,47 @@ class MainParams:
         if not cast:
             return
         fast = _numpy_view_aliases_storage(low_precision=True)
-        sources = [m.asnumpy() for _, m in cast] if fast else []  # first call waits on kernels
-        for k, (i, m) in enumerate(cast):
-            target = aliased_view(self.params[i]) if fast else None
+        if fast:
+            wait_for_kernels()
+        pairs = []
+        for i, m in cast:
+            source = aliased_view(m) if fast else None
+            target = aliased_view(self.params[i]) if source is not None else None
             if target is not None:
-                np.copyto(target, sources[k], casting="unsafe")
+                pairs.append((source, target))
             else:
                 self.params[i].set_data(m.astype(self.params[i].dtype))
+        scale_and_cast_blocked(pairs, 1.0)
+
+    def scale_and_store_many(self, indices: Sequence[int], masters: Sequence[Parameter],
+                             factor: float) -> None:
+        """masters *= factor, then :meth:`store_many`, with one host sync.
+
+        Where ``asnumpy()`` aliases the CPU buffers, the multiply and the fp32 -> bf16/fp16
+        write-back run in one cache-blocked pass (:func:`scale_and_cast_blocked`): the master
+        is read from memory once instead of twice. Elsewhere (device memory, remainders) the
+        MindSpore-op path: ``optimizer.scale_many_in_place`` then :meth:`store_many`.
+        """
+        from .optimizer import _numpy_view_aliases_storage, aliased_view, scale_many_in_place
+        if factor == 1.0 and all(m is self.params[i] for i, m in zip(indices, masters)):
+            return  # nothing to write: no host sync, the kernels stay asynchronous
+        fast = (_numpy_view_aliases_storage() and _numpy_view_aliases_storage(low_precision=True)
+                and not any(self._remainders[i] is not None for i in indices))
+        pairs = []
+        if fast:
+            wait_for_kernels()
+            for i, m in zip(indices, masters):
+                src = aliased_view(m)
+                dst = None if m is self.params[i] else aliased_view(self.params[i])
+                if src is None or (dst is None and m is not self.params[i]):
+                    fast = False
+                    break
+                pairs.append((src, dst))
+        if not fast:
+            scale_many_in_place(masters, factor)
+            self.store_many(indices, masters)
+            return
+        scale_and_cast_blocked(pairs, factor)
 
     def tensors(self) -> tuple:
         """fp32 masters aligned with params (remainder masters rebuilt)."""

@@ -24,6 +24,21 @@ def test_quick_args_route_results_to_results_dir():
     assert args == ["--quick", "--out", run_all.result_file("train")]
     assert run_all.script_args("train", run_all.discover()["train"], full=True) == \
         ["--out", run_all.result_file("train")]
+    if "dp" in run_all.discover():   # the data-parallel bench names its result flag --json
+        assert run_all.script_args("dp", run_all.discover()["dp"], full=False)[-2:] == \
+            ["--json", run_all.result_file("dp")]
+
+
+def test_dp_summary_reports_state_per_rank():
+    rank = {"adamw_state_bytes": 2 ** 20, "ns_flops_allgather": 2e9, "ns_flops_deredundency": 1e9}
+    data = {"model": "m", "model_rows": [
+        {"world": 1, "ranks": [rank]},
+        {"world": 2, "ranks": [dict(rank, adamw_state_bytes=2 ** 19)] * 2}]}
+    rows = run_all._sum_dp(data)
+    assert [(r["case"], r["metric"], r["value"]) for r in rows] == [
+        ("m, 1 ranks", "AdamW state/rank", 1.0), ("m, 2 ranks", "AdamW state/rank", 0.5),
+        ("m, 2 ranks", "Muon NS/rank", 1.0)]
+    assert rows[1]["note"].startswith("0.50x of 1 rank")
 
 
 def test_train_summary_rows_and_table():

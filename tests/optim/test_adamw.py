@@ -237,7 +237,7 @@ def test_graph_compile_failure_falls_back_to_eager(monkeypatch):
     from mindformers_core.optim import adamw as adamw_mod
 
     class Broken:
-        def __init__(self, *args):
+        def __init__(self, *args, **kwargs):
             pass
 
         def __call__(self, *args):

@@ -175,3 +175,118 @@ def test_numpy_fast_paths_equal_mindspore_fallback(monkeypatch):
     slow = run()
     for x, y in zip(fast, slow):
         np.testing.assert_array_equal(x, y)
+
+
+def _ms_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """Independent reference: MindSpore's own Cast fp32 -> bf16, as uint16 bit patterns."""
+    return Tensor(x).astype(ms.bfloat16).asnumpy().view(np.uint16)
+
+
+def test_fp32_to_bf16_bits_matches_mindspore_cast_on_edge_cases():
+    from mindformers_core.optim.main_params import fp32_to_bf16_bits
+    bits = np.array([
+        0x3F808000,  # tie, even high half -> stays 0x3F80
+        0x3F818000,  # tie, odd high half -> rounds up to 0x3F82
+        0x3F808001,  # just above a tie -> up
+        0x3F807FFF,  # just below a tie -> down
+        0x7F7FFFFF,  # largest finite -> rounds to +inf
+        0xFF7F8000,  # negative tie at the top -> -inf (odd high half rounds up)
+        0x7F800000, 0xFF800000,  # +-inf
+        0x00000001, 0x80008000, 0x00018000,  # denormals, incl. ties
+        0x00000000, 0x80000000,  # +-0
+    ], dtype=np.uint32)
+    rng = np.random.default_rng(3)
+    finite = rng.standard_normal(4096).astype(np.float32) * np.float32(1e3)
+    src = np.concatenate([bits.view(np.float32), finite])
+    out = np.zeros(src.size, np.uint16)
+    fp32_to_bf16_bits(src, out, np.empty(src.size, np.uint32))
+    np.testing.assert_array_equal(out, _ms_bf16_bits(src))
+
+
+def test_fp32_to_bf16_bits_block_with_nan_keeps_nan():
+    """NaN payloads would carry into sign/exponent in the integer formula: the block takes
+    the dtype cast instead, and every element still matches MindSpore's Cast."""
+    from mindformers_core.optim.main_params import fp32_to_bf16_bits
+    nans = np.array([0x7FFFFFFF, 0xFFFFFFFF, 0x7F800001, 0x7FC00000], np.uint32).view(np.float32)
+    src = np.concatenate([nans, np.array([1.0, 0.5, -3.25], np.float32)])
+    out = np.zeros(src.size, np.uint16)
+    fp32_to_bf16_bits(src, out, np.empty(src.size, np.uint32))
+    back = out.view(Tensor(np.zeros(1, np.float32)).astype(ms.bfloat16).asnumpy().dtype)
+    assert np.isnan(back[:4].astype(np.float32)).all()
+    np.testing.assert_array_equal(out, _ms_bf16_bits(src))
+
+
+def test_scale_and_cast_blocked_equals_multiply_then_cast(monkeypatch):
+    """Many small blocks over two threads, bf16 and fp16 targets, an fp32-only master and a
+    strided target: same bits as numpy's multiply followed by MindSpore's Cast."""
+    from mindformers_core.optim import main_params as mp
+    monkeypatch.setattr(mp, "BLOCK", 64)
+    monkeypatch.setattr(mp, "_workers", lambda: 2)
+    rng = np.random.default_rng(5)
+    factor = 0.999
+    masters = [rng.standard_normal(n).astype(np.float32) for n in (1000, 333, 500, 64)]
+    want = [m * np.float32(factor) for m in masters]
+    bf16 = mp._bf16_dtype()
+    strided = np.zeros(128, bf16)
+    targets = [np.zeros(1000, bf16), np.zeros(333, np.float16), None, strided[::2]]
+    mp.scale_and_cast_blocked(list(zip(masters, targets)), factor)
+    for m, w in zip(masters, want):
+        np.testing.assert_array_equal(m, w)
+    np.testing.assert_array_equal(targets[0].view(np.uint16), _ms_bf16_bits(want[0]))
+    np.testing.assert_array_equal(
+        targets[1], Tensor(want[1]).astype(ms.float16).asnumpy())
+    np.testing.assert_array_equal(targets[3].view(np.uint16), _ms_bf16_bits(want[3]))
+    assert not strided[1::2].view(np.uint16).any()  # the gaps of the strided view untouched
+
+
+def test_blocked_threaded_step_equals_mindspore_fallback(monkeypatch):
+    """A group that runs the compiled graph and the threaded blocked epilogue (tiny blocks)
+    gives the same bits as the set_data/Cast fallback for fp32, bf16 and fp16 params."""
+    from mindformers_core.optim import main_params as mp
+    from mindformers_core.optim import optimizer as base
+    rng = np.random.default_rng(8)
+    init = rng.standard_normal((3, 40, 8)).astype(np.float32)
+    grads = [[Tensor(rng.standard_normal((40, 8)).astype(np.float32)) for _ in range(3)]
+             for _ in range(3)]
+
+    def run():
+        ps = [Parameter(Tensor(init[0]).astype(ms.bfloat16), name="a"),
+              Parameter(Tensor(init[1]).astype(ms.float16), name="b"),
+              Parameter(Tensor(init[2]), name="c")]
+        opt = AdamW(ps, lr=1e-2, weight_decay=0.1, graph_min_numel=1)
+        for g in grads:
+            opt.step(g)
+        assert any(c is not None for c in opt._graphs.values())
+        return [p.astype(ms.float32).asnumpy() for p in ps] + \
+            [m.asnumpy().copy() for m in opt.main_params]
+
+    monkeypatch.setattr(mp, "BLOCK", 32)
+    monkeypatch.setattr(mp, "_workers", lambda: 2)
+    fast = run()
+    monkeypatch.setattr(base, "_ALIASES", {"fp32": False, "low": False})
+    slow = run()
+    for x, y in zip(fast, slow):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_fallback_graph_survives_decay_first_step(monkeypatch):
+    """Without aliased views (device memory) the graph decays in place; a step with
+    lr*wd = 1 (decay first, masters replaced by set_data) must not leave a graph bound to
+    stale buffers: later steps still match the plain reference path."""
+    from mindformers_core.optim import optimizer as base
+    monkeypatch.setattr(base, "_ALIASES", {"fp32": False, "low": False})
+    rng = np.random.default_rng(21)
+    init = rng.standard_normal((2, 16, 8)).astype(np.float32)
+    grads = [[Tensor(rng.standard_normal((16, 8)).astype(np.float32)) for _ in range(2)]
+             for _ in range(4)]
+    out = []
+    for impl in ("fused", "reference"):
+        ps = [Parameter(Tensor(init[0]), name="f"),
+              Parameter(Tensor(init[1]).astype(ms.bfloat16), name="h")]
+        opt = AdamW(ps, lr=1e-2, weight_decay=0.1, impl=impl, graph_min_numel=1)
+        for k, g in enumerate(grads):
+            opt.set_lr(10.0 if k == 1 else 1e-2)  # step 2: lr*wd = 1 -> decay-first branch
+            opt.step(g)
+        out.append([m.asnumpy().copy() for m in opt.main_params])
+    for a, b in zip(*out):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
