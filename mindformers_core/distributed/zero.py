@@ -31,7 +31,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor
 
-from ..optim.main_params import MainParams, is_low_precision
+from ..optim.main_params import MainParams, MasterSnapshot, is_low_precision
 from .comm import Communicator
 from .shard_layout import ShardLayout
 
@@ -48,7 +48,7 @@ def _new_param(arr: np.ndarray, name: str, dtype=ms.float32) -> Parameter:
     return Parameter(t if dtype == ms.float32 else t.astype(dtype), name=name, requires_grad=False)
 
 
-class ShardedMainParams:
+class ShardedMainParams(MasterSnapshot):
     """``MainParams`` with this rank's rows only (same interface, see the module docstring)."""
 
     store_param_remainders = False
@@ -119,19 +119,6 @@ class ShardedMainParams:
             start, stop = self.layout.rows(i)
             m.set_data(Tensor(_fp32_numpy(self.params[i])[start:stop].copy()))
 
-    def save_snapshot(self) -> None:
-        self._snapshot = [float(self.master(i).asnumpy().astype(np.float64).sum())
-                          if self.has_distinct_master(i) else None
-                          for i in range(len(self.params))]
-
-    def reload_unloaded_from_model(self) -> None:
-        if self._snapshot is None:
-            self.reload_from_model()
-            return
-        stale = [i for i, before in enumerate(self._snapshot) if before is not None and
-                 abs(float(self.master(i).asnumpy().astype(np.float64).sum()) - before) < 1e-6]
-        self.reload_from_model(stale)
-        self._snapshot = None
 
 
 class ZeroMixin:

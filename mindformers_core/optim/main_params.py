@@ -170,7 +170,34 @@ def scale_and_cast_blocked(pairs, factor: float) -> None:
     list(_POOL[1].map(run, parts))
 
 
-class MainParams:
+class MasterSnapshot:
+    """Checkpoint-load bookkeeping shared by :class:`MainParams` and its sharded form
+    (``distributed.zero.ShardedMainParams``): needs ``params``, ``master(i)``,
+    ``has_distinct_master(i)`` and ``reload_from_model(indices)``."""
+
+    _snapshot: Optional[List[Optional[float]]] = None
+
+    def save_snapshot(self) -> None:
+        """Upstream ``save_main_params_snapshot``: remember float(sum(master)) of each
+        low-precision param before a checkpoint load."""
+        self._snapshot = [float(self.master(i).asnumpy().astype(np.float64).sum())
+                          if self.has_distinct_master(i) else None
+                          for i in range(len(self.params))]
+
+    def reload_unloaded_from_model(self) -> None:
+        """Upstream ``reload_main_params_from_model``: after a load, re-copy model -> master
+        only where the checksum did not change (the checkpoint held no master for it);
+        without a snapshot reload every low-precision master."""
+        if self._snapshot is None:
+            self.reload_from_model()
+            return
+        stale = [i for i, before in enumerate(self._snapshot) if before is not None and
+                 abs(float(self.master(i).asnumpy().astype(np.float64).sum()) - before) < 1e-6]
+        self.reload_from_model(stale)
+        self._snapshot = None
+
+
+class MainParams(MasterSnapshot):
     """The fp32 masters of a sequence of model parameters.
 
     ``masters[i]`` is the fp32 Parameter the optimizer updates for ``params[i]``:
@@ -331,24 +358,6 @@ class MainParams:
             elif self._masters[i] is not self.params[i]:
                 self._masters[i].set_data(self.params[i].astype(ms.float32))
 
-    def save_snapshot(self) -> None:
-        """Upstream ``save_main_params_snapshot``: remember float(sum(master)) of each
-        low-precision param before a checkpoint load."""
-        self._snapshot = [float(self.master(i).asnumpy().astype(np.float64).sum())
-                          if self.has_distinct_master(i) else None
-                          for i in range(len(self.params))]
-
-    def reload_unloaded_from_model(self) -> None:
-        """Upstream ``reload_main_params_from_model``: after a load, re-copy model -> master
-        only where the checksum did not change (the checkpoint held no master for it);
-        without a snapshot reload every low-precision master."""
-        if self._snapshot is None:
-            self.reload_from_model()
-            return
-        stale = [i for i, before in enumerate(self._snapshot) if before is not None and
-                 abs(float(self.master(i).asnumpy().astype(np.float64).sum()) - before) < 1e-6]
-        self.reload_from_model(stale)
-        self._snapshot = None
 
 
 def _check_shape(key, got, want) -> None:
