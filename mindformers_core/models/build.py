@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
+import math
+
 import mindspore as ms
 
 from ..config.model import ModelConfig
@@ -34,18 +36,35 @@ def transformer_config(cfg: ModelConfig) -> GPTTransformerConfig:
     )
 
 
-def build_model(model_cfg: Union[ModelConfig, dict, None] = None, seed: Optional[int] = None) -> GPTModel:
+def check_mup_width_mult(mup_width_mult) -> Optional[float]:
+    """None, or ``mup_width_mult`` as a finite positive float (ValueError otherwise)."""
+    if mup_width_mult is None:
+        return None
+    if isinstance(mup_width_mult, bool) or not isinstance(mup_width_mult, (int, float)) \
+            or not math.isfinite(mup_width_mult) or mup_width_mult <= 0:
+        raise ValueError(f"mup_width_mult must be a finite positive number, got {mup_width_mult!r}")
+    return float(mup_width_mult)
+
+
+def build_model(model_cfg: Union[ModelConfig, dict, None] = None, seed: Optional[int] = None,
+                mup_width_mult: Optional[float] = None) -> GPTModel:
     """Build and initialise the model of a ``model:`` section (ModelConfig or dict).
 
     Weights come from numpy streams keyed by ``seed`` and the parameter name (``models.init``),
     so two builds with the same seed are bit-identical whatever MindSpore's RNG state.
     ``seed=None`` uses ``mindspore.get_seed()`` when set, else 0.
+
+    ``mup_width_mult`` w (= hidden_size / optimizer.mup.base_hidden_size, see
+    ``optim.mup.mup_width_mult``) builds the muP model: hidden matrices initialised with std / sqrt(w)
+    and logits multiplied by 1/w (readout multiplier). None or 1.0: the plain model, bit-identical.
+    The optimizer side (per-group lr / eps) is ``optim.mup.get_mup_config_overrides``.
     """
+    mup_width_mult = check_mup_width_mult(mup_width_mult)
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg, "model")
     if seed is None:
         seed = ms.get_seed()
         seed = 0 if seed is None else int(seed)
     precision = resolve_precision(cfg.params_dtype, cfg.compute_dtype)
-    model = GPTModel(cfg, precision, transformer_config(cfg))
-    init_weights(model, seed, cfg.initializer_range, cfg.num_layers)
+    model = GPTModel(cfg, precision, transformer_config(cfg), mup_width_mult=mup_width_mult)
+    init_weights(model, seed, cfg.initializer_range, cfg.num_layers, mup_width_mult)
     return model

@@ -5,6 +5,10 @@ Pre-norm layers: h = h + attn(input_layernorm(h)); h = h + mlp(pre_mlp_layernorm
 loss_sum = sum_t loss_mask_t * CE(logits_t, labels_t) (nats), n_tokens = sum(loss_mask),
 aux_loss = the MoE sequence aux losses, already multiplied by ``moe_aux_loss_coeff`` (0 when
 there is none). Positions whose mask is 0 may carry any label (negatives are read as 0).
+
+muP (``mup_width_mult`` w, Megatron / Tensor Programs V): logits = (h W_out^T) * (1/w), the
+readout multiplier, so the output layer keeps the base init and the base lr (Adam) while its
+effective weight W_out / w has std ~ 1/fan_in. w None or 1.0: no multiply at all.
 """
 from __future__ import annotations
 
@@ -51,9 +55,14 @@ class Decoder(nn.Cell):
 class GPTModel(nn.Cell):
     """Embedding -> decoder layers -> final RMSNorm -> output layer, with optimizer metadata."""
 
-    def __init__(self, cfg, precision: Precision, transformer_config: GPTTransformerConfig):
+    def __init__(self, cfg, precision: Precision, transformer_config: GPTTransformerConfig,
+                 mup_width_mult: Optional[float] = None):
         super().__init__()
         self.cfg = cfg
+        self.mup_width_mult = mup_width_mult
+        # None (not 1.0) when there is nothing to scale, so the plain model runs no extra op
+        self.readout_multiplier = (None if mup_width_mult is None or mup_width_mult == 1.0
+                                   else 1.0 / float(mup_width_mult))
         self.precision = precision
         self._tc = transformer_config
         h = cfg.hidden_size
@@ -114,16 +123,22 @@ class GPTModel(nn.Cell):
             return self.embedding.word_embeddings.weight
         return self.output_layer.weight
 
-    def logits(self, input_ids):
-        """Float32 logits [B, S, vocab_size]."""
-        h, _ = self.hidden_states(input_ids)
+    def _readout(self, h):
+        """Float32 logits of final hidden states h, times the muP readout multiplier if any."""
         p = self.precision
-        return mint.nn.functional.linear(p.cast(h), p.cast(self._output_weight())).astype(ms.float32)
+        logits = mint.nn.functional.linear(p.cast(h), p.cast(self._output_weight())).astype(ms.float32)
+        if self.readout_multiplier is not None:
+            logits = logits * self.readout_multiplier
+        return logits
+
+    def logits(self, input_ids):
+        """Float32 logits [B, S, vocab_size] (times 1/mup_width_mult under muP)."""
+        h, _ = self.hidden_states(input_ids)
+        return self._readout(h)
 
     def construct(self, input_ids, labels, loss_mask):
         h, aux = self.hidden_states(input_ids)
-        p = self.precision
-        logits = mint.nn.functional.linear(p.cast(h), p.cast(self._output_weight())).astype(ms.float32)
+        logits = self._readout(h)
         logp = ops.log_softmax(logits, -1)
         safe = mint.where(labels >= 0, labels, 0).astype(ms.int64)[..., None]
         nll = -mint.gather(logp, -1, safe)[..., 0]

@@ -10,15 +10,12 @@ logit scale needs no 1/d_k change. ``ffn_hidden_size``, the MoE expert width and
 LoRA ranks scale with the width as well. The base width ``d0`` is ``optimizer.mup.
 base_hidden_size`` when set, else the smallest width; ``w = d / d0``.
 
-muP here (Adam, Tensor Programs V):
-  - per-group lr and eps from ``get_mup_config_overrides(optimizer, w, "adamw")``: hidden
-    matrices lr x 1/w, eps x 1/w; embeddings, norms keep the base lr;
-  - init: hidden matrices std x 1/sqrt(w) (std ~ 1/sqrt(fan_in) relative to the base model);
-  - readout: Megatron's overrides leave the output layer at the base lr because its muP model
-    multiplies the logits by 1/w in the forward pass. Our models have no such multiplier, so
-    the coordinate check uses the exactly equivalent form for Adam: output weight init std x 1/w
-    and lr x 1/w (Adam is invariant to the gradient scale, so W' = W/w trained at lr/w follows
-    W/w trained at lr).
+muP here (Adam, Tensor Programs V), the same path a run with ``optimizer.mup`` takes:
+  - the model: ``build_model(..., mup_width_mult=w)``: hidden matrices init std x 1/sqrt(w)
+    (std ~ 1/sqrt(fan_in) relative to the base model) and logits x 1/w (readout multiplier);
+  - the optimizer: per-group lr and eps from ``get_mup_config_overrides(optimizer, w, "adamw")``
+    (hidden matrices lr x 1/w, eps x 1/w; embeddings, output layer, norms keep the base lr)
+    through the project's ``AdamW``.
 SP: the model as built (std = ``initializer_range`` everywhere) and one lr for every group.
 Both runs: same seed, same batches, constant lr = the schedule's peak (``--lr`` overrides),
 the config's betas / eps / weight decay (AdamW).
@@ -95,30 +92,14 @@ def width_model_config(model_cfg, width: int):
     return ModelConfig.from_dict(d, "model")
 
 
-def _mup_init(model, width_mult: float) -> None:
-    """Hidden matrices x 1/sqrt(w); output layer x 1/w (see the module docstring)."""
-    from mindspore import Tensor
-    from ..optim.mup import is_vector_like
-    for p in model.trainable_params():
-        if p.name == "output_layer.weight":
-            factor = 1.0 / width_mult
-        elif not is_vector_like(p, p.name):
-            factor = width_mult ** -0.5
-        else:
-            continue
-        p.set_data(Tensor(p.asnumpy() * np.float32(factor)).astype(p.dtype))
-
-
 def _groups(model, opt_cfg, parameterization: str, width_mult: float):
     from ..optim.mup import get_mup_config_overrides
     from ..optim.param_groups import build_config_overrides, get_param_groups
-    from ..optim.param_key import ParamGroupOverride, ParamKey
     base = dataclasses.replace(opt_cfg, mup=None)
     if parameterization == "sp" or width_mult == 1.0:
         return get_param_groups(model, base)
     overrides = dict(build_config_overrides(base, model))
     overrides.update(get_mup_config_overrides(base, width_mult, "adamw"))
-    overrides[ParamKey(name="output_layer.weight")] = ParamGroupOverride(lr_mult=1.0 / width_mult)
     return get_param_groups(model, base, overrides)
 
 
@@ -133,10 +114,9 @@ def train_and_measure(cfg, width: int, base_width: int, parameterization: str,
     if parameterization not in PARAMETERIZATIONS:
         raise ValueError(f"parameterization must be one of {PARAMETERIZATIONS}, "
                          f"got {parameterization!r}")
-    model = build_model(width_model_config(cfg.model, width), seed=seed)
     w = width / base_width
-    if parameterization == "mup":
-        _mup_init(model, w)
+    model = build_model(width_model_config(cfg.model, width), seed=seed,
+                        mup_width_mult=w if parameterization == "mup" else None)
     opt_cfg = cfg.optimizer
     groups = _groups(model, opt_cfg, parameterization, w)
     betas = tuple(opt_cfg.betas) if opt_cfg.type == "AdamW" else tuple(opt_cfg.adamw_betas)

@@ -129,9 +129,15 @@ class Trainer:
         seed_everything(tr.seed, tr.deterministic)
         loaded = self._resolve_resume()
 
+        # muP: the model's half (hidden init std / sqrt(w), logits x 1/w); the optimizer's half
+        # (per-group lr / eps) comes from optimizer.mup in build_optimizer
+        self.mup_width_mult: Optional[float] = None
+        if getattr(cfg.optimizer, "mup", None) is not None:
+            from ..optim.mup import mup_width_mult
+            self.mup_width_mult = mup_width_mult(cfg.model.hidden_size, cfg.optimizer.mup)
         if model is None:
             from ..models import build_model
-            model = build_model(cfg.model, seed=tr.seed)
+            model = build_model(cfg.model, seed=tr.seed, mup_width_mult=self.mup_width_mult)
         self.model = model
         if loaded is not None:
             self._load_model(loaded)
@@ -427,6 +433,11 @@ class Trainer:
         self._write_resolved_config()
         if self.state.step == 0:
             self.log(self.plan.format() if hasattr(self.plan, "format") else str(self.plan))
+            if self.mup_width_mult is not None:
+                self.log(f"muP              : width_mult {self.mup_width_mult:g} (hidden_size "
+                         f"{self.cfg.model.hidden_size} / base "
+                         f"{self.cfg.optimizer.mup.base_hidden_size}); logits x "
+                         f"{1.0 / self.mup_width_mult:g}")
             if self.entropy_floor is not None:
                 self.log(f"corpus entropy floor: {self.entropy_floor:.4f} nats/token")
         reason = "finished"

@@ -4,7 +4,7 @@ import pytest
 from mindformers_core.config import load_config
 from mindformers_core.tools.mup_coord_check import (format_coord_table, main,
                                                     plot_coord_check, run_coord_check,
-                                                    width_model_config)
+                                                    train_and_measure, width_model_config)
 
 CFG = {
     "training": {"steps": 10, "local_batch_size": 4, "global_batch_size": 4, "seed": 0},
@@ -50,6 +50,38 @@ def test_png_plot(sweep, tmp_path):
     path = plot_coord_check(sweep, str(tmp_path / "coord.png"))
     assert (tmp_path / "coord.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.endswith(".png")
+
+
+def test_mup_arm_is_the_path_of_a_run_with_optimizer_mup():
+    """The muP arm = build_model(mup_width_mult=w) (readout 1/w, hidden init / sqrt(w)) +
+    build_optimizer on a config with optimizer.mup, i.e. what the trainer does; no rescaled
+    output layer on the side."""
+    import mindspore as ms
+    from mindspore import Tensor
+    from mindformers_core.data import build_dataset
+    from mindformers_core.models import build_model
+    from mindformers_core.optim import build_optimizer
+
+    cfg = load_config(CFG)
+    ds = build_dataset(cfg.train_dataset, cfg.model, seed=0)
+    batches = [ds.next_batch(4) for _ in range(2)]
+    acts, loss = train_and_measure(cfg, 64, 16, "mup", batches, 1e-2, 0)
+
+    run_cfg = load_config({**CFG, "model": {**CFG["model"], "hidden_size": 64,
+                                            "num_attention_heads": 4},
+                           "optimizer": {**CFG["optimizer"], "mup": {"base_hidden_size": 16}}})
+    model = build_model(run_cfg.model, seed=0, mup_width_mult=4.0)
+    assert model.readout_multiplier == 0.25
+    opt = build_optimizer(run_cfg.optimizer, model)
+    grad_fn = ms.value_and_grad(lambda i, l, m: (lambda s, n, a: s / n + a)(*model(i, l, m)),
+                                grad_position=None, weights=list(opt.parameters))
+    for b in batches:
+        value, grads = grad_fn(Tensor(b["input_ids"]), Tensor(b["labels"]), Tensor(b["loss_mask"]))
+        opt.set_lr(1e-2)
+        opt.step(grads)
+    assert loss == pytest.approx(float(value.asnumpy()), rel=1e-6)
+    logits = model.logits(Tensor(batches[0]["input_ids"])).asnumpy()
+    assert acts["logits"] == pytest.approx(float(abs(logits.astype("float64")).mean()), rel=1e-5)
 
 
 def test_width_model_config_keeps_head_dim_and_scales_ffn():
