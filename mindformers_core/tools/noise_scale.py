@@ -228,7 +228,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         seed = cfg.training.seed if args.seed is None else args.seed
         comm = init_distributed()
         world, rank = comm.world_size, comm.rank
-        model = build_model(cfg.model, seed=seed)
+        from ..optim.mup import mup_width_mult
+        # the run's own model: with optimizer.mup set, muP's readout multiplier and init
+        model = build_model(cfg.model, seed=seed,
+                            mup_width_mult=mup_width_mult(cfg.model.hidden_size, cfg.optimizer.mup))
         load = args.load or cfg.checkpoint.load_path
         at = f"checkpoint step {load_model_weights(model, load)}" if load else "initial weights"
         dataset = build_dataset(cfg.train_dataset, cfg.model, seed=seed, rank=rank, world=world)
