@@ -15,3 +15,11 @@ if ROOT not in sys.path:
 from mindformers_core.trainer.run import apply_pynative_synchronize  # noqa: E402
 
 apply_pynative_synchronize(True)
+
+# Property tests draw the same examples on every run (CI must be reproducible; explore with
+# more/random examples offline: HYPOTHESIS_PROFILE=explore).
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("explore", max_examples=3000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -3,6 +3,8 @@ finite, >= 0 and <= max(peak, warmup_lr_init); decaying schedules never rise aft
 ends; rebuilding from to_dict() gives the same curve (restart safety)."""
 import math
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -121,3 +123,13 @@ def test_restart_safety_rebuild_from_config_gives_same_lr(cfg, n):
         assert [rebuilt.lr_at(s) for s in range(n, n + 3)] == curve[n:n + 3]
     # calling lr_at out of order changes nothing (no hidden state)
     assert uninterrupted.lr_at(n) == curve[n]
+
+
+def test_float32_peak_rounding_never_lifts_lr_above_the_peak():
+    """Found by the property test above: with a vanishing `power`, upstream's float32 curve holds
+    float32(1/3) = 0.33333334 at T, a few ulps above the float64 peak; lr_at caps it there."""
+    sched = build_lr_scheduler({"type": "PolynomialWithWarmUpLR", "learning_rate": 1 / 3,
+                                "warmup_lr_init": 0.0, "warmup_steps": 0, "lr_end": 0.0,
+                                "power": 3.485343302378709e-57}, 1)
+    assert sched.lr_at(1) <= 1 / 3
+    assert sched.lr_at(1) == pytest.approx(1 / 3, rel=1e-6)

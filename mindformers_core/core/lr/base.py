@@ -153,7 +153,14 @@ class LRSchedule:
         d = exact - up
         if -_PICK_ABS <= d <= _PICK_ABS or abs(d) <= _PICK_REL * abs(up):
             return exact
-        return up
+        # float32 rounding of the peak itself can put upstream's value a few ulps above the
+        # float64 peak (e.g. 0.33333334 for 1/3); the lr never exceeds the schedule's ceiling
+        return min(up, self.ceiling)
+
+    @property
+    def ceiling(self) -> float:
+        """The largest lr the schedule may give: ``max(peak_lr, warmup_lr_init)``."""
+        return max(self.peak_lr, self._params.get("warmup_lr_init") or 0.0)
 
     def __call__(self, step: int) -> float:
         return self.lr_at(step)

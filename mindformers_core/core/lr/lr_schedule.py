@@ -508,6 +508,10 @@ class LearningRateWiseLayer(LRSchedule):
     def peak_lr(self) -> float:
         return self.scale * self.base.peak_lr
 
+    @property
+    def ceiling(self) -> float:
+        return self.scale * self.base.ceiling
+
     def with_peak(self, max_lr: float, min_lr=None) -> "LearningRateWiseLayer":
         key = (max_lr, min_lr)
         if key not in self._peak_cache:
