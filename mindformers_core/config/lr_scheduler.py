@@ -35,12 +35,7 @@ class LrSchedulerConfig(Section):
 
     @classmethod
     def from_dict(cls, data: Any, path: str):
-        if isinstance(data, cls):
-            data = data.to_dict()
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ConfigError(path, f"expected a mapping, got {type_name(data)} ({data!r})")
+        data = cls.mapping_of(data, path)
         core_lr = _lr_registry()
         from ..core.lr.base import unknown_field_error
         sched_type = data.get("type")

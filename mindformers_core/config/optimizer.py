@@ -24,7 +24,7 @@ from ..optim.ns_schedule import (DEFAULT_NS_COEFFICIENTS, MAX_NS_STEPS, NS_COEFF
                                  normalize_ns_schedule, preset_schedule)
 from .errors import ConfigError
 from .param_overrides import MupConfig, ParamOverrideConfig, check_betas
-from .schema import Section, check_range, closest, type_name, unknown_key_error
+from .schema import Section, check_range, closest, unknown_key_error
 
 __all__ = ["OptimizerConfig", "OPTIMIZER_KEYS", "OPTIMIZER_TYPES", "TYPE_DEFAULTS"]
 
@@ -169,12 +169,7 @@ class OptimizerConfig(Section):
 
     @classmethod
     def from_dict(cls, data: Any, path: str):
-        if isinstance(data, cls):
-            data = data.to_dict()
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ConfigError(path, f"expected a mapping, got {type_name(data)} ({data!r})")
+        data = cls.mapping_of(data, path)
         opt_type = data.get("type", "AdamW")
         if not isinstance(opt_type, str) or opt_type not in OPTIMIZER_KEYS:
             msg = f"must be one of {list(OPTIMIZER_TYPES)}, got {opt_type!r}"

@@ -194,13 +194,20 @@ class Section:
         return [f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")]
 
     @classmethod
-    def from_dict(cls, data: Any, path: str):
+    def mapping_of(cls, data: Any, path: str) -> Dict[str, Any]:
+        """The raw section as a dict: None is ``{}``, a section of this class its ``to_dict()``;
+        anything else that is not a mapping is a ConfigError."""
         if data is None:
-            data = {}
+            return {}
         if isinstance(data, cls):
-            data = data.to_dict()
+            return data.to_dict()
         if not isinstance(data, dict):
             raise ConfigError(path, f"expected a mapping, got {type_name(data)} ({data!r})")
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str):
+        data = cls.mapping_of(data, path)
         hints = typing.get_type_hints(cls)
         names = cls.field_names()
         for key in data:

@@ -37,6 +37,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from .cli import add_run_config_arguments, load_run_config, refuse_graph_mode
+
 __all__ = ["CoordCheckResult", "width_model_config", "run_coord_check", "train_and_measure",
            "format_coord_table", "plot_coord_check", "main"]
 
@@ -251,23 +253,20 @@ def plot_coord_check(result: CoordCheckResult, out_path: str) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mindformers_core.tools.mup_coord_check",
                                      description="muP coordinate check on a run config.")
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--mode", type=int, default=1, help="1 = PyNative (the only mode)")
+    add_run_config_arguments(parser)
     parser.add_argument("--widths", type=int, nargs="+", default=[64, 128, 256, 512])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--lr", type=float, default=None, help="default: the schedule's peak")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="default: training.local_batch_size")
     parser.add_argument("--out", default="coord.png", help=".png/.pdf/.svg plot, or .txt")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY=VALUE")
     args = parser.parse_args(argv)
-    if args.mode != 1:
-        print(f"error: --mode {args.mode}: only PyNative (--mode 1) is supported", file=sys.stderr)
-        return 2
-    from ..config import ConfigError, load_config
+    refused = refuse_graph_mode(args)
+    if refused is not None:
+        return refused
+    from ..config import ConfigError
     try:
-        cfg = load_config(args.config, overrides=args.overrides)
+        cfg = load_run_config(args)
         result = run_coord_check(cfg, args.widths, args.steps, lr=args.lr,
                                  batch_size=args.batch_size)
     except (ConfigError, ValueError) as exc:

@@ -38,6 +38,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .cli import add_run_config_arguments, load_run_config, refuse_graph_mode
+
 __all__ = ["NoiseScaleEstimate", "estimate_noise_scale", "critical_batch_advice",
            "measure_gradient_norms", "load_model_weights", "main"]
 
@@ -201,23 +203,20 @@ def measure_gradient_norms(model, dataset, b_small: int, b_big: int, draws: int,
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mindformers_core.tools.noise_scale",
                                      description="Gradient noise scale B_simple of a run config.")
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--mode", type=int, default=1, help="1 = PyNative (the only mode)")
+    add_run_config_arguments(parser)
     parser.add_argument("--small", type=int, required=True, help="small batch b (sequences)")
     parser.add_argument("--big", type=int, required=True, help="big batch B (sequences)")
     parser.add_argument("--steps", type=int, default=10, help="draws K to average over")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY=VALUE")
     parser.add_argument("--seed", type=int, default=None, help="default training.seed")
     parser.add_argument("--load", default=None, metavar="CKPT",
                         help="measure at these weights (default checkpoint.load_path, if set)")
     args = parser.parse_args(argv)
-    if args.mode != 1:
-        print(f"error: --mode {args.mode}: only PyNative (--mode 1) is supported", file=sys.stderr)
-        return 2
-    from ..config import ConfigError, load_config
+    refused = refuse_graph_mode(args)
+    if refused is not None:
+        return refused
+    from ..config import ConfigError
     try:
-        cfg = load_config(args.config, overrides=args.overrides)
+        cfg = load_run_config(args)
         if not 0 < args.small < args.big:
             raise ValueError(f"need 0 < --small < --big, got {args.small}, {args.big}")
         from ..data import build_dataset

@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..config.errors import ConfigError
 from ..core.lr import LRSchedule, build_lr_scheduler
+from .cli import add_run_config_arguments, load_run_config
 
 __all__ = ["plot_lr", "key_steps", "lr_table", "schedule_from", "main"]
 
@@ -127,43 +128,16 @@ def plot_lr(cfg_or_section: Any, total_steps: Optional[int], out_path: str,
     return out_path
 
 
-def _load_raw(path: str, overrides: Sequence[str]) -> Dict[str, Any]:
-    """lr_scheduler + training.steps straight from the YAML (when load_config is missing)."""
-    from ..config.yaml_io import load_yaml_text, parse_yaml_value
-    with open(path, "r", encoding="utf-8") as f:
-        data = load_yaml_text(f.read()) or {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(key, "override must look like section.key=value")
-        node = data
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = parse_yaml_value(value)
-    return data
-
-
-def _load(path: str, overrides: Sequence[str]) -> Any:
-    try:
-        from ..config import load_config
-    except ImportError:
-        return _load_raw(path, overrides)
-    return load_config(path, overrides=list(overrides))
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mindformers_core.tools.plot_lr",
                                      description=__doc__.split("\n")[0])
-    parser.add_argument("--config", required=True, help="run config YAML")
+    add_run_config_arguments(parser, mode=False)
     parser.add_argument("--out", default="lr.png", help="output .png/.pdf/.svg (or .txt)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value, e.g. training.steps=2000")
     parser.add_argument("--text", action="store_true", help="write a text table, not a plot")
     parser.add_argument("--steps", type=int, default=None, help="draw this many steps")
     args = parser.parse_args(argv)
     try:
-        cfg = _load(args.config, args.set)
+        cfg = load_run_config(args)
         sched, steps = schedule_from(cfg, args.steps)
         out = plot_lr(sched, steps, args.out, text=args.text)
     except ConfigError as exc:

@@ -71,10 +71,11 @@ def test_full_config_dict_supplies_total_steps():
     assert steps == 40 and sched.lr_at(40) == 0.0
 
 
-def test_raw_yaml_loader_applies_overrides(tmp_path):
+def test_run_config_with_overrides_supplies_the_schedule(tmp_path):
+    from mindformers_core.config import load_config
     cfg = tmp_path / "x.yaml"
     cfg.write_text(YAML)
-    data = P._load_raw(str(cfg), ["training.steps=400", "lr_scheduler.decay_style=cosine"])
+    data = load_config(str(cfg), overrides=["training.steps=400", "lr_scheduler.decay_style=cosine"])
     sched, steps = P.schedule_from(data)
     assert steps == 400 and sched.boundaries()["decay_start"] == 320
     assert sched.to_dict()["decay_style"] == "cosine"
