@@ -303,7 +303,7 @@ class Trainer:
         """One optimizer step; updates ``self.state`` and returns its metrics."""
         import mindspore as ms
         from ..core.lr import group_lrs
-        from ..optim.clip_grad import global_grad_norm
+        from ..optim.clip_grad import clip_by_norm, global_grad_norm
 
         t0 = time.perf_counter()
         tr = self.cfg.training
@@ -356,13 +356,9 @@ class Trainer:
         num_zeros = None
         qk_stats = None
         if not skipped:
-            if tr.max_norm is not None:
-                coef = tr.max_norm / (norm + 1e-6)
-                if coef < 1.0:
-                    c = ms.Tensor(np.float32(coef))
-                    grads = [g * c for g in grads]
-                    clipped = True
-                    self.state.total_clipped += 1
+            grads, clipped = clip_by_norm(grads, norm, tr.max_norm)
+            if clipped:
+                self.state.total_clipped += 1
             if getattr(self.cfg.optimizer, "log_num_zeros_in_grad", False):
                 num_zeros = int(sum(int((g == 0).sum().asnumpy()) for g in grads))
             self.optimizer.set_group_lrs(lrs)
