@@ -25,13 +25,18 @@ from typing import Any, Dict, Iterable, Optional, Union
 
 import yaml
 
+from .callbacks import CallbacksConfig
 from .checkpoint import CheckpointConfig
+from .context import ContextConfig
 from .dataset import DatasetConfig
 from .errors import ConfigError
 from .lr_scheduler import LrSchedulerConfig
 from .model import ModelConfig
+from .monitor import MonitorConfig
 from .optimizer import OptimizerConfig
 from .parallelism import ParallelismConfig
+from .profiler import ProfilerConfig
+from .recompute import RecomputeConfig
 from .schema import Section, type_name, unknown_key_error
 from .training import TrainingConfig
 from .strict_yaml import load_strict_yaml
@@ -108,6 +113,12 @@ class RunConfig(Section):
     train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # upstream MindFormers' PyNative sections
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    context: ContextConfig = field(default_factory=ContextConfig)
+    callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
 
     @classmethod
     def from_dict(cls, data: Any, path: str = ""):
@@ -129,7 +140,9 @@ class RunConfig(Section):
         section_types = {"training": TrainingConfig, "optimizer": OptimizerConfig,
                          "lr_scheduler": LrSchedulerConfig, "model": ModelConfig,
                          "train_dataset": DatasetConfig, "parallelism": ParallelismConfig,
-                         "checkpoint": CheckpointConfig}
+                         "checkpoint": CheckpointConfig, "monitor": MonitorConfig,
+                         "profiler": ProfilerConfig, "context": ContextConfig,
+                         "callbacks": CallbacksConfig, "recompute": RecomputeConfig}
         for name in names:
             if name in data:
                 kwargs[name] = section_types[name].from_dict(data[name], name)
