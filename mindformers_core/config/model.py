@@ -59,7 +59,7 @@ class ModelConfig(Section):
         canonical, spelling = split_model_section(cls.mapping_of(data, path), path,
                                                   cls.field_names())
         obj = super().from_dict(canonical, path)
-        check_upstream_only(spelling, path, obj.model_type, obj.resolved_multi_latent_attention())
+        check_upstream_only(spelling, path, obj)
         object.__setattr__(obj, "_spelling", spelling)
         return obj
 

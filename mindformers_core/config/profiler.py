@@ -7,9 +7,14 @@ path is taken under the output dir).
 Older spellings: ``enable_profiler`` (= ``enable_profiling``), ``stop_step`` (= ``end_step``),
 ``enable_memory`` (= ``profile_memory``), ``save_traces_folder`` (= ``output_path``),
 ``profiler_level`` ``"Level0"``/``"Level1"``/``"Level2"`` (= 0/1/2). Writing both spellings of
-one field is an error. The older scheduler keys (``profiler_skip_first``, ``profiler_wait``,
-``profiler_warmup``, ``profiler_active``, ``profiler_repeat``, ``profiler_skip_first_wait``)
-are accepted with values that describe the same single window only.
+one field is an error. Older branches describe the window with MindSpore's
+schedule keys instead; with ``profiler_repeat: 1`` that is one window,
+
+    start = profiler_skip_first + profiler_skip_first_wait + profiler_wait + profiler_warmup + 1
+    end   = start + profiler_active - 1
+
+(MindSpore discards the warm-up steps it records), so either form may be written, not both;
+``profiler_repeat`` other than 1 (several windows) is not implemented.
 """
 from __future__ import annotations
 
@@ -25,6 +30,8 @@ __all__ = ["ProfilerConfig", "PROFILER_ALIASES"]
 #: older name -> current name
 PROFILER_ALIASES = {"enable_profiler": "enable_profiling", "stop_step": "end_step",
                     "enable_memory": "profile_memory", "save_traces_folder": "output_path"}
+_SCHEDULE_KEYS = ("profiler_skip_first", "profiler_skip_first_wait", "profiler_wait",
+                  "profiler_warmup", "profiler_active", "profiler_repeat")
 _LEVELS = {"Level0": 0, "Level1": 1, "Level2": 2, "LevelNone": None}
 
 
@@ -59,6 +66,22 @@ class ProfilerConfig(Section):
                 data[new] = data.pop(old)
         return super().from_dict(data, path)
 
+    def window(self):
+        """``(start_step, end_step)``, 1-based and inclusive."""
+        if not self._uses_schedule():
+            return self.start_step, self.end_step
+        start = (self.profiler_skip_first + self.profiler_skip_first_wait + self.profiler_wait
+                 + self.profiler_warmup + 1)
+        return start, start + self.profiler_active - 1
+
+    def to_dict(self):
+        """Only the window form the user wrote (start/end steps or the schedule keys)."""
+        drop = ("start_step", "end_step") if self._uses_schedule() else _SCHEDULE_KEYS
+        return {k: v for k, v in super().to_dict().items() if k not in drop}
+
+    def _uses_schedule(self) -> bool:
+        return any(k in self.explicit_keys for k in _SCHEDULE_KEYS)
+
     def level(self) -> Optional[int]:
         """profiler_level as 0/1/2 (None = LevelNone)."""
         if isinstance(self.profiler_level, str):
@@ -81,11 +104,16 @@ class ProfilerConfig(Section):
             raise ConfigError(f"{path}.start_step",
                               "ProfilerConfig.start_step must be less than or equal to "
                               f"end_step, but got {self.start_step} and {self.end_step}")
-        for name in ("profiler_skip_first", "profiler_skip_first_wait", "profiler_wait",
-                     "profiler_warmup"):
-            require_noop(f"{path}.{name}", getattr(self, name), (0,), "the profiler schedule")
-        for name in ("profiler_active", "profiler_repeat"):
-            require_noop(f"{path}.{name}", getattr(self, name), (1,), "the profiler schedule")
+        if self._uses_schedule():
+            both = [k for k in ("start_step", "end_step") if k in self.explicit_keys]
+            if both:
+                raise ConfigError(f"{path}.{both[0]}", "given together with the schedule keys "
+                                                       f"{list(_SCHEDULE_KEYS)}; use one form")
+            for name in _SCHEDULE_KEYS[:4]:
+                check_range(getattr(self, name), f"{path}.{name}", lo=0)
+            check_range(self.profiler_active, f"{path}.profiler_active", lo=1)
+            require_noop(f"{path}.profiler_repeat", self.profiler_repeat, (1,),
+                         "several profiling windows")
         require_noop(f"{path}.mstx", self.mstx, (False,), "mstx light-weight profiling")
         if self.profiler_rank is not None:
             for i, rank in enumerate(self.profiler_rank):

@@ -44,6 +44,8 @@ from .strict_yaml import load_strict_yaml
 __all__ = ["RunConfig", "RunPlan", "load_config", "apply_overrides", "REQUIRED_SECTIONS"]
 
 REQUIRED_SECTIONS = ("training", "optimizer", "lr_scheduler")
+#: upstream MindFormers' PyNative sections, written back by to_dict() only when given
+UPSTREAM_SECTIONS = ("monitor", "profiler", "context", "callbacks", "recompute")
 
 
 @dataclass
@@ -231,7 +233,9 @@ class RunConfig(Section):
         )
 
     def to_dict(self) -> Dict[str, Any]:
-        return {name: getattr(self, name).to_dict() for name in self.field_names()}
+        """Every section; upstream's optional sections only when the user wrote them."""
+        return {name: getattr(self, name).to_dict() for name in self.field_names()
+                if name not in UPSTREAM_SECTIONS or name in self.explicit_keys}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -97,6 +97,20 @@ UPSTREAM_ONLY: Dict[str, Upstream] = {
     "beta_slow": Upstream(float, 1.0),
     "mscale": Upstream(float, 1.0),
     "mscale_all_dim": Upstream(float, 0.0),
+    # MoE routing keys: accepted with today's behaviour until their fields are declared
+    "scoring_func": Upstream(str, "sigmoid", ("sigmoid",), "a non-sigmoid router score"),
+    "n_group": Upstream(Optional[int], None, (None, 1), "group-limited routing"),
+    "topk_group": Upstream(Optional[int], None, (None, 1), "group-limited routing"),
+    "moe_router_load_balancing_type": Upstream(str, "seq_aux_loss", ("seq_aux_loss",),
+                                               "a load-balancing loss other than the "
+                                               "sequence aux loss"),
+    "moe_router_pre_softmax": Upstream(bool, False, (False,), "softmax-before-top-k routing"),
+    "moe_expert_capacity_factor": Upstream(Optional[float], None, (None,),
+                                           "expert capacity (token dropping)"),
+    # dropless routing: the drop policy is never used (as upstream without a capacity factor)
+    "moe_token_drop_policy": Upstream(str, "probs", ("probs", "position"), "token dropping"),
+    # must equal the shared experts' width here (checked against the model below)
+    "moe_shared_expert_intermediate_size": Upstream(Optional[int], None),
     # qk_layernorm: MLA's q/kv latent norms (always on here); checked against the model below
     "qk_layernorm": Upstream(bool, False),
 }
@@ -115,36 +129,47 @@ def split_model_section(data: Dict[str, Any], path: str,
     doc). Raises ConfigError for both spellings of one field and for a value of an
     upstream-only key that needs a feature not implemented here."""
     declared = set(fields)
+    known_extra = set(UPSTREAM_ONLY) - declared
     spelling = ModelSpelling()
     out: Dict[str, Any] = {}
     for key, value in data.items():
         canonical = MODEL_ALIASES.get(key)
-        if canonical is not None and canonical in declared:
+        if canonical is not None and (canonical in declared or canonical in known_extra):
             if canonical in data:
                 raise ConfigError(f"{path}.{key}", f"sets the same field as {canonical!r} "
                                                    f"(upstream and project spelling of one "
                                                    f"field); keep one of them")
             spelling.aliases[canonical] = key
-            out[canonical] = value
-        elif key in UPSTREAM_ONLY and key not in declared:
-            spec = UPSTREAM_ONLY[key]
-            value = convert_value(spec.tp, value, f"{path}.{key}")
-            if spec.accepted is not None:
-                require_noop(f"{path}.{key}", value, spec.accepted, spec.feature)
-            spelling.upstream_only[key] = value
-        elif key in declared:
-            out[key] = value
         else:
-            valid = declared | {a for a, c in MODEL_ALIASES.items() if c in declared} | \
-                (set(UPSTREAM_ONLY) - declared)
+            canonical = key
+        if canonical in declared:
+            out[canonical] = value
+        elif canonical in known_extra:
+            spec = UPSTREAM_ONLY[canonical]
+            where = f"{path}.{key}"
+            value = convert_value(spec.tp, value, where)
+            if spec.accepted is not None:
+                require_noop(where, value, spec.accepted, spec.feature)
+            spelling.upstream_only[canonical] = value
+        else:
+            valid = declared | known_extra | {a for a, c in MODEL_ALIASES.items()
+                                              if c in declared or c in known_extra}
             raise unknown_key_error(path, key, sorted(valid))
     return out, spelling
 
 
-def check_upstream_only(spelling: ModelSpelling, path: str, model_type: str,
-                        mla: bool) -> None:
-    """Rules of upstream-only keys that depend on the built model."""
+def check_upstream_only(spelling: ModelSpelling, path: str, cfg: Any) -> None:
+    """Rules of upstream-only keys that depend on the built model (a ModelConfig)."""
     extra = spelling.upstream_only
+    model_type, mla = cfg.model_type, cfg.resolved_multi_latent_attention()
+    shared = extra.get("moe_shared_expert_intermediate_size")
+    if shared is not None:
+        width = cfg.resolved_moe_intermediate_size() * cfg.n_shared_experts
+        if shared != width:
+            raise ConfigError(f"{path}.moe_shared_expert_intermediate_size",
+                              f"{shared} needs shared experts of another width than "
+                              f"moe_intermediate_size * n_shared_experts ({width}), which is "
+                              "not implemented here")
     arch = extra.get("architectures")
     if arch is not None and arch not in ARCHITECTURES.get(model_type, ()):
         raise ConfigError(f"{path}.architectures",
@@ -170,5 +195,6 @@ def join_model_section(canonical: Dict[str, Any], spelling: Optional[ModelSpelli
     out: Dict[str, Any] = {}
     for key, value in canonical.items():
         out[spelling.aliases.get(key, key)] = value
-    out.update(spelling.upstream_only)
+    for key, value in spelling.upstream_only.items():
+        out[spelling.aliases.get(key, key)] = value
     return out
