@@ -16,9 +16,11 @@ __all__ = ["require_noop", "not_implemented"]
 def not_implemented(path: str, value: Any, feature: str, accepted: Iterable[Any]) -> ConfigError:
     """The error for a value that needs a feature this module does not implement."""
     accepted = list(accepted)
-    shown = accepted[0] if len(accepted) == 1 else accepted
-    return ConfigError(path, f"{value!r} needs {feature}, which is not implemented here; "
-                             f"only the no-op value {shown!r} is accepted")
+    if len(accepted) == 1:
+        only = f"only the no-op value {accepted[0]!r} is accepted"
+    else:
+        only = f"only the no-op values {accepted!r} are accepted"
+    return ConfigError(path, f"{value!r} needs {feature}, which is not implemented here; {only}")
 
 
 def require_noop(path: str, value: Any, accepted: Iterable[Any], feature: str) -> None:
