@@ -64,9 +64,6 @@ class CheckpointConfig(Section):
             raise ConfigError(f"{path}.prefix", "must be a non-empty file name prefix without "
                                                 f"path separators or a leading dot, got "
                                                 f"{self.prefix!r}")
-        for name in ("save_path", "load_path"):
-            if getattr(self, name) == "":
-                raise ConfigError(f"{path}.{name}", "must be null or a non-empty path")
         require_noop(f"{path}.async_save", self.async_save, (False,),
                      "asynchronous checkpoint saving")
         # distributed-checkpoint options: one process has no redundancy to remove, nothing to

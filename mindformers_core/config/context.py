@@ -6,8 +6,9 @@
   installed package;
 * ``max_device_memory``: e.g. ``"59GB"`` (upstream's default), passed to MindSpore on devices
   with their own memory (ignored by MindSpore on CPU, where host RAM is the limit);
-* ``deterministic``: MindSpore's ``deterministic`` switch (``"ON"``/``"OFF"``); null = follow
-  ``training.deterministic``.
+* ``deterministic``: MindSpore's deterministic kernels, ``"ON"`` / ``"OFF"`` (null = as
+  ``training.deterministic`` says); ``"OFF"`` with ``training.deterministic: True`` is an
+  error (``check_context_vs_training``).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Literal, Optional
 from .errors import ConfigError
 from .schema import Section
 
-__all__ = ["ContextConfig", "parse_memory_size"]
+__all__ = ["ContextConfig", "parse_memory_size", "check_context_vs_training"]
 
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GB|MB)\s*$")
 
@@ -44,3 +45,10 @@ class ContextConfig(Section):
             raise ConfigError(f"{path}.mode", f"must be 1 (PyNative), got {self.mode}: graph "
                                               "mode is not supported by this trainer")
         parse_memory_size(self.max_device_memory, f"{path}.max_device_memory")
+
+
+def check_context_vs_training(context: ContextConfig, training) -> None:
+    """Deterministic kernels cannot be both off (context) and on (training)."""
+    if context.deterministic == "OFF" and training.deterministic:
+        raise ConfigError("context.deterministic", "'OFF' contradicts training.deterministic: "
+                                                   "True; remove one of them")

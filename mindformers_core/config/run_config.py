@@ -27,7 +27,7 @@ import yaml
 
 from .callbacks import CallbacksConfig
 from .checkpoint import CheckpointConfig
-from .context import ContextConfig
+from .context import ContextConfig, check_context_vs_training
 from .dataset import DatasetConfig
 from .errors import ConfigError
 from .lr_scheduler import LrSchedulerConfig
@@ -155,6 +155,7 @@ class RunConfig(Section):
 
     def validate(self, path: str = "") -> None:
         self._check_optimizer_vs_model()
+        check_context_vs_training(self.context, self.training)
         self.plan()  # schedule against training.steps, data parallel, accumulation
 
     def _check_optimizer_vs_model(self) -> None:

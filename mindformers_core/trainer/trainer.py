@@ -38,6 +38,8 @@ from .checkpoint import (CheckpointData, CheckpointError, list_checkpoints, prun
 from .config_diff import config_changes
 from .grad_reducer import IdentityGradReducer
 from .metrics import MetricsWriter, StepMetrics
+from .monitor import TrainStateMonitor
+from .profiler import StepProfiler
 from .rampup import build_batch_ramp
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .signals import StopRequest
@@ -152,6 +154,9 @@ class Trainer:
             # before any optimizer state is loaded
             optimizer = self.grad_reducer.prepare_optimizer(optimizer, cfg)
         self.optimizer = optimizer
+        self.monitor = TrainStateMonitor(cfg.monitor.train_state,
+                                         [p.name for p in self.optimizer.parameters])
+        self.profiler = StepProfiler(cfg.profiler, output_dir, self.rank)
         self.loss_scaler = self._build_loss_scaler()
         if dataset is None:
             from ..data import build_dataset
@@ -315,8 +320,12 @@ class Trainer:
         total_tokens = self.grad_reducer.global_token_count(local_tokens)
         scale = float(self.loss_scaler.scale) if self.loss_scaler is not None else 1.0
 
+        on_micro = (lambda *a: self.monitor.on_micro_batch(*a, loss_scale=scale)
+                    ) if self.monitor.watches_micro_batches else None
         grads, loss_sum, aux = accumulate_gradients(self._grad_fn, batches, total_tokens, scale,
-                                                    data_parallel=self.grad_reducer.world_size)
+                                                    data_parallel=self.grad_reducer.world_size,
+                                                    on_micro=on_micro)
+        self.monitor.on_device_step(loss_sum, local_tokens, grads, loss_scale=scale)
         grads, loss_sum, _ = self.grad_reducer.reduce(grads, loss_sum, local_tokens)
         if scale != 1.0:
             inv = ms.Tensor(np.float32(1.0 / scale))
@@ -398,7 +407,8 @@ class Trainer:
             loss_scale=scale if self.loss_scaler is not None else None,
             aux_loss=aux if aux else None, num_zeros_in_grad=num_zeros,
             qk_clipped_heads=qk_stats.num_clipped_heads if qk_stats is not None else None,
-            max_attention_logit=qk_stats.max_logit if qk_stats is not None else None)
+            max_attention_logit=qk_stats.max_logit if qk_stats is not None else None,
+            extra=self.monitor.pop_records())
 
     def _count_skip(self, overflow: bool = False) -> None:
         self.state.total_skipped += 1
@@ -445,7 +455,9 @@ class Trainer:
                     if stop.requested and self.grad_reducer.world_size == 1:
                         reason = "interrupted"     # signalled before this step started
                         break
+                    self.profiler.before_step(self.state.step + 1)
                     metrics = self.train_step()
+                    self.profiler.after_step(self.state.step)
                     self.writer.log(metrics, metrics.tokens)
                     if self._should_save(self.state.step, end):
                         self.save()
@@ -462,6 +474,7 @@ class Trainer:
                 self.save()
             self.writer.summary(self.state, self.entropy_floor, reason)
         finally:
+            self.profiler.close()
             self.writer.close()
         return reason
 

@@ -86,3 +86,44 @@ def test_deepseek4_refusals_are_named():
     r = check("master_pynative_deepseek4.yaml", ["optimizer.ns_steps=10"])
     assert r.returncode == 2
     assert "model.num_nextn_predict_layers: 1 needs multi-token prediction" in r.stderr
+
+
+#: shrinks only the sizes of upstream's DeepSeek-V3 test config (and points it at a data file)
+DS3_TINY = ["training.steps=3", "model.vocab_size=256", "model.seq_length=32",
+            "model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=2",
+            "model.max_position_embeddings=32", "model.num_attention_heads=2",
+            "model.kv_lora_rank=16", "model.q_lora_rank=24", "model.qk_rope_head_dim=8",
+            "model.v_head_dim=16", "model.qk_nope_head_dim=16", "model.moe_intermediate_size=32",
+            "model.moe_shared_expert_intermediate_size=32", "model.n_routed_experts=4",
+            "model.num_experts_per_tok=2"]
+
+
+@pytest.mark.slow
+def test_upstream_deepseek_v3_config_trains_3_steps_on_cpu(tmp_path):
+    """Upstream's PyNative DeepSeek-V3 test config, sizes shrunk, refused values (flash
+    attention, MTP, YaRN, recompute, group-limited routing) at their no-op values."""
+    import json
+
+    import numpy as np
+
+    from mindformers_core.tools.make_token_data import write_mindrecord
+    data = str(tmp_path / "train.mindrecord")
+    write_mindrecord(np.random.default_rng(0).integers(0, 256, 4000), data, 32)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("MS_ROLE", "MS_WORKER_NUM")}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    args = [sys.executable, os.path.join(ROOT, "run_mindformer.py"), "--config",
+            os.path.join(UPSTREAM, "master_pynative_ds3.yaml"), "--mode", "1",
+            "--output_dir", str(out)]
+    for item in DS3_NOOPS + DS3_TINY + [f"train_dataset.dataloader.dataset_files={data}"]:
+        args += ["--set", item]
+    r = subprocess.run(args, capture_output=True, text=True, cwd=str(tmp_path), env=env,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    with open(out / "metrics.jsonl") as fh:
+        steps = [json.loads(x) for x in fh]
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    # an untrained model on uniform random bytes: the loss is ln(256)
+    for s in steps:
+        assert s["loss"] == pytest.approx(np.log(256), rel=0.05)
+        assert s["aux_loss"] > 0 and not s["skipped"]
