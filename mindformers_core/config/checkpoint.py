@@ -12,8 +12,8 @@
 
 Upstream's spellings of "nothing": ``load_path: ""`` means no checkpoint to load and
 ``prefix: null`` the default prefix (both are normalised when loading; ``save_path: ""`` is
-the default directory). ``async_save: True`` (a background-thread save) is
-not implemented yet and is refused. ``remove_redundancy``, ``load_balanced``, ``load_worker_number``,
+the default directory). ``async_save`` writes the files in a background
+thread (trainer/async_checkpoint.py), still atomically. ``remove_redundancy``, ``load_balanced``, ``load_worker_number``,
 ``save_global_layout_cache`` and ``reshard_worker_num`` concern distributed checkpoints; only
 their single-process values are accepted (config/checkpoint.py ``validate``).
 """
@@ -64,8 +64,6 @@ class CheckpointConfig(Section):
             raise ConfigError(f"{path}.prefix", "must be a non-empty file name prefix without "
                                                 f"path separators or a leading dot, got "
                                                 f"{self.prefix!r}")
-        require_noop(f"{path}.async_save", self.async_save, (False,),
-                     "asynchronous checkpoint saving")
         # distributed-checkpoint options: one process has no redundancy to remove, nothing to
         # balance and one file per load; other values need distributed checkpoints
         for name, accepted in (("remove_redundancy", (False, True)),

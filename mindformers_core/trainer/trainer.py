@@ -33,11 +33,12 @@ import numpy as np
 
 from ..config.checkpoint import CheckpointConfig
 from .accumulate import accumulate_gradients, count_loss_tokens, make_grad_fn
-from .checkpoint import (CheckpointData, CheckpointError, list_checkpoints, prune_checkpoints,
-                         resolve_checkpoint, save_checkpoint)
+from .checkpoint import (CheckpointData, CheckpointError, checkpoint_name, list_checkpoints,
+                         prune_checkpoints, resolve_checkpoint, save_checkpoint)
 from .config_diff import config_changes
 from .grad_reducer import IdentityGradReducer
 from .metrics import MetricsWriter, StepMetrics
+from .async_checkpoint import AsyncCheckpointWriter, snapshot
 from .monitor import TrainStateMonitor
 from .profiler import StepProfiler
 from .rampup import build_batch_ramp
@@ -157,6 +158,7 @@ class Trainer:
         self.monitor = TrainStateMonitor(cfg.monitor.train_state,
                                          [p.name for p in self.optimizer.parameters])
         self.profiler = StepProfiler(cfg.profiler, output_dir, self.rank)
+        self.async_writer = AsyncCheckpointWriter()
         self.loss_scaler = self._build_loss_scaler()
         if dataset is None:
             from ..data import build_dataset
@@ -286,11 +288,20 @@ class Trainer:
         tensors, dtypes, state = self.checkpoint_payload()
         if self.rank != 0:
             return None
-        path = save_checkpoint(self.save_dir, self.ckpt_cfg.prefix, self.state.step, tensors,
-                               state, self.cfg.to_dict(), dtypes, write_hook=write_hook)
-        prune_checkpoints(self.save_dir, self.ckpt_cfg.prefix, self.ckpt_cfg.save_max)
-        self.log(f"saved checkpoint {path}")
-        return path
+        step, config = self.state.step, self.cfg.to_dict()
+        if self.ckpt_cfg.async_save:
+            tensors = snapshot(tensors)   # later steps must not change what is written
+
+        def write():
+            path = save_checkpoint(self.save_dir, self.ckpt_cfg.prefix, step, tensors, state,
+                                   config, dtypes, write_hook=write_hook)
+            prune_checkpoints(self.save_dir, self.ckpt_cfg.prefix, self.ckpt_cfg.save_max)
+            self.log(f"saved checkpoint {path}")
+            return path
+        if self.ckpt_cfg.async_save:
+            self.async_writer.submit(write)   # trainer/async_checkpoint.py
+            return os.path.join(self.save_dir, checkpoint_name(self.ckpt_cfg.prefix, step))
+        return write()
 
     # ------------------------------------------------------------------ one step
     def num_micro_batches(self) -> int:
@@ -475,6 +486,7 @@ class Trainer:
             self.writer.summary(self.state, self.entropy_floor, reason)
         finally:
             self.profiler.close()
+            self.async_writer.wait()
             self.writer.close()
         return reason
 

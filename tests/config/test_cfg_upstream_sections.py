@@ -138,7 +138,6 @@ def test_checkpoint_upstream_nothing_values(monkeypatch):
 @pytest.mark.parametrize("key,value,msg", [
     ("load_worker_number", 4, r"4 needs parallel checkpoint loading"),
     ("reshard_worker_num", 2, r"2 needs parallel checkpoint loading"),
-    ("async_save", True, r"True needs asynchronous checkpoint saving"),
 ])
 def test_checkpoint_refusals(monkeypatch, key, value, msg):
     monkeypatch.delenv("MS_WORKER_NUM", raising=False)
