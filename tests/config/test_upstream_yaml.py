@@ -7,6 +7,7 @@ docs/migrating_from_mindformers.md. For a refused file, overriding exactly the r
 with their no-op values makes it pass, which shows that every other key of the file loads.
 """
 import os
+import re
 import subprocess
 import sys
 
@@ -127,3 +128,16 @@ def test_upstream_deepseek_v3_config_trains_3_steps_on_cpu(tmp_path):
     for s in steps:
         assert s["loss"] == pytest.approx(np.log(256), rel=0.05)
         assert s["aux_loss"] > 0 and not s["skipped"]
+
+
+def test_migration_doc_lists_every_upstream_key():
+    """docs/migrating_from_mindformers.md names every alias and upstream-only key."""
+    from mindformers_core.config.parallel_noop import SHARD_STRATEGIES
+    from mindformers_core.config.parallelism import ParallelismConfig
+    from mindformers_core.config.upstream_names import MODEL_ALIASES, UPSTREAM_ONLY
+    with open(os.path.join(ROOT, "docs", "migrating_from_mindformers.md"), encoding="utf-8") as fh:
+        doc = fh.read()
+    keys = list(MODEL_ALIASES) + list(MODEL_ALIASES.values()) + list(UPSTREAM_ONLY)
+    keys += [f for f in ParallelismConfig.field_names()] + list(SHARD_STRATEGIES)
+    missing = [k for k in keys if not re.search(rf"`{re.escape(k)}\b", doc)]
+    assert not missing
