@@ -59,6 +59,22 @@ class Geometry:
     hidden: int
     tied: bool
 
+    @property
+    def q_rows_key(self) -> str:
+        """Native projection holding the per-head q rows (q_b, or q when not compressed)."""
+        return ("self_attention.linear_q_proj.weight" if self.q_lora_rank is None
+                else "self_attention.linear_q_up_proj.weight")
+
+    @property
+    def q_input_key(self) -> str:
+        """Native projection reading the hidden state for q (q_a, or q when not compressed)."""
+        return ("self_attention.linear_q_proj.weight" if self.q_lora_rank is None
+                else "self_attention.linear_q_down_proj.weight")
+
+    @property
+    def hf_q_rows_key(self) -> str:
+        return "self_attn.q_proj.weight" if self.q_lora_rank is None else "self_attn.q_b_proj.weight"
+
     @classmethod
     def of(cls, cfg) -> "Geometry":
         moe = tuple(range(cfg.first_k_dense_replace, cfg.num_layers)) \
@@ -160,12 +176,8 @@ def _layer_to_hf(i: int, lw: Weights, g: Geometry) -> Weights:
     lw = dict(lw)
     where = f"layer {i}"
     if g.mla:
-        q_key = ("self_attention.linear_q_proj.weight" if g.q_lora_rank is None
-                 else "self_attention.linear_q_up_proj.weight")
-        q = _pop(lw, q_key, where)
-        inv = np.argsort(rope_half_order(q.shape[0], g.dn + g.dr, g.dn, g.dr))
-        lw["self_attn.q_proj.weight" if g.q_lora_rank is None else "self_attn.q_b_proj.weight"] \
-            = q[inv]
+        q = _pop(lw, g.q_rows_key, where)
+        lw[g.hf_q_rows_key] = q[np.argsort(rope_half_order(q.shape[0], g.dn + g.dr, g.dn, g.dr))]
         kva = _pop(lw, "self_attention.linear_kv_down_proj.weight", where)
         inv = np.argsort(rope_half_order(kva.shape[0], kva.shape[0], g.kv_lora_rank, g.dr))
         lw["self_attn.kv_a_proj_with_mqa.weight"] = kva[inv]
@@ -194,11 +206,8 @@ def _layer_from_hf(i: int, lw: Weights, g: Geometry) -> Weights:
     lw = _rename(lw, {v: k for k, v in _LAYER_HF.items()})
     where = f"layer {i}"
     if g.mla:
-        hf_q = "self_attn.q_proj.weight" if g.q_lora_rank is None else "self_attn.q_b_proj.weight"
-        q = _pop(lw, hf_q, where)
-        q_key = ("self_attention.linear_q_proj.weight" if g.q_lora_rank is None
-                 else "self_attention.linear_q_up_proj.weight")
-        lw[q_key] = q[rope_half_order(q.shape[0], g.dn + g.dr, g.dn, g.dr)]
+        q = _pop(lw, g.hf_q_rows_key, where)
+        lw[g.q_rows_key] = q[rope_half_order(q.shape[0], g.dn + g.dr, g.dn, g.dr)]
         kva = _pop(lw, "self_attn.kv_a_proj_with_mqa.weight", where)
         lw["self_attention.linear_kv_down_proj.weight"] = \
             kva[rope_half_order(kva.shape[0], kva.shape[0], g.kv_lora_rank, g.dr)]
@@ -231,11 +240,9 @@ def _layer_to_mf(i: int, lw: Weights, g: Geometry, qkv_concat: bool) -> Weights:
         lw["self_attention.linear_qkv.weight"] = qkv[grouped_qkv_order(g.heads, g.groups,
                                                                        g.head_dim)]
     elif qkv_concat:
-        q_key = ("self_attention.linear_q_proj.weight" if g.q_lora_rank is None
-                 else "self_attention.linear_q_down_proj.weight")
         lw["self_attention.linear_qkv.weight"] = np.concatenate(
-            [_pop(lw, q_key, where), _pop(lw, "self_attention.linear_kv_down_proj.weight",
-                                          where)], axis=0)
+            [_pop(lw, g.q_input_key, where),
+             _pop(lw, "self_attention.linear_kv_down_proj.weight", where)], axis=0)
         lw = _rename(lw, _LAYER_MF_FUSED)
     if not qkv_concat and "mlp.experts.weight1" in lw:
         w1, w2 = lw["mlp.experts.weight1"], lw["mlp.experts.weight2"]
@@ -255,9 +262,7 @@ def _layer_from_mf(i: int, lw: Weights, g: Geometry, qkv_concat: bool) -> Weight
         lw = _rename(lw, {v: k for k, v in _LAYER_MF_FUSED.items()})
         fused = _pop(lw, "self_attention.linear_qkv.weight", where)
         nq = g.heads * (g.dn + g.dr) if g.q_lora_rank is None else g.q_lora_rank
-        q_key = ("self_attention.linear_q_proj.weight" if g.q_lora_rank is None
-                 else "self_attention.linear_q_down_proj.weight")
-        lw[q_key], lw["self_attention.linear_kv_down_proj.weight"] = fused[:nq], fused[nq:]
+        lw[g.q_input_key], lw["self_attention.linear_kv_down_proj.weight"] = fused[:nq], fused[nq:]
     if not qkv_concat and "mlp.experts.weight1" in lw:
         e, h, f = g.num_experts, g.hidden, g.moe_ffn
         lw["mlp.experts.weight1"] = lw["mlp.experts.weight1"].reshape(e, h, 2 * f)

@@ -27,19 +27,24 @@ TRAIN_CONFIG_NOOPS = ["model.model_type=gpt", "model.architectures=GPTForCausalL
                       "train_dataset.dataloader.type=MindDataset",
                       "train_dataset.dataloader.dataset_files=train.mindrecord", "callbacks=[]"]
 
-#: fixture -> (first refused field and message part, or None; overrides that make it pass)
+def _fields(overrides):
+    return tuple(o.split("=", 1)[0] for o in overrides)
+
+
+#: fixture -> (the documented refused fields, or None; overrides that make it load). The first
+#: error must name one of them (which one comes first changes as features land).
 CASES = {
     "master_monitor_test.yaml": (None, []),
     "master_profiler_test.yaml": (None, []),
-    "master_pynative_ds3.yaml": (("model.use_flash_attention", "flash attention"), DS3_NOOPS),
-    "r2.0.0_pynative_ds3.yaml": (("model.use_flash_attention", "flash attention"),
+    "master_pynative_ds3.yaml": (_fields(DS3_NOOPS), DS3_NOOPS),
+    "r2.0.0_pynative_ds3.yaml": (_fields(DS3_NOOPS) + ("model.use_pad_tokens",),
                                  DS3_NOOPS + ["model.use_pad_tokens=False"]),
-    "master_pynative_deepseek4.yaml": (("optimizer.ns_steps", "must match ns_steps"), None),
-    "master_train_config.yaml": (("model.model_type", "'qwen3'"), TRAIN_CONFIG_NOOPS),
-    "r2.0.0_train_config.yaml": (("model.model_type", "'qwen3'"), TRAIN_CONFIG_NOOPS),
-    "r1.9.0_train_config.yaml": (("model.model_type", "'qwen3'"), TRAIN_CONFIG_NOOPS),
-    "master_f416b9f_train_config.yaml": (("model.model_type", "'qwen3'"), TRAIN_CONFIG_NOOPS),
-    "master_11b9b76_train_config.yaml": (("model.model_type", "'qwen3'"), TRAIN_CONFIG_NOOPS),
+    "master_pynative_deepseek4.yaml": (("optimizer.ns_steps",), None),
+    "master_train_config.yaml": (_fields(TRAIN_CONFIG_NOOPS), TRAIN_CONFIG_NOOPS),
+    "r2.0.0_train_config.yaml": (_fields(TRAIN_CONFIG_NOOPS), TRAIN_CONFIG_NOOPS),
+    "r1.9.0_train_config.yaml": (_fields(TRAIN_CONFIG_NOOPS), TRAIN_CONFIG_NOOPS),
+    "master_f416b9f_train_config.yaml": (_fields(TRAIN_CONFIG_NOOPS), TRAIN_CONFIG_NOOPS),
+    "master_11b9b76_train_config.yaml": (_fields(TRAIN_CONFIG_NOOPS), TRAIN_CONFIG_NOOPS),
 }
 
 
@@ -67,10 +72,11 @@ def test_upstream_file_check(name):
         assert "steps            : 10" in r.stdout
         return
     assert r.returncode == 2, (r.stdout, r.stderr)
-    field, text = refusal
     line = r.stderr.strip().splitlines()[-1]
-    assert line.startswith(f"error: {field}: "), line
-    assert text in line
+    field = line[len("error: "):].split(": ", 1)[0]
+    assert line.startswith("error: ") and field.split("[")[0] in refusal, line
+    # a refusal says why: a feature that is not implemented, or a contradiction
+    assert re.search(r"not implemented|has no counterpart|must match|must be one of", line), line
 
 
 @pytest.mark.parametrize("name", sorted(n for n, (ref, ov) in CASES.items()
