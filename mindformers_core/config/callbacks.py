@@ -1,9 +1,10 @@
 """`callbacks:` section: a list of ``{type: Name, ...}`` entries, as upstream.
 
-Only upstream callbacks whose behaviour exists here are accepted, without parameters (each is
-the built-in behaviour upstream adds anyway):
+Only upstream callbacks whose behaviour exists here are accepted (each is the built-in
+behaviour upstream adds anyway):
 
-* ``LossCallback``: the per-step loss / lr / norm line and ``metrics.jsonl`` record;
+* ``LossCallback``: the per-step loss / lr / norm line and ``metrics.jsonl`` record (its
+  upstream parameter ``log_interval`` only with 1: a line every step);
 * ``CheckpointCallback``: saving as configured in ``checkpoint:``;
 * ``MonitorCallback``: the ``monitor:`` section's records.
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
 from .errors import ConfigError
+from .noop import require_noop
 from .schema import Section, closest, type_name
 
 __all__ = ["CallbacksConfig", "CallbackConfig", "KNOWN_CALLBACKS"]
@@ -26,6 +28,7 @@ KNOWN_CALLBACKS = ("LossCallback", "CheckpointCallback", "MonitorCallback")
 @dataclass
 class CallbackConfig(Section):
     type: str = "LossCallback"
+    log_interval: int = 1     # LossCallback's
 
     @classmethod
     def from_dict(cls, data, path: str):
@@ -36,7 +39,19 @@ class CallbackConfig(Section):
             msg = (f"callback type {kind!r} has no counterpart in this module; accepted: "
                    f"{list(KNOWN_CALLBACKS)} (built-in behaviour, no parameters)")
             raise ConfigError(f"{path}.type", msg + (f"; did you mean '{hint}'?" if hint else ""))
+        if kind != "LossCallback" and "log_interval" in data:
+            raise ConfigError(f"{path}.log_interval", f"not a parameter of {kind}")
         return super().from_dict(data, path)
+
+    def validate(self, path: str) -> None:
+        require_noop(f"{path}.log_interval", self.log_interval, (1,),
+                     "a loss line every log_interval steps")
+
+    def to_dict(self):
+        out = super().to_dict()
+        if "log_interval" not in self.explicit_keys:
+            out.pop("log_interval")
+        return out
 
 
 @dataclass

@@ -232,6 +232,14 @@ def test_callbacks():
         CallbacksConfig.from_dict([{"type": "LosCallback"}], "callbacks")
     with pytest.raises(ConfigError, match=r"^callbacks\[0\]\.every: unknown key"):
         CallbacksConfig.from_dict([{"type": "LossCallback", "every": 2}], "callbacks")
+    ok = CallbacksConfig.from_dict([{"type": "LossCallback", "log_interval": 1}], "callbacks")
+    assert ok.to_dict() == [{"type": "LossCallback", "log_interval": 1}]
+    with pytest.raises(ConfigError, match=r"^callbacks\[0\]\.log_interval: 10 needs a loss line "
+                                          r"every log_interval steps"):
+        CallbacksConfig.from_dict([{"type": "LossCallback", "log_interval": 10}], "callbacks")
+    with pytest.raises(ConfigError, match=r"^callbacks\[0\]\.log_interval: not a parameter of "
+                                          r"MonitorCallback"):
+        CallbacksConfig.from_dict([{"type": "MonitorCallback", "log_interval": 1}], "callbacks")
     with pytest.raises(ConfigError, match=r"^callbacks: expected a list"):
         CallbacksConfig.from_dict({"type": "LossCallback"}, "callbacks")
 
