@@ -39,6 +39,7 @@ from .profiler import ProfilerConfig
 from .recompute import RecomputeConfig
 from .schema import Section, type_name, unknown_key_error
 from .training import TrainingConfig
+from .upstream_names import spelling_in_use
 from .strict_yaml import load_strict_yaml
 
 __all__ = ["RunConfig", "RunPlan", "load_config", "apply_overrides", "REQUIRED_SECTIONS"]
@@ -290,7 +291,8 @@ def apply_overrides(data: Dict[str, Any], overrides: Iterable[str]) -> Dict[str,
                 raise ConfigError(dotted, f"cannot set: {here} is a {type_name(child)}, "
                                           "not a section")
             node = child
-        node[keys[-1]] = value
+        last = spelling_in_use(node, keys[-1]) if keys[:-1] == ["model"] else keys[-1]
+        node[last] = value
     return data
 
 

@@ -26,7 +26,7 @@ from .noop import require_noop
 from .schema import convert_value, unknown_key_error
 
 __all__ = ["MODEL_ALIASES", "UPSTREAM_ONLY", "ModelSpelling", "split_model_section",
-           "join_model_section", "check_upstream_only", "ARCHITECTURES"]
+           "join_model_section", "check_upstream_only", "ARCHITECTURES", "spelling_in_use"]
 
 #: upstream (MindFormers / Hugging Face) name -> this project's canonical name
 MODEL_ALIASES: Dict[str, str] = {
@@ -198,3 +198,13 @@ def join_model_section(canonical: Dict[str, Any], spelling: Optional[ModelSpelli
     for key, value in spelling.upstream_only.items():
         out[spelling.aliases.get(key, key)] = value
     return out
+
+
+def spelling_in_use(section: Dict[str, Any], key: str) -> str:
+    """The key a `model:` mapping already uses for ``key``'s field (its other spelling), else
+    ``key``: ``--set model.num_layers=2`` on a file that says ``num_hidden_layers`` sets that."""
+    if key in section:
+        return key
+    others = [a for a, c in MODEL_ALIASES.items() if c == key] + \
+        ([MODEL_ALIASES[key]] if key in MODEL_ALIASES else [])
+    return next((o for o in others if o in section), key)

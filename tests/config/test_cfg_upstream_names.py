@@ -148,3 +148,17 @@ def test_upstream_file_round_trips_in_its_scheme():
     assert "profiler" not in d and "callbacks" not in d     # not written by the user
     assert load_config(d) == cfg
     assert load_config(d).to_dict() == d
+
+
+def test_override_sets_the_spelling_the_file_uses():
+    base = {"training": {"steps": 10}, "optimizer": {"type": "AdamW"},
+            "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": 1e-3,
+                             "warmup_steps": 0}}
+    up = load_config({**base, "model": {"num_hidden_layers": 3}},
+                     overrides=["model.num_layers=5"])
+    assert up.model.num_layers == 5 and up.model.to_dict()["num_hidden_layers"] == 5
+    mine = load_config({**base, "model": {"num_layers": 3}},
+                       overrides=["model.num_hidden_layers=4"])
+    assert mine.model.num_layers == 4 and "num_hidden_layers" not in mine.model.to_dict()
+    fresh = load_config({**base, "model": {}}, overrides=["model.rms_norm_eps=1e-5"])
+    assert fresh.model.to_dict()["rms_norm_eps"] == 1e-5
