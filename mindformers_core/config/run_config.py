@@ -33,6 +33,7 @@ from .errors import ConfigError
 from .lr_scheduler import LrSchedulerConfig
 from .model import ModelConfig
 from .monitor import MonitorConfig
+from .disabled_sections import LoraConfig, RecomputeCommConfig, SwapConfig
 from .optimizer import OptimizerConfig
 from .parallelism import ParallelismConfig
 from .profiler import ProfilerConfig
@@ -46,7 +47,8 @@ __all__ = ["RunConfig", "RunPlan", "load_config", "apply_overrides", "REQUIRED_S
 
 REQUIRED_SECTIONS = ("training", "optimizer", "lr_scheduler")
 #: upstream MindFormers' PyNative sections, written back by to_dict() only when given
-UPSTREAM_SECTIONS = ("monitor", "profiler", "context", "callbacks", "recompute")
+UPSTREAM_SECTIONS = ("monitor", "profiler", "context", "callbacks", "recompute", "recompute_comm",
+                     "swap", "lora_config")
 
 
 @dataclass
@@ -122,6 +124,9 @@ class RunConfig(Section):
     context: ContextConfig = field(default_factory=ContextConfig)
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    recompute_comm: RecomputeCommConfig = field(default_factory=RecomputeCommConfig)
+    swap: SwapConfig = field(default_factory=SwapConfig)
+    lora_config: LoraConfig = field(default_factory=LoraConfig)
 
     @classmethod
     def from_dict(cls, data: Any, path: str = ""):
@@ -145,7 +150,9 @@ class RunConfig(Section):
                          "train_dataset": DatasetConfig, "parallelism": ParallelismConfig,
                          "checkpoint": CheckpointConfig, "monitor": MonitorConfig,
                          "profiler": ProfilerConfig, "context": ContextConfig,
-                         "callbacks": CallbacksConfig, "recompute": RecomputeConfig}
+                         "callbacks": CallbacksConfig, "recompute": RecomputeConfig,
+                         "recompute_comm": RecomputeCommConfig, "swap": SwapConfig,
+                         "lora_config": LoraConfig}
         for name in names:
             if name in data:
                 kwargs[name] = section_types[name].from_dict(data[name], name)

@@ -8,6 +8,8 @@ from mindformers_core.config.checkpoint import CheckpointConfig
 from mindformers_core.config.context import ContextConfig, parse_memory_size
 from mindformers_core.config.dataset import DatasetConfig
 from mindformers_core.config.monitor import MonitorConfig, norm_patterns
+from mindformers_core.config.disabled_sections import LoraConfig, RecomputeCommConfig, SwapConfig
+from mindformers_core.config.run_config import load_config
 from mindformers_core.config.parallelism import ParallelismConfig
 from mindformers_core.config.profiler import ProfilerConfig
 from mindformers_core.config.recompute import RecomputeConfig
@@ -255,3 +257,27 @@ def test_recompute_off_values_only():
         RecomputeConfig.from_dict({"select_module": {"layers.*.mlp.*": ["0-9"]}}, "recompute")
     with pytest.raises(ConfigError, match=r"^recompute\.full_recompute: True needs activation"):
         RecomputeConfig.from_dict({"full_recompute": True}, "recompute")
+
+
+def test_disabled_sections_off_values_only():
+    RecomputeCommConfig.from_dict({"enable": False, "select_module": None}, "recompute_comm")
+    SwapConfig.from_dict({"enable": False, "default_prefetch": 1, "layer_swap": None}, "swap")
+    LoraConfig.from_dict({"target_modules": "", "lora_rank": 8}, "lora_config")
+    with pytest.raises(ConfigError, match=r"^recompute_comm\.enable: True needs communication "
+                                          r"recompute"):
+        RecomputeCommConfig.from_dict({"enable": True}, "recompute_comm")
+    with pytest.raises(ConfigError, match=r"^swap\.layer_swap: .* needs activation swap"):
+        SwapConfig.from_dict({"layer_swap": [{"backward_prefetch": 1}]}, "swap")
+    with pytest.raises(ConfigError, match=r"^lora_config\.target_modules: '.\*linear.\*' needs "
+                                          r"LoRA fine-tuning"):
+        LoraConfig.from_dict({"target_modules": ".*linear.*"}, "lora_config")
+
+
+def test_run_config_takes_null_lora_config_and_writes_back_only_given_sections():
+    base = {"training": {"steps": 10}, "optimizer": {"type": "AdamW"},
+            "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": 1e-3,
+                             "warmup_steps": 0}}
+    cfg = load_config({**base, "lora_config": None, "swap": {"enable": False}})
+    d = cfg.to_dict()
+    assert "swap" in d and "lora_config" in d and "recompute_comm" not in d
+    assert load_config(d) == cfg
