@@ -4,7 +4,7 @@
                                          SyntheticMarkov; upstream's other loaders are errors)
     dataloader.dataset_files  -> data_path (a path, or a list of exactly one path)
     dataloader.dataset_dir    -> data_path
-    dataloader.shuffle        -> shuffle
+    dataloader.shuffle        -> shuffle (default False, as upstream; the flat layout's is True)
     dataloader.column_names   -> checked: the MindRecord columns read here
     dataloader.python_multiprocessing -> False only (samples are read in-process)
 """
@@ -57,8 +57,7 @@ def split_dataloader(data: Dict[str, Any], path: str) -> Tuple[Dict[str, Any], b
                                                         f"{len(files)}")
                 files = files[0]
             flat["data_path"] = convert_value(str, files, f"{where}.{key}")
-    if "shuffle" in loader:
-        flat["shuffle"] = loader["shuffle"]
+    flat["shuffle"] = loader.get("shuffle", False)   # upstream's DataloaderConfig default
     if "column_names" in loader:
         cols = convert_value(List[str], loader["column_names"], f"{where}.column_names")
         bad = [c for c in cols if c not in MINDRECORD_COLUMNS]

@@ -35,9 +35,10 @@ def test_nested_dataloader_layout_equals_flat_and_round_trips():
     assert "dataloader" not in flat.to_dict()
 
 
-def test_dataset_files_list_of_one():
+def test_dataset_files_list_of_one_and_upstream_defaults():
     cfg = DatasetConfig.from_dict({"dataloader": {"dataset_files": ["a.mindrecord"]}}, "d")
-    assert (cfg.type, cfg.data_path) == ("MindDataset", "a.mindrecord")
+    assert (cfg.type, cfg.data_path, cfg.shuffle) == ("MindDataset", "a.mindrecord", False)
+    assert DatasetConfig.from_dict({"type": "MindDataset", "data_path": "a"}, "d").shuffle
 
 
 @pytest.mark.parametrize("data,msg", [
