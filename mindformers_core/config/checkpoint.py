@@ -12,10 +12,10 @@
 
 Upstream's spellings of "nothing": ``load_path: ""`` means no checkpoint to load and
 ``prefix: null`` the default prefix (both are normalised when loading; ``save_path: ""`` is
-the default directory). ``async_save`` writes the files in a background
-thread (trainer/async_checkpoint.py), still atomically. ``remove_redundancy``, ``load_balanced``, ``load_worker_number``,
-``save_global_layout_cache`` and ``reshard_worker_num`` concern distributed checkpoints; only
-their single-process values are accepted (config/checkpoint.py ``validate``).
+the default directory). ``async_save`` writes the files in a background thread
+(trainer/async_checkpoint.py), still atomically. ``remove_redundancy``, ``load_balanced``,
+``load_worker_number``, ``save_global_layout_cache`` and ``reshard_worker_num`` concern
+distributed checkpoints; only their single-process values are accepted (``validate``).
 """
 from __future__ import annotations
 

@@ -73,7 +73,8 @@ class Geometry:
 
     @property
     def hf_q_rows_key(self) -> str:
-        return "self_attn.q_proj.weight" if self.q_lora_rank is None else "self_attn.q_b_proj.weight"
+        return ("self_attn.q_proj.weight" if self.q_lora_rank is None
+                else "self_attn.q_b_proj.weight")
 
     @classmethod
     def of(cls, cfg) -> "Geometry":

@@ -89,8 +89,9 @@ def test_upstream_parallelism_keys_load_on_one_process(monkeypatch):
     ("pipeline_parallel_interleave_num", 2, r"2 needs interleaved pipeline parallelism"),
     ("cpu_offload", True, r"True needs FSDP CPU offload"),
     ("hsdp_shard_size", 8, r"8 needs HSDP sharding"),
-    ("pipeline_parallel_layers_per_stage", [[0, 1]], r"\[\[0, 1\]\] needs pipeline stage layouts.*only the no-op values "
-                                                       r"\[None, 'auto'\] are accepted"),
+    ("pipeline_parallel_layers_per_stage", [[0, 1]],
+     r"\[\[0, 1\]\] needs pipeline stage layouts.*only the no-op values "
+     r"\[None, 'auto'\] are accepted"),
     ("enable_loss_parallel", True, r"True needs vocab-parallel loss"),
     ("context_parallel_method", "ring", r"must be one of \['colossal', 'ulysses', 'hybrid'\]"),
     ("data_parallel_shard_strategy", "zero3", r"must be one of \['no_shard', 'optim'"),

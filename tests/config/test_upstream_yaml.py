@@ -27,6 +27,7 @@ TRAIN_CONFIG_NOOPS = ["model.model_type=gpt", "model.architectures=GPTForCausalL
                       "train_dataset.dataloader.type=MindDataset",
                       "train_dataset.dataloader.dataset_files=train.mindrecord", "callbacks=[]"]
 
+
 def _fields(overrides):
     return tuple(o.split("=", 1)[0] for o in overrides)
 
