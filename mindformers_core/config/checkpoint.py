@@ -9,6 +9,13 @@
   checkpoint (a damaged newer one is reported and skipped);
 * ``no_load_optim``: resume weights, step, data position and RNG, but start a fresh optimizer;
 * ``prefix``: file names are ``{prefix}_step{NNNNNNNN}.safetensors``.
+
+Upstream's spellings of "nothing": ``load_path: ""`` means no checkpoint to load and
+``prefix: null`` the default prefix (both are normalised when loading; ``save_path: ""`` is
+the default directory). ``async_save`` writes the files in a background thread
+(trainer/async_checkpoint.py), still atomically. ``remove_redundancy``, ``load_balanced``,
+``load_worker_number``, ``save_global_layout_cache`` and ``reshard_worker_num`` concern
+distributed checkpoints; only their single-process values are accepted (``validate``).
 """
 from __future__ import annotations
 
@@ -16,7 +23,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .errors import ConfigError
+from .noop import require_noop
 from .schema import Section, check_range
+
+DEFAULT_PREFIX = "mindformers_core"
 
 
 @dataclass
@@ -28,7 +38,23 @@ class CheckpointConfig(Section):
     no_save_optim: bool = False
     load_path: Optional[str] = None
     no_load_optim: bool = False
-    prefix: str = "mindformers_core"
+    prefix: str = DEFAULT_PREFIX   # null in the YAML = the default
+    async_save: bool = False
+    remove_redundancy: bool = False
+    load_balanced: bool = False
+    load_worker_number: int = 1
+    save_global_layout_cache: bool = True
+    reshard_worker_num: int = 1
+
+    @classmethod
+    def from_dict(cls, data, path: str):
+        data = dict(cls.mapping_of(data, path))
+        for name in ("load_path", "save_path"):
+            if data.get(name) == "":
+                data[name] = None     # upstream's "none"
+        if "prefix" in data and data["prefix"] is None:
+            data["prefix"] = DEFAULT_PREFIX
+        return super().from_dict(data, path)
 
     def validate(self, path: str) -> None:
         check_range(self.save_max, f"{path}.save_max", lo=1)
@@ -38,6 +64,16 @@ class CheckpointConfig(Section):
             raise ConfigError(f"{path}.prefix", "must be a non-empty file name prefix without "
                                                 f"path separators or a leading dot, got "
                                                 f"{self.prefix!r}")
-        for name in ("save_path", "load_path"):
-            if getattr(self, name) == "":
-                raise ConfigError(f"{path}.{name}", "must be null or a non-empty path")
+        # distributed-checkpoint options: one process has no redundancy to remove, nothing to
+        # balance and one file per load; other values need distributed checkpoints
+        for name, accepted in (("remove_redundancy", (False, True)),
+                               ("load_balanced", (False, True)),
+                               ("save_global_layout_cache", (False, True)),
+                               ("load_worker_number", (1,)), ("reshard_worker_num", (1,))):
+            require_noop(f"{path}.{name}", getattr(self, name), accepted,
+                         "parallel checkpoint loading")
+        from ..distributed.env import env_world_size  # no MindSpore import
+        if env_world_size() > 1:
+            for name in ("remove_redundancy", "load_balanced"):
+                require_noop(f"{path}.{name}", getattr(self, name), (False,),
+                             "distributed checkpoints")

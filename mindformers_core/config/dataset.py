@@ -15,13 +15,22 @@ Three sources (``type``):
 ``loss_mask_mode``: ``all`` keeps every label token (MindRecord: the file's ``loss_mask``);
 ``random_prefix`` additionally masks a prompt-like prefix of each sample, of length uniform in
 [0, seq_length - 1] drawn from (seed, sample index), so micro-batches hold unequal token counts.
+
+Upstream's layout nests the source in ``dataloader:`` (``type``, ``dataset_files``,
+``column_names``, ``shuffle``, ``python_multiprocessing``) with the loader options beside it;
+both layouts load (config/dataset_layout.py) and ``to_dict()`` writes the user's layout back.
+Loader options: ``drop_remainder`` (True: batches are always whole here), ``num_parallel_workers``
+and ``prefetch_size`` (>= 1; samples are read in-process, so they do not change the data),
+``numa_enable`` and ``use_distribute_dataset`` (False only: not implemented).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal, Optional
 
+from .dataset_layout import nest_dataloader, split_dataloader
 from .errors import ConfigError
+from .noop import require_noop
 from .schema import Section, check, check_range
 
 MARKOV_KEYS = ("markov_order", "markov_vocab_size", "markov_branching", "markov_concentration",
@@ -43,6 +52,22 @@ class DatasetConfig(Section):
     markov_branching: int = 4
     markov_concentration: float = 0.5
     markov_smoothing: float = 0.01
+    drop_remainder: bool = True
+    num_parallel_workers: int = 8
+    prefetch_size: int = 1
+    numa_enable: bool = False
+    use_distribute_dataset: bool = False
+
+    @classmethod
+    def from_dict(cls, data, path: str):
+        flat, nested = split_dataloader(cls.mapping_of(data, path), path)
+        obj = super().from_dict(flat, path)
+        object.__setattr__(obj, "_nested", nested)
+        return obj
+
+    def to_dict(self):
+        out = super().to_dict()
+        return nest_dataloader(out) if getattr(self, "_nested", False) else out
 
     def _set_off_default(self, key: str) -> bool:
         """Written by the user with a non-default value (to_dict() output stays loadable)."""
@@ -50,6 +75,13 @@ class DatasetConfig(Section):
 
     def validate(self, path: str) -> None:
         check_range(self.markov_order, f"{path}.markov_order", lo=1, hi=2)
+        require_noop(f"{path}.drop_remainder", self.drop_remainder, (True,),
+                     "keeping a last partial batch")
+        require_noop(f"{path}.numa_enable", self.numa_enable, (False,), "NUMA-aware loading")
+        require_noop(f"{path}.use_distribute_dataset", self.use_distribute_dataset, (False,),
+                     "broadcasting batches within a data domain")
+        check_range(self.num_parallel_workers, f"{path}.num_parallel_workers", lo=1)
+        check_range(self.prefetch_size, f"{path}.prefetch_size", lo=1)
         check_range(self.markov_vocab_size, f"{path}.markov_vocab_size", lo=2)
         check_range(self.markov_branching, f"{path}.markov_branching", lo=1)
         check_range(self.markov_concentration, f"{path}.markov_concentration", lo=0, lo_open=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from .schema import Section, check, check_range
+from .upstream_names import check_upstream_only, join_model_section, split_model_section
 
 DType = Literal["float32", "bfloat16", "float16"]
 
@@ -50,6 +51,20 @@ class ModelConfig(Section):
     moe_router_enable_expert_bias: bool = True
     moe_router_bias_update_rate: float = 1e-3
     moe_aux_loss_coeff: float = 0.0
+
+    # ------------------------------------------------------------------ both naming schemes
+    @classmethod
+    def from_dict(cls, data, path: str):
+        """Upstream MindFormers names or this project's (config/upstream_names.py)."""
+        canonical, spelling = split_model_section(cls.mapping_of(data, path), path,
+                                                  cls.field_names())
+        obj = super().from_dict(canonical, path)
+        check_upstream_only(spelling, path, obj)
+        object.__setattr__(obj, "_spelling", spelling)
+        return obj
+
+    def to_dict(self):
+        return join_model_section(super().to_dict(), getattr(self, "_spelling", None))
 
     # ------------------------------------------------------------------ derived values
     def resolved_multi_latent_attention(self) -> bool:

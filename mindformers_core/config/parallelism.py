@@ -23,9 +23,10 @@ clamped to dp (as upstream). Unlike upstream, a shard size that does not divide 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from .errors import ConfigError
+from .parallel_noop import check_parallel_noop
 from .schema import Section
 
 __all__ = ["ParallelismConfig", "resolve_dp_shard", "DATA_PARALLEL_KEY_MESSAGE",
@@ -68,6 +69,35 @@ class ParallelismConfig(Section):
     context_parallel: int = 1
     pipeline_parallel: int = 1
     data_parallel_shard: int = -1   # -1: shard optimizer state over all DP ranks; 1: replicate
+    # upstream keys of features that are off here (accepted values: config/parallel_noop.py)
+    data_parallel_shard_strategy: str = "optim"   # upstream default optim_grads_params (FSDP)
+    disable_gradient_division: bool = True
+    reshard_after_forward_policy: str = "default"
+    cpu_offload: bool = False
+    dense_fsdp_shard_size: Optional[int] = None
+    expert_parallel: int = 1
+    context_parallel_method: str = "colossal"
+    context_parallel_async: bool = False
+    ulysses_degree_in_cp: Optional[int] = None
+    context_parallel_mask_type: str = "causal"
+    pipeline_parallel_schedule: str = "1f1b"
+    pipeline_parallel_microbatch_size: int = 1
+    pipeline_parallel_interleave_num: int = 1
+    pipeline_parallel_layers_per_stage: Any = "auto"
+    pipeline_parallel_overlap_p2p: bool = False
+    pipeline_parallel_overlap_b_f: bool = False
+    pipeline_parallel_enable_dxdw_split: bool = False
+    pipeline_parallel_p2p_transport: str = "plain"
+    sequence_parallel: bool = False
+    enable_mc2: bool = False
+    enable_loss_parallel: bool = False
+    npu_nums_per_device: int = 8
+    moe_token_dispatcher_type: str = "alltoall"
+    expert_parallel_async_d2h: bool = False
+    expert_parallel_use_safe_tokens: bool = True
+    hsdp_shard_size: int = 1          # older branches (r1.9)
+    hsdp_optimizer_level: str = "level1"
+    hsdp_threshold: int = 64
 
     @classmethod
     def from_dict(cls, data, path: str):
@@ -82,6 +112,7 @@ class ParallelismConfig(Section):
             if value < 1:
                 raise ConfigError(f"{path}.{name}", f"must be >= 1, got {value}")
         self._check_model_parallel(path)
+        check_parallel_noop(self, path, self._env_data_parallel())
         if self.data_parallel_shard == 0 or self.data_parallel_shard < -1:
             resolve_dp_shard(self.data_parallel_shard, 1, f"{path}.data_parallel_shard")
         dp = self._env_data_parallel()

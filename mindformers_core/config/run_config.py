@@ -25,20 +25,30 @@ from typing import Any, Dict, Iterable, Optional, Union
 
 import yaml
 
+from .callbacks import CallbacksConfig
 from .checkpoint import CheckpointConfig
+from .context import ContextConfig, check_context_vs_training
 from .dataset import DatasetConfig
 from .errors import ConfigError
 from .lr_scheduler import LrSchedulerConfig
 from .model import ModelConfig
+from .monitor import MonitorConfig
+from .disabled_sections import LoraConfig, RecomputeCommConfig, SwapConfig
 from .optimizer import OptimizerConfig
 from .parallelism import ParallelismConfig
+from .profiler import ProfilerConfig
+from .recompute import RecomputeConfig
 from .schema import Section, type_name, unknown_key_error
 from .training import TrainingConfig
+from .upstream_names import spelling_in_use
 from .strict_yaml import load_strict_yaml
 
 __all__ = ["RunConfig", "RunPlan", "load_config", "apply_overrides", "REQUIRED_SECTIONS"]
 
 REQUIRED_SECTIONS = ("training", "optimizer", "lr_scheduler")
+#: upstream MindFormers' PyNative sections, written back by to_dict() only when given
+UPSTREAM_SECTIONS = ("monitor", "profiler", "context", "callbacks", "recompute", "recompute_comm",
+                     "swap", "lora_config")
 
 
 @dataclass
@@ -108,6 +118,15 @@ class RunConfig(Section):
     train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # upstream MindFormers' PyNative sections
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    context: ContextConfig = field(default_factory=ContextConfig)
+    callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    recompute_comm: RecomputeCommConfig = field(default_factory=RecomputeCommConfig)
+    swap: SwapConfig = field(default_factory=SwapConfig)
+    lora_config: LoraConfig = field(default_factory=LoraConfig)
 
     @classmethod
     def from_dict(cls, data: Any, path: str = ""):
@@ -129,7 +148,11 @@ class RunConfig(Section):
         section_types = {"training": TrainingConfig, "optimizer": OptimizerConfig,
                          "lr_scheduler": LrSchedulerConfig, "model": ModelConfig,
                          "train_dataset": DatasetConfig, "parallelism": ParallelismConfig,
-                         "checkpoint": CheckpointConfig}
+                         "checkpoint": CheckpointConfig, "monitor": MonitorConfig,
+                         "profiler": ProfilerConfig, "context": ContextConfig,
+                         "callbacks": CallbacksConfig, "recompute": RecomputeConfig,
+                         "recompute_comm": RecomputeCommConfig, "swap": SwapConfig,
+                         "lora_config": LoraConfig}
         for name in names:
             if name in data:
                 kwargs[name] = section_types[name].from_dict(data[name], name)
@@ -140,6 +163,7 @@ class RunConfig(Section):
 
     def validate(self, path: str = "") -> None:
         self._check_optimizer_vs_model()
+        check_context_vs_training(self.context, self.training)
         self.plan()  # schedule against training.steps, data parallel, accumulation
 
     def _check_optimizer_vs_model(self) -> None:
@@ -218,7 +242,9 @@ class RunConfig(Section):
         )
 
     def to_dict(self) -> Dict[str, Any]:
-        return {name: getattr(self, name).to_dict() for name in self.field_names()}
+        """Every section; upstream's optional sections only when the user wrote them."""
+        return {name: getattr(self, name).to_dict() for name in self.field_names()
+                if name not in UPSTREAM_SECTIONS or name in self.explicit_keys}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,7 +298,8 @@ def apply_overrides(data: Dict[str, Any], overrides: Iterable[str]) -> Dict[str,
                 raise ConfigError(dotted, f"cannot set: {here} is a {type_name(child)}, "
                                           "not a section")
             node = child
-        node[keys[-1]] = value
+        last = spelling_in_use(node, keys[-1]) if keys[:-1] == ["model"] else keys[-1]
+        node[last] = value
     return data
 
 

@@ -20,7 +20,7 @@ Gradients of bf16/fp16 parameters are cast to fp32 before they are summed.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -46,7 +46,8 @@ def count_loss_tokens(batches: Sequence[dict]) -> float:
 
 def accumulate_gradients(grad_fn: Callable, batches: Sequence[dict], total_tokens: float,
                          loss_scale: float = 1.0,
-                         data_parallel: int = 1) -> Tuple[List, float, float]:
+                         data_parallel: int = 1,
+                         on_micro: Optional[Callable] = None) -> Tuple[List, float, float]:
     """Run forward+backward on every micro-batch and sum the fp32 gradients.
 
     Returns ``(grads, loss_sum, aux_mean)``: the gradients of
@@ -54,6 +55,8 @@ def accumulate_gradients(grad_fn: Callable, batches: Sequence[dict], total_token
     losses (nats) and the mean auxiliary loss over micro-batches (unscaled).
     ``total_tokens`` (all ranks) must be > 0; ``data_parallel`` is the number of ranks whose
     gradients are summed afterwards, so the aux-loss gradient is a mean over all of them.
+    ``on_micro(loss_sum_j, tokens_j, grads_j)``, if given, sees every micro-batch's own
+    gradients (a monitor; it costs a host sync per micro-batch).
     """
     import mindspore as ms
 
@@ -72,6 +75,9 @@ def accumulate_gradients(grad_fn: Callable, batches: Sequence[dict], total_token
             ms.Tensor(np.asarray(batch["loss_mask"], dtype=np.float32)),
             loss_weight, aux_weight)
         grads = [g if g.dtype == ms.float32 else g.astype(ms.float32) for g in grads]
+        if on_micro is not None:
+            on_micro(float(loss_sum.asnumpy()), float(np.asarray(batch["loss_mask"]).sum()),
+                     grads)
         acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
         loss_parts.append(loss_sum)
         aux_parts.append(aux)

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, TextIO
+from typing import Any, Dict, List, Optional, TextIO
 
 __all__ = ["StepMetrics", "MetricsWriter", "format_step_line", "truncate_jsonl"]
 
@@ -43,6 +43,7 @@ class StepMetrics:
     num_zeros_in_grad: Optional[int] = None
     qk_clipped_heads: Optional[int] = None    # Muon QK-Clip: heads rescaled this step
     max_attention_logit: Optional[float] = None  # largest tracked q.k logit of the step
+    extra: Dict[str, Any] = field(default_factory=dict)  # monitor records (trainer/monitor.py)
 
     def row(self) -> dict:
         """The ``metrics.jsonl`` row (non-finite numbers become null: JSON has no NaN)."""
@@ -66,6 +67,7 @@ class StepMetrics:
         if self.qk_clipped_heads is not None:
             row["qk_clipped_heads"] = int(self.qk_clipped_heads)
             row["max_attention_logit"] = _finite(self.max_attention_logit)
+        row.update(self.extra)
         return row
 
 

@@ -15,20 +15,28 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-__all__ = ["seed_everything", "capture_rng_state", "restore_rng_state"]
+__all__ = ["seed_everything", "enable_deterministic", "capture_rng_state", "restore_rng_state"]
 
 
-def seed_everything(seed: int, deterministic: bool) -> None:
-    """Seed MindSpore, numpy and Python ``random``; optionally force deterministic kernels."""
+def enable_deterministic() -> None:
+    """MindSpore's deterministic kernels on (they cannot be switched off again)."""
     import mindspore as ms
 
-    if deterministic and ms.get_context("deterministic") != "ON":
+    if ms.get_context("deterministic") != "ON":
         # set_deterministic may be called once per process; later runs in the same process
         # (tests, notebooks) fall back to the context key it sets.
         try:
             ms.set_deterministic(True)
         except RuntimeError:
             ms.set_context(deterministic="ON")
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed MindSpore, numpy and Python ``random``; optionally force deterministic kernels."""
+    import mindspore as ms
+
+    if deterministic:
+        enable_deterministic()
     ms.set_seed(seed)
     if hasattr(ms, "manual_seed"):
         ms.manual_seed(seed)

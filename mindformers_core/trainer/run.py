@@ -53,10 +53,12 @@ def run_training(cfg, output_dir: str, stream=None) -> int:
     import mindspore as ms
     from ..config.errors import ConfigError
     from .checkpoint import CheckpointError
+    from .context import apply_context
     from .signals import StopRequest
     from .trainer import Trainer
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
+    apply_context(cfg)  # context: device, memory limit, deterministic kernels
     # before any op runs: launch_blocking only takes full effect when set first
     apply_pynative_synchronize(choose_pynative_synchronize(cfg))
     out = stream or sys.stdout

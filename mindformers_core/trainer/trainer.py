@@ -33,11 +33,14 @@ import numpy as np
 
 from ..config.checkpoint import CheckpointConfig
 from .accumulate import accumulate_gradients, count_loss_tokens, make_grad_fn
-from .checkpoint import (CheckpointData, CheckpointError, list_checkpoints, prune_checkpoints,
-                         resolve_checkpoint, save_checkpoint)
+from .checkpoint import (CheckpointData, CheckpointError, checkpoint_name, list_checkpoints,
+                         prune_checkpoints, resolve_checkpoint, save_checkpoint)
 from .config_diff import config_changes
 from .grad_reducer import IdentityGradReducer
 from .metrics import MetricsWriter, StepMetrics
+from .async_checkpoint import AsyncCheckpointWriter, snapshot
+from .monitor import TrainStateMonitor
+from .profiler import StepProfiler
 from .rampup import build_batch_ramp
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .signals import StopRequest
@@ -152,6 +155,10 @@ class Trainer:
             # before any optimizer state is loaded
             optimizer = self.grad_reducer.prepare_optimizer(optimizer, cfg)
         self.optimizer = optimizer
+        self.monitor = TrainStateMonitor(cfg.monitor.train_state,
+                                         [p.name for p in self.optimizer.parameters])
+        self.profiler = StepProfiler(cfg.profiler, output_dir, self.rank)
+        self.async_writer = AsyncCheckpointWriter()
         self.loss_scaler = self._build_loss_scaler()
         if dataset is None:
             from ..data import build_dataset
@@ -281,11 +288,20 @@ class Trainer:
         tensors, dtypes, state = self.checkpoint_payload()
         if self.rank != 0:
             return None
-        path = save_checkpoint(self.save_dir, self.ckpt_cfg.prefix, self.state.step, tensors,
-                               state, self.cfg.to_dict(), dtypes, write_hook=write_hook)
-        prune_checkpoints(self.save_dir, self.ckpt_cfg.prefix, self.ckpt_cfg.save_max)
-        self.log(f"saved checkpoint {path}")
-        return path
+        step, config = self.state.step, self.cfg.to_dict()
+        if self.ckpt_cfg.async_save:
+            tensors = snapshot(tensors)   # later steps must not change what is written
+
+        def write():
+            path = save_checkpoint(self.save_dir, self.ckpt_cfg.prefix, step, tensors, state,
+                                   config, dtypes, write_hook=write_hook)
+            prune_checkpoints(self.save_dir, self.ckpt_cfg.prefix, self.ckpt_cfg.save_max)
+            self.log(f"saved checkpoint {path}")
+            return path
+        if self.ckpt_cfg.async_save:
+            self.async_writer.submit(write)   # trainer/async_checkpoint.py
+            return os.path.join(self.save_dir, checkpoint_name(self.ckpt_cfg.prefix, step))
+        return write()
 
     # ------------------------------------------------------------------ one step
     def num_micro_batches(self) -> int:
@@ -315,8 +331,12 @@ class Trainer:
         total_tokens = self.grad_reducer.global_token_count(local_tokens)
         scale = float(self.loss_scaler.scale) if self.loss_scaler is not None else 1.0
 
+        on_micro = (lambda *a: self.monitor.on_micro_batch(*a, loss_scale=scale)
+                    ) if self.monitor.watches_micro_batches else None
         grads, loss_sum, aux = accumulate_gradients(self._grad_fn, batches, total_tokens, scale,
-                                                    data_parallel=self.grad_reducer.world_size)
+                                                    data_parallel=self.grad_reducer.world_size,
+                                                    on_micro=on_micro)
+        self.monitor.on_device_step(loss_sum, local_tokens, grads, loss_scale=scale)
         grads, loss_sum, _ = self.grad_reducer.reduce(grads, loss_sum, local_tokens)
         if scale != 1.0:
             inv = ms.Tensor(np.float32(1.0 / scale))
@@ -398,7 +418,8 @@ class Trainer:
             loss_scale=scale if self.loss_scaler is not None else None,
             aux_loss=aux if aux else None, num_zeros_in_grad=num_zeros,
             qk_clipped_heads=qk_stats.num_clipped_heads if qk_stats is not None else None,
-            max_attention_logit=qk_stats.max_logit if qk_stats is not None else None)
+            max_attention_logit=qk_stats.max_logit if qk_stats is not None else None,
+            extra=self.monitor.pop_records())
 
     def _count_skip(self, overflow: bool = False) -> None:
         self.state.total_skipped += 1
@@ -445,7 +466,9 @@ class Trainer:
                     if stop.requested and self.grad_reducer.world_size == 1:
                         reason = "interrupted"     # signalled before this step started
                         break
+                    self.profiler.before_step(self.state.step + 1)
                     metrics = self.train_step()
+                    self.profiler.after_step(self.state.step)
                     self.writer.log(metrics, metrics.tokens)
                     if self._should_save(self.state.step, end):
                         self.save()
@@ -462,6 +485,8 @@ class Trainer:
                 self.save()
             self.writer.summary(self.state, self.entropy_floor, reason)
         finally:
+            self.profiler.close()
+            self.async_writer.wait()
             self.writer.close()
         return reason
 

@@ -30,7 +30,8 @@ from mindformers_core.config.yaml_io import load_yaml_text
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
 SECTIONS = ("training", "optimizer", "lr_scheduler", "model", "train_dataset", "parallelism",
-            "checkpoint")
+            "checkpoint", "monitor", "profiler", "context", "callbacks", "recompute",
+            "recompute_comm", "swap", "lora_config")
 BASE = {"training": {"steps": 1000}, "optimizer": {"type": "AdamW"},
         "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": 1e-3}}
 SHELLS = ("bash", "shell", "sh", "console")

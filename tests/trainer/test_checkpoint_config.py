@@ -10,7 +10,13 @@ def test_defaults_and_field_names():
     assert c.to_dict() == {"enable_save": False, "save_path": None, "save_max": 3,
                            "save_interleaved_steps": 1000, "no_save_optim": False,
                            "load_path": None, "no_load_optim": False,
-                           "prefix": "mindformers_core"}
+                           "prefix": "mindformers_core", "async_save": False,
+                           "remove_redundancy": False, "load_balanced": False,
+                           "load_worker_number": 1, "save_global_layout_cache": True,
+                           "reshard_worker_num": 1}
+    # upstream's spellings of "none" / "default" (issue [7/10])
+    up = CheckpointConfig.from_dict({"load_path": "", "save_path": "", "prefix": None}, "c")
+    assert (up.load_path, up.save_path, up.prefix) == (None, None, "mindformers_core")
 
 
 @pytest.mark.parametrize("data, message", [
@@ -18,8 +24,6 @@ def test_defaults_and_field_names():
     ({"save_interleaved_steps": 0}, r"checkpoint.save_interleaved_steps: must be >= 1, got 0"),
     ({"prefix": "a/b"}, r"checkpoint.prefix: must be a non-empty file name prefix"),
     ({"prefix": ""}, r"checkpoint.prefix: must be a non-empty file name prefix"),
-    ({"load_path": ""}, r"checkpoint.load_path: must be null or a non-empty path"),
-    ({"save_path": ""}, r"checkpoint.save_path: must be null or a non-empty path"),
     ({"save_every": 5}, r"checkpoint.save_every: unknown key"),
     ({"enable_save": "yes"}, r"checkpoint.enable_save: expected a bool"),
 ])

@@ -1,0 +1,79 @@
+"""Upstream `parallelism:` keys of features that do not exist here: the accepted values.
+
+Only data parallelism with ZeRO-1 optimizer-state sharding (``data_parallel_shard``) is
+implemented. A key is accepted with its no-op value; any other value is a ConfigError naming
+the field and saying the feature is not implemented (``noop.require_noop``).
+
+``data_parallel_shard_strategy`` (upstream's default ``optim_grads_params`` is FSDP/ZeRO-3)
+and ``disable_gradient_division`` are no-ops while the optimizer state is not sharded
+(``dp_shard == 1``: one process, or ``data_parallel_shard: 1``). With a sharded state only
+``optim`` (ZeRO-1) is implemented, and the gradient is the global mean as upstream's
+``disable_gradient_division: True`` gives it (the loss is normalised by the global token count,
+the reduction sums).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .errors import ConfigError
+from .noop import require_noop
+
+__all__ = ["check_parallel_noop", "SHARD_STRATEGIES"]
+
+SHARD_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+
+#: field -> (accepted values, feature)
+_NOOP = {
+    "cpu_offload": ((False,), "FSDP CPU offload"),
+    "dense_fsdp_shard_size": ((None,), "FSDP dense shard limits"),
+    "expert_parallel": ((1,), "expert parallelism"),
+    "context_parallel_async": ((False,), "context parallelism"),
+    "ulysses_degree_in_cp": ((None,), "Ulysses context parallelism"),
+    "context_parallel_mask_type": (("causal",), "a non-causal context-parallel mask"),
+    "pipeline_parallel_microbatch_size": ((1,), "pipeline parallelism"),
+    "pipeline_parallel_interleave_num": ((1,), "interleaved pipeline parallelism"),
+    "pipeline_parallel_layers_per_stage": ((None, "auto"), "pipeline stage layouts"),
+    "pipeline_parallel_overlap_p2p": ((False,), "pipeline communication overlap"),
+    "pipeline_parallel_overlap_b_f": ((False,), "pipeline compute overlap"),
+    "pipeline_parallel_enable_dxdw_split": ((False,), "pipeline dx/dw split"),
+    "enable_mc2": ((False,), "MC2 matmul-communication fusion"),
+    "enable_loss_parallel": ((False,), "vocab-parallel loss"),
+    "moe_token_dispatcher_type": (("alltoall",), "the alltoall_deredundancy dispatcher"),
+    "expert_parallel_async_d2h": ((False,), "asynchronous expert-parallel counts"),
+    "hsdp_shard_size": ((1,), "HSDP sharding"),
+}
+#: field -> its known upstream values (any of them is a no-op here)
+_CHOICES = {
+    "context_parallel_method": ("colossal", "ulysses", "hybrid"),
+    "pipeline_parallel_schedule": ("1f1b", "interleaved_1f1b", "gpipe"),
+    "pipeline_parallel_p2p_transport": ("plain", "auto"),
+    "reshard_after_forward_policy": ("default", "always", "never"),
+    "hsdp_optimizer_level": ("level1", "level2", "level3"),
+    "data_parallel_shard_strategy": SHARD_STRATEGIES,
+}
+
+
+def check_parallel_noop(cfg: Any, path: str, dp: Optional[int]) -> None:
+    """Check every upstream-only parallelism field of ``cfg`` (a ParallelismConfig); ``dp`` is
+    the launcher's data-parallel size, or None when it is not known yet."""
+    for name, choices in _CHOICES.items():
+        value = getattr(cfg, name)
+        if value not in choices:
+            raise ConfigError(f"{path}.{name}", f"must be one of {list(choices)}, got {value!r}")
+    for name, (accepted, feature) in _NOOP.items():
+        require_noop(f"{path}.{name}", getattr(cfg, name), accepted, feature)
+    if cfg.npu_nums_per_device < 1:
+        raise ConfigError(f"{path}.npu_nums_per_device",
+                          f"must be >= 1, got {cfg.npu_nums_per_device}")
+    if cfg.hsdp_threshold < 0:
+        raise ConfigError(f"{path}.hsdp_threshold", f"must be >= 0, got {cfg.hsdp_threshold}")
+    if dp is None:
+        return
+    _, shard = cfg.dp_shard(dp)
+    if shard > 1:
+        require_noop(f"{path}.data_parallel_shard_strategy", cfg.data_parallel_shard_strategy,
+                     ("optim",), f"sharding beyond the optimizer state (ZeRO-1) over "
+                                 f"{shard} ranks")
+    if dp > 1:
+        require_noop(f"{path}.disable_gradient_division", cfg.disable_gradient_division,
+                     (True,), "dividing the summed gradient by the data-parallel size again")

@@ -1,0 +1,210 @@
+"""Upstream MindFormers' `model:` names next to this project's (Megatron-style) names.
+
+Both schemes load. ``split_model_section(data, path, fields)`` turns the user's mapping into
+
+* the canonical mapping (this project's field names) that ``ModelConfig`` is built from, and
+* a :class:`ModelSpelling`: which upstream aliases the user wrote and the upstream-only keys
+  (with their values), so that ``ModelConfig.to_dict()`` writes the user's scheme back.
+
+Rules:
+
+* ``MODEL_ALIASES``: upstream name -> canonical name. An alias applies only when its canonical
+  name is a declared ``ModelConfig`` field (fields other packages add arrive with their merge).
+  Writing both spellings of one field is an error naming both.
+* ``UPSTREAM_ONLY``: upstream keys with no field here. Each is either a layout/kernel choice
+  with identical math (any value of its type), informational, or a feature that does not exist
+  yet, accepted only with its no-op value (``noop.require_noop``). A key that a later change
+  declares as a real ``ModelConfig`` field is handled by that field instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Optional, Tuple
+
+from .errors import ConfigError
+from .noop import require_noop
+from .schema import convert_value, unknown_key_error
+
+__all__ = ["MODEL_ALIASES", "UPSTREAM_ONLY", "ModelSpelling", "split_model_section",
+           "join_model_section", "check_upstream_only", "ARCHITECTURES", "spelling_in_use"]
+
+#: upstream (MindFormers / Hugging Face) name -> this project's canonical name
+MODEL_ALIASES: Dict[str, str] = {
+    "num_hidden_layers": "num_layers",
+    "intermediate_size": "ffn_hidden_size",
+    "rms_norm_eps": "norm_epsilon",
+    "num_key_value_heads": "num_query_groups",
+    "moe_router_topk_scaling_factor": "routed_scaling_factor",
+    "moe_router_score_function": "scoring_func",
+    "moe_ffn_hidden_size": "moe_intermediate_size",
+    "scaling_factor": "rotary_scaling_factor",
+    "mtp_num_layers": "num_nextn_predict_layers",
+}
+
+#: model_type -> upstream ``architectures`` class names that describe the same network
+ARCHITECTURES: Dict[str, Tuple[str, ...]] = {
+    "gpt": ("GPTForCausalLM", "LlamaForCausalLM"),
+    "deepseek_v3": ("DeepseekV3ForCausalLM",),
+}
+
+_DTYPE = str
+_F32 = ("float32",)
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """An upstream-only key: its type, its default, and the values accepted here.
+
+    ``accepted`` None: every value of the type (layout/kernel choice, or informational);
+    otherwise the values that keep the feature ``feature`` off.
+    """
+    tp: Any
+    default: Any
+    accepted: Optional[Tuple[Any, ...]] = None
+    feature: str = ""
+
+
+UPSTREAM_ONLY: Dict[str, Upstream] = {
+    # architecture switches whose only implemented value is the no-op one
+    "add_bias_linear": Upstream(bool, False, (False,), "biases in the linear layers"),
+    "add_qkv_bias": Upstream(bool, False, (False,), "biases in the q/k/v projections"),
+    "gated_linear_unit": Upstream(bool, True, (True,), "a non-gated MLP"),
+    "hidden_act": Upstream(str, "silu", ("silu", "swiglu", "fusedswiglu"),
+                           "an MLP activation other than SwiGLU"),
+    "normalization": Upstream(str, "RMSNorm", ("RMSNorm",), "LayerNorm"),
+    "attention_dropout": Upstream(float, 0.0, (0.0,), "attention dropout"),
+    "hidden_dropout": Upstream(float, 0.0, (0.0,), "hidden dropout"),
+    "use_pad_tokens": Upstream(bool, False, (False,), "pad tokens in MoE dispatch"),
+    "moe_token_dispatcher_type": Upstream(str, "alltoall", ("alltoall",),
+                                          "the alltoall_deredundancy token dispatcher"),
+    "use_flash_attention": Upstream(bool, False, (False,), "flash attention"),
+    "num_nextn_predict_layers": Upstream(int, 0, (0,), "multi-token prediction"),
+    "position_embedding_type": Upstream(str, "rope", ("rope",), "YaRN RoPE scaling"),
+    # precisions: norms, softmax, RoPE tables and the router already run in float32
+    "layernorm_compute_dtype": Upstream(_DTYPE, "float32", _F32, "a non-float32 norm"),
+    "softmax_compute_dtype": Upstream(_DTYPE, "float32", _F32, "a non-float32 softmax"),
+    "rotary_dtype": Upstream(_DTYPE, "float32", _F32, "non-float32 RoPE tables"),
+    "router_dense_type": Upstream(_DTYPE, "float32", _F32, "a non-float32 router"),
+    # layout / kernel choices with identical math (the converter maps the weight layouts)
+    "mla_qkv_concat": Upstream(bool, False),
+    "moe_grouped_gemm": Upstream(bool, False),
+    # informational, or only read by a feature that is off (as upstream)
+    "architectures": Upstream(Optional[str], None),
+    "max_position_embeddings": Upstream(Optional[int], None),
+    "mtp_loss_scaling_factor": Upstream(float, 0.1),
+    "rotary_scaling_factor": Upstream(float, 1.0),
+    "beta_fast": Upstream(float, 32.0),
+    "beta_slow": Upstream(float, 1.0),
+    "mscale": Upstream(float, 1.0),
+    "mscale_all_dim": Upstream(float, 0.0),
+    # MoE routing keys: accepted with today's behaviour until their fields are declared
+    "scoring_func": Upstream(str, "sigmoid", ("sigmoid",), "a non-sigmoid router score"),
+    "n_group": Upstream(Optional[int], None, (None, 1), "group-limited routing"),
+    "topk_group": Upstream(Optional[int], None, (None, 1), "group-limited routing"),
+    "moe_router_load_balancing_type": Upstream(str, "seq_aux_loss", ("seq_aux_loss",),
+                                               "a load-balancing loss other than the "
+                                               "sequence aux loss"),
+    "moe_router_pre_softmax": Upstream(bool, False, (False,), "softmax-before-top-k routing"),
+    "moe_expert_capacity_factor": Upstream(Optional[float], None, (None,),
+                                           "expert capacity (token dropping)"),
+    # dropless routing: the drop policy is never used (as upstream without a capacity factor)
+    "moe_token_drop_policy": Upstream(str, "probs", ("probs", "position"), "token dropping"),
+    # must equal the shared experts' width here (checked against the model below)
+    "moe_shared_expert_intermediate_size": Upstream(Optional[int], None),
+    # qk_layernorm: MLA's q/kv latent norms (always on here); checked against the model below
+    "qk_layernorm": Upstream(bool, False),
+}
+
+
+@dataclass
+class ModelSpelling:
+    """How the user wrote `model:`: the aliases used and the upstream-only keys given."""
+    aliases: Dict[str, str] = field(default_factory=dict)      # canonical -> upstream name
+    upstream_only: Dict[str, Any] = field(default_factory=dict)
+
+
+def split_model_section(data: Dict[str, Any], path: str,
+                        fields: Iterable[str]) -> Tuple[Dict[str, Any], ModelSpelling]:
+    """``(canonical mapping, spelling)`` of the user's `model:` mapping (rules in the module
+    doc). Raises ConfigError for both spellings of one field and for a value of an
+    upstream-only key that needs a feature not implemented here."""
+    declared = set(fields)
+    known_extra = set(UPSTREAM_ONLY) - declared
+    spelling = ModelSpelling()
+    out: Dict[str, Any] = {}
+    for key, value in data.items():
+        canonical = MODEL_ALIASES.get(key)
+        if canonical is not None and (canonical in declared or canonical in known_extra):
+            if canonical in data:
+                raise ConfigError(f"{path}.{key}", f"sets the same field as {canonical!r} "
+                                                   f"(upstream and project spelling of one "
+                                                   f"field); keep one of them")
+            spelling.aliases[canonical] = key
+        else:
+            canonical = key
+        if canonical in declared:
+            out[canonical] = value
+        elif canonical in known_extra:
+            spec = UPSTREAM_ONLY[canonical]
+            where = f"{path}.{key}"
+            value = convert_value(spec.tp, value, where)
+            if spec.accepted is not None:
+                require_noop(where, value, spec.accepted, spec.feature)
+            spelling.upstream_only[canonical] = value
+        else:
+            valid = declared | known_extra | {a for a, c in MODEL_ALIASES.items()
+                                              if c in declared or c in known_extra}
+            raise unknown_key_error(path, key, sorted(valid))
+    return out, spelling
+
+
+def check_upstream_only(spelling: ModelSpelling, path: str, cfg: Any) -> None:
+    """Rules of upstream-only keys that depend on the built model (a ModelConfig)."""
+    extra = spelling.upstream_only
+    model_type, mla = cfg.model_type, cfg.resolved_multi_latent_attention()
+    shared = extra.get("moe_shared_expert_intermediate_size")
+    if shared is not None:
+        width = cfg.resolved_moe_intermediate_size() * cfg.n_shared_experts
+        if shared != width:
+            raise ConfigError(f"{path}.moe_shared_expert_intermediate_size",
+                              f"{shared} needs shared experts of another width than "
+                              f"moe_intermediate_size * n_shared_experts ({width}), which is "
+                              "not implemented here")
+    arch = extra.get("architectures")
+    if arch is not None and arch not in ARCHITECTURES.get(model_type, ()):
+        raise ConfigError(f"{path}.architectures",
+                          f"{arch!r} does not describe model_type {model_type!r} "
+                          f"(expected one of {list(ARCHITECTURES.get(model_type, ()))})")
+    if "qk_layernorm" in extra:
+        # upstream's MLA normalises the q and kv latents under this flag; this project's MLA
+        # always does, and its standard attention has no q/k norm
+        require_noop(f"{path}.qk_layernorm", extra["qk_layernorm"], (mla,),
+                     "MLA without latent norms" if mla else "q/k layer norm in standard "
+                                                          "attention")
+    if "max_position_embeddings" in extra and extra["max_position_embeddings"] is not None:
+        if extra["max_position_embeddings"] < 1:
+            raise ConfigError(f"{path}.max_position_embeddings",
+                              f"must be >= 1, got {extra['max_position_embeddings']}")
+
+
+def join_model_section(canonical: Dict[str, Any], spelling: Optional[ModelSpelling]
+                       ) -> Dict[str, Any]:
+    """The user's scheme back from the canonical ``to_dict()`` (inverse of the split)."""
+    if spelling is None:
+        return canonical
+    out: Dict[str, Any] = {}
+    for key, value in canonical.items():
+        out[spelling.aliases.get(key, key)] = value
+    for key, value in spelling.upstream_only.items():
+        out[spelling.aliases.get(key, key)] = value
+    return out
+
+
+def spelling_in_use(section: Dict[str, Any], key: str) -> str:
+    """The key a `model:` mapping already uses for ``key``'s field (its other spelling), else
+    ``key``: ``--set model.num_layers=2`` on a file that says ``num_hidden_layers`` sets that."""
+    if key in section:
+        return key
+    others = [a for a, c in MODEL_ALIASES.items() if c == key] + \
+        ([MODEL_ALIASES[key]] if key in MODEL_ALIASES else [])
+    return next((o for o in others if o in section), key)
