@@ -68,7 +68,7 @@ def group_limited_key(key, n_group: int, topk_group: int):
     eligible = ops.one_hot(chosen, n_group, Tensor(1.0, ms.float32),
                            Tensor(0.0, ms.float32)).sum(1) > 0           # [T, G]
     eligible = eligible[..., None].broadcast_to(grouped.shape).reshape(t, e)
-    return mint.where(eligible, key, mint.full_like(key, float("-inf")))
+    return ops.masked_fill(key, ~eligible, float("-inf"))
 
 
 def select_experts(scores, expert_bias, top_k: int, n_group=None, topk_group=None):
