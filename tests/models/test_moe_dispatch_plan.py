@@ -1,0 +1,116 @@
+"""The pure dispatch plan (models/dispatch.py): permutation, segments, capacity and drops,
+checked against brute force; the padded-bucket expert computation against a per-pair loop."""
+import math
+
+import numpy as np
+import pytest
+import mindspore as ms
+
+from mindformers_core.models.dispatch import (expert_capacity, expert_ffn, make_plan,
+                                              padded_expert_ffn, uses_grouped_matmul)
+
+
+def _routing(t=12, e=5, k=2, seed=0):
+    rng = np.random.RandomState(seed)
+    idx = np.stack([rng.choice(e, k, replace=False) for _ in range(t)]).astype(np.int32)
+    w = rng.rand(t, k).astype(np.float32)
+    return idx, w
+
+
+def test_order_groups_pairs_by_expert_in_pair_order():
+    idx, _ = _routing()
+    plan = make_plan(idx, 5)
+    flat = idx.reshape(-1)
+    for e in range(5):
+        seg = plan.order[plan.offsets[e]:plan.offsets[e + 1]]
+        np.testing.assert_array_equal(seg, np.flatnonzero(flat == e))   # ascending pair index
+    np.testing.assert_array_equal(plan.tokens_per_expert, np.bincount(flat, minlength=5))
+    assert plan.offsets[0] == 0 and plan.offsets[-1] == flat.size
+    assert sorted(plan.order.tolist()) == list(range(flat.size))        # a permutation
+
+
+def test_dropless_capacity_is_the_largest_segment_and_drops_nothing():
+    idx, _ = _routing()
+    plan = make_plan(idx, 5)
+    assert plan.capacity == np.bincount(idx.reshape(-1)).max()
+    assert plan.dropped == 0 and plan.kept.all()
+
+
+def test_bucket_rows_hold_each_pair_once_and_point_back_to_its_token():
+    idx, _ = _routing()
+    plan = make_plan(idx, 5)
+    rows = plan.pair_row
+    assert len(set(rows.tolist())) == rows.size                        # distinct rows
+    for p, row in enumerate(rows):
+        e, rank = divmod(int(row), plan.capacity)
+        assert e == idx.reshape(-1)[p]
+        assert plan.bucket_token[row] == p // idx.shape[1]
+    empty = np.setdiff1d(np.arange(5 * plan.capacity), rows)
+    assert (plan.bucket_token[empty] == idx.shape[0]).all()            # padding rows
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0, 1.3])
+def test_capacity_formula(factor):
+    assert expert_capacity(24, 5, factor) == math.ceil(24 / 5 * factor)
+    assert expert_capacity(1, 64, 0.01) == 1
+
+
+@pytest.mark.parametrize("policy", ["probs", "position"])
+def test_capacity_drops_follow_the_policy(policy):
+    idx, w = _routing(t=20, e=4, k=2, seed=3)
+    plan = make_plan(idx, 4, capacity_factor=0.6, drop_policy=policy, gate_weights=w)
+    cap = math.ceil(40 / 4 * 0.6)
+    assert plan.capacity == cap
+    flat, wf = idx.reshape(-1), w.reshape(-1)
+    want_kept = np.zeros(flat.size, bool)
+    for e in range(4):
+        pairs = list(np.flatnonzero(flat == e))
+        if policy == "probs":
+            pairs.sort(key=lambda p: (-wf[p], p))
+        want_kept[pairs[:cap]] = True
+    np.testing.assert_array_equal(plan.kept, want_kept)
+    assert plan.dropped == int((~want_kept).sum()) > 0
+    np.testing.assert_array_equal(plan.tokens_per_expert, np.bincount(flat, minlength=4))
+
+
+def test_equal_weights_drop_the_later_pairs():
+    idx = np.zeros((6, 1), np.int32)
+    plan = make_plan(idx, 2, capacity_factor=1.0, drop_policy="probs",
+                     gate_weights=np.ones((6, 1), np.float32))
+    np.testing.assert_array_equal(plan.kept, [True, True, True, False, False, False])
+
+
+def test_unknown_drop_policy_message():
+    with pytest.raises(ValueError, match=r"moe_token_drop_policy must be one of \('probs', "
+                                         r"'position'\), got 'random'"):
+        make_plan(np.zeros((2, 1), np.int32), 2, 1.0, "random")
+
+
+def test_padded_expert_ffn_equals_a_per_pair_loop():
+    rng = np.random.RandomState(0)
+    t, e, k, h, f = 9, 3, 2, 4, 3
+    idx, w = _routing(t, e, k, seed=1)
+    x = rng.standard_normal((t, h)).astype(np.float32)
+    w1 = rng.standard_normal((e, h, 2 * f)).astype(np.float32)
+    w2 = rng.standard_normal((e, f, h)).astype(np.float32)
+    plan = make_plan(idx, e, capacity_factor=0.7, drop_policy="position")
+    got = padded_expert_ffn(ms.Tensor(x), ms.Tensor(w), plan, ms.Tensor(w1), ms.Tensor(w2), f)
+    want = np.zeros((t, h))
+    for p in np.flatnonzero(plan.kept):
+        ti, j = divmod(int(p), k)
+        hh = x[ti] @ w1[idx[ti, j]]
+        want[ti] += w[ti, j] * ((hh[:f] / (1 + np.exp(-hh[:f])) * hh[f:]) @ w2[idx[ti, j]])
+    np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_uses_the_padded_path_and_reports_counts_and_drops():
+    assert not uses_grouped_matmul(None)          # grouped matmul kernels are Ascend-only
+    idx, w = _routing(t=10, e=4, k=2, seed=2)
+    rng = np.random.RandomState(1)
+    x = ms.Tensor(rng.standard_normal((10, 4)).astype(np.float32))
+    w1 = ms.Tensor(rng.standard_normal((4, 4, 6)).astype(np.float32))
+    w2 = ms.Tensor(rng.standard_normal((4, 3, 4)).astype(np.float32))
+    out, counts, dropped = expert_ffn(x, ms.Tensor(w), ms.Tensor(idx), w1, w2, 3, 0.5, "probs")
+    assert out.shape == (10, 4)
+    np.testing.assert_array_equal(counts.asnumpy(), np.bincount(idx.reshape(-1), minlength=4))
+    assert dropped == make_plan(idx, 4, 0.5, "probs", w).dropped > 0
