@@ -5,24 +5,25 @@ are laid out by ``make_plan`` (pure numpy):
 
 * ``order``: the pairs sorted by expert (stable), so expert e owns the contiguous segment
   ``order[offsets[e]:offsets[e + 1]]``; inside a segment the pairs come in drop-priority order;
-* capacity C (rows per expert): dropless (the default) C = the largest segment; with
-  ``moe_expert_capacity_factor`` f, C = ceil(T k / E * f) and the pairs past C in a segment
-  are dropped (they contribute nothing; ``dropped`` counts them). ``moe_token_drop_policy``
-  orders a segment for that: ``probs`` keeps the largest gate weights, ``position`` the
-  earliest pairs (ties and equal weights: lower pair index first);
-* bucket layout: pair p of expert e at rank r < C sits at row e * C + r of an [E * C] bucket
-  array (``pair_row``; E * C marks a dropped pair), ``bucket_token`` names the token of each
-  row (T marks an empty row).
+* capacity C: dropless (the default) keeps every pair; with ``moe_expert_capacity_factor`` f,
+  C = ceil(T k / E * f) and the pairs past C in a segment are dropped (they contribute
+  nothing; ``dropped`` counts them). ``moe_token_drop_policy`` orders a segment for that:
+  ``probs`` keeps the largest gate weights, ``position`` the earliest pairs (equal weights:
+  lower pair index first);
+* blocks: each expert's kept pairs fill ceil(n_e / b) blocks of b rows (``block_size``: b =
+  the largest segment, i.e. one block per expert, or the mean segment when that computes
+  fewer rows). Rows <= T k + nb (b - 1) whatever the imbalance; ``pair_row`` is the row of
+  each pair, ``row_token`` the token of each row.
 
 ``expert_ffn`` is the one dispatch function; it picks the kernel the backend has:
 
-* anywhere (CPU): gather the tokens into [E, C, H] buckets, two ``mint.bmm`` with the 3-D
-  expert weights, gather each pair's output row back and sum with the gate weights. Measured
-  on CPU (bench/bench_moe.py ``--options``) against a per-expert loop over gathered rows and
-  against a scatter-add (segment-sum) combine: the loop costs one kernel per expert and is
-  ~15x slower at E = 64, the segment-sum combine is within noise of the gather combine.
-  Work and activation memory are O(E * C * F): O(T k F) for balanced routing, and never more
-  than the dense E * T * F;
+* anywhere (the CPU path): gather the tokens into [nb, b, H] blocks, two batched matmuls with
+  each block's expert weights (the 3-D weights as they are when one block per expert, else
+  gathered per block), gather each pair's output row back and sum with the gate weights.
+  Measured on CPU (bench/bench_moe.py ``--options``) against the dense form, a per-expert
+  loop over gathered rows (one kernel pair per expert: the slowest at E = 64) and a
+  scatter-add (segment-sum) combine (no faster than the gather combine). Work and activation
+  memory are O(rows * F) = O(T k F);
 * Ascend, dropless: MindSpore's ``moe_token_permute`` -> grouped matmul (``gmm``, group sizes =
   tokens per expert) -> ``moe_token_unpermute`` with the gate weights. These kernels exist only
   on Ascend (CPU: "Not found op GmmV2", "MoeTokenPermute unregistered"), so that branch is not
@@ -47,16 +48,22 @@ class DispatchPlan:
     num_tokens: int
     top_k: int
     num_experts: int
-    capacity: int
+    capacity: int                   # most pairs an expert computes (the largest segment if dropless)
     tokens_per_expert: np.ndarray   # [E] int64, routed pairs per expert before any drop
     order: np.ndarray               # [T k] int64 pair indices grouped by expert
     offsets: np.ndarray             # [E + 1] int64 segment starts in ``order``
-    pair_row: np.ndarray            # [T k] int32 bucket row of each pair, E * C = dropped
-    bucket_token: np.ndarray        # [E * C] int32 token of each bucket row, T = empty
+    block_rows: int                 # b, rows of one block
+    block_expert: np.ndarray        # [nb] int32 expert of each block (ascending)
+    pair_row: np.ndarray            # [T k] int32 row of each pair in the nb * b rows; nb * b = dropped
+    row_token: np.ndarray           # [nb * b] int32 token of each row, T = empty
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.block_expert.size * self.block_rows)
 
     @property
     def kept(self) -> np.ndarray:
-        return self.pair_row < self.num_experts * self.capacity
+        return self.pair_row < self.num_rows
 
     @property
     def dropped(self) -> int:
@@ -66,6 +73,17 @@ class DispatchPlan:
 def expert_capacity(num_pairs: int, num_experts: int, capacity_factor: float) -> int:
     """Rows per expert: ceil(num_pairs / num_experts * capacity_factor), at least 1."""
     return max(1, int(math.ceil(num_pairs / num_experts * capacity_factor)))
+
+
+def block_size(kept_counts: np.ndarray) -> int:
+    """Rows per block: the largest kept segment (one block per expert, the weights used as
+    they are) or ceil(mean segment) (the large segments split, their weights gathered per
+    block), whichever computes fewer rows; ties to the first."""
+    num_experts = kept_counts.size
+    largest = max(1, int(kept_counts.max()))
+    mean = max(1, -(-int(kept_counts.sum()) // num_experts))
+    rows = [b * int((-(-kept_counts // b)).sum()) for b in (largest, mean)]
+    return largest if rows[0] <= rows[1] else mean
 
 
 def make_plan(topk_idx: np.ndarray, num_experts: int, capacity_factor: Optional[float] = None,
@@ -89,16 +107,22 @@ def make_plan(topk_idx: np.ndarray, num_experts: int, capacity_factor: Optional[
         capacity = max(1, int(counts.max()))
     else:
         capacity = expert_capacity(flat.size, num_experts, capacity_factor)
+    kept_counts = np.minimum(counts, capacity)
+    b = block_size(kept_counts)
+    blocks = -(-kept_counts // b)                                       # blocks per expert
+    block_expert = np.repeat(np.arange(num_experts), blocks).astype(np.int32)
+    first_row = np.concatenate([[0], np.cumsum(blocks * b)[:-1]])       # of each expert
+    num_rows = int(blocks.sum() * b)
     expert_of = flat[order]
-    rank = np.arange(flat.size) - offsets[expert_of]
-    rows = np.where(rank < capacity, expert_of * capacity + rank, num_experts * capacity)
+    rank = pairs - offsets[expert_of]
+    rows = np.where(rank < capacity, first_row[expert_of] + rank, num_rows)
     pair_row = np.empty(flat.size, np.int32)
     pair_row[order] = rows
-    bucket_token = np.full(num_experts * capacity, t, np.int32)
-    kept = rows < num_experts * capacity
-    bucket_token[rows[kept]] = (order[kept] // k).astype(np.int32)
-    return DispatchPlan(t, k, num_experts, capacity, counts, order, offsets, pair_row,
-                        bucket_token)
+    row_token = np.full(num_rows, t, np.int32)
+    kept = rows < num_rows
+    row_token[rows[kept]] = (order[kept] // k).astype(np.int32)
+    return DispatchPlan(t, k, num_experts, capacity, counts, order, offsets, b, block_expert,
+                        pair_row, row_token)
 
 
 def swiglu_halves(h, ffn: int):
@@ -106,18 +130,35 @@ def swiglu_halves(h, ffn: int):
     return ops.silu(h[..., :ffn]) * h[..., ffn:]
 
 
-def padded_expert_ffn(x2d, gate_w, plan: DispatchPlan, weight1, weight2, ffn: int):
-    """sum_j gate_w[t, j] * expert_{idx[t, j]}(x_t) over the kept pairs, [T, H] in x's dtype,
-    with the experts run as one batched matmul over [E, C, H] buckets."""
+# the primitive's backward multiplies with transposed operands directly; mint.bmm's copies the
+# transposed weight (measured 4.4x slower fwd+bwd at E = 64, 8 rows per expert)
+_batch_matmul = ops.BatchMatMul()
+
+
+def block_expert_ffn(x2d, gate_w, plan: DispatchPlan, weight1, weight2, ffn: int):
+    """sum_j gate_w[t, j] * expert_{idx[t, j]}(x_t) over the kept pairs, [T, H] in x's dtype:
+    the rows of each expert in blocks of ``plan.block_rows``, one batched matmul over the
+    blocks with each block's expert weights.
+
+    Empty rows and dropped pairs need no zero row: an empty row computes on token 0 but no
+    pair reads it back (so its gradient is exactly 0), and a dropped pair reads row 0 with
+    its gate weight masked to 0."""
     t, h = x2d.shape
-    e, c = plan.num_experts, plan.capacity
-    zero_row = mint.zeros((1, h), dtype=x2d.dtype)
-    buckets = ops.gather(mint.cat([x2d, zero_row], 0), Tensor(plan.bucket_token), 0)
-    hidden = mint.bmm(buckets.reshape(e, c, h), weight1)                      # [E, C, 2F]
-    y = mint.bmm(swiglu_halves(hidden, ffn), weight2).reshape(e * c, h)       # [E C, H]
-    y = mint.cat([y, mint.zeros((1, h), dtype=y.dtype)], 0)                   # row E C = dropped
-    per_pair = ops.gather(y, Tensor(plan.pair_row), 0).reshape(t, plan.top_k, h)
-    return (per_pair * gate_w.astype(per_pair.dtype)[..., None]).sum(1)
+    kept = plan.kept
+    nb, b = plan.block_expert.size, plan.block_rows
+    if nb != plan.num_experts or not (plan.block_expert == np.arange(nb)).all():
+        experts = Tensor(plan.block_expert)
+        weight1, weight2 = ops.gather(weight1, experts, 0), ops.gather(weight2, experts, 0)
+    src = np.where(plan.row_token < t, plan.row_token, 0).astype(np.int32)
+    x_blocks = ops.gather(x2d, Tensor(src), 0).reshape(nb, b, h)
+    hidden = _batch_matmul(x_blocks, weight1)                                    # [nb, b, 2F]
+    y = _batch_matmul(swiglu_halves(hidden, ffn), weight2).reshape(nb * b, h)
+    rows = np.where(kept, plan.pair_row, 0).astype(np.int32)
+    per_pair = ops.gather(y, Tensor(rows), 0).reshape(t, plan.top_k, h)
+    w = gate_w.astype(per_pair.dtype)
+    if not kept.all():
+        w = w * Tensor(kept.reshape(t, plan.top_k).astype(np.float32)).astype(w.dtype)
+    return (per_pair * w[..., None]).sum(1)
 
 
 def grouped_matmul_expert_ffn(x2d, gate_w, topk_idx, counts, weight1, weight2, ffn: int):
@@ -150,5 +191,5 @@ def expert_ffn(x2d, gate_w, topk_idx, weight1, weight2, ffn: int,
     if capacity_factor is not None and drop_policy == "probs":
         probs = ops.stop_gradient(gate_w).asnumpy()
     plan = make_plan(topk_idx.asnumpy(), num_experts, capacity_factor, drop_policy, probs)
-    out = padded_expert_ffn(x2d, gate_w, plan, weight1, weight2, ffn)
+    out = block_expert_ffn(x2d, gate_w, plan, weight1, weight2, ffn)
     return out, Tensor(plan.tokens_per_expert.astype(np.float32)), plan.dropped

@@ -7,7 +7,8 @@ import pytest
 import mindspore as ms
 
 from mindformers_core.models.dispatch import (expert_capacity, expert_ffn, make_plan,
-                                              padded_expert_ffn, uses_grouped_matmul)
+                                              block_expert_ffn, block_size,
+                                              uses_grouped_matmul)
 
 
 def _routing(t=12, e=5, k=2, seed=0):
@@ -36,17 +37,28 @@ def test_dropless_capacity_is_the_largest_segment_and_drops_nothing():
     assert plan.dropped == 0 and plan.kept.all()
 
 
-def test_bucket_rows_hold_each_pair_once_and_point_back_to_its_token():
-    idx, _ = _routing()
-    plan = make_plan(idx, 5)
-    rows = plan.pair_row
+@pytest.mark.parametrize("skew", [0.0, 3.0])
+def test_rows_hold_each_pair_once_in_a_block_of_its_expert(skew):
+    rng = np.random.RandomState(2)
+    e, k, t = 16, 2, 40
+    logits = rng.standard_normal((t, e)) + skew * np.arange(e) / e     # skew: late experts busy
+    idx = np.argsort(-logits, 1, kind="stable")[:, :k].astype(np.int32)
+    plan = make_plan(idx, e)
+    rows, b = plan.pair_row, plan.block_rows
     assert len(set(rows.tolist())) == rows.size                        # distinct rows
     for p, row in enumerate(rows):
-        e, rank = divmod(int(row), plan.capacity)
-        assert e == idx.reshape(-1)[p]
-        assert plan.bucket_token[row] == p // idx.shape[1]
-    empty = np.setdiff1d(np.arange(5 * plan.capacity), rows)
-    assert (plan.bucket_token[empty] == idx.shape[0]).all()            # padding rows
+        assert plan.block_expert[row // b] == idx.reshape(-1)[p]
+        assert plan.row_token[row] == p // k
+    empty = np.setdiff1d(np.arange(plan.num_rows), rows)
+    assert (plan.row_token[empty] == t).all()                          # padding rows
+    assert (np.diff(plan.block_expert) >= 0).all()
+    assert plan.num_rows <= t * k + plan.block_expert.size * (b - 1)
+
+
+def test_block_size_takes_the_layout_with_fewer_rows():
+    assert block_size(np.array([141, 120, 130, 121])) == 141       # 564 rows vs 768 at b = 128
+    assert block_size(np.array([32, 2, 2, 2, 2, 2, 2, 4])) == 6     # 78 rows vs 256 at b = 32
+    assert block_size(np.array([3, 0, 3, 0])) == 3                  # ties: one block per expert
 
 
 @pytest.mark.parametrize("factor", [0.5, 1.0, 1.3])
@@ -86,15 +98,22 @@ def test_unknown_drop_policy_message():
         make_plan(np.zeros((2, 1), np.int32), 2, 1.0, "random")
 
 
-def test_padded_expert_ffn_equals_a_per_pair_loop():
+@pytest.mark.parametrize("case", ["one block per expert", "split blocks", "drops"])
+def test_block_expert_ffn_equals_a_per_pair_loop(case):
     rng = np.random.RandomState(0)
     t, e, k, h, f = 9, 3, 2, 4, 3
     idx, w = _routing(t, e, k, seed=1)
+    if case == "split blocks":
+        idx[:, 0] = 0                                    # expert 0 takes every token
+        idx[:, 1] = np.arange(t) % 2 + 1
     x = rng.standard_normal((t, h)).astype(np.float32)
     w1 = rng.standard_normal((e, h, 2 * f)).astype(np.float32)
     w2 = rng.standard_normal((e, f, h)).astype(np.float32)
-    plan = make_plan(idx, e, capacity_factor=0.7, drop_policy="position")
-    got = padded_expert_ffn(ms.Tensor(x), ms.Tensor(w), plan, ms.Tensor(w1), ms.Tensor(w2), f)
+    plan = make_plan(idx, e, capacity_factor=0.7 if case == "drops" else None,
+                     drop_policy="position")
+    assert (plan.block_expert.size > e) == (case == "split blocks")
+    assert (plan.dropped > 0) == (case == "drops")
+    got = block_expert_ffn(ms.Tensor(x), ms.Tensor(w), plan, ms.Tensor(w1), ms.Tensor(w2), f)
     want = np.zeros((t, h))
     for p in np.flatnonzero(plan.kept):
         ti, j = divmod(int(p), k)
