@@ -38,6 +38,7 @@ from .checkpoint import (CheckpointData, CheckpointError, list_checkpoints, prun
 from .config_diff import config_changes
 from .grad_reducer import IdentityGradReducer
 from .metrics import MetricsWriter, StepMetrics
+from .moe_metrics import log_due, moe_step_stats
 from .rampup import build_batch_ramp
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .signals import StopRequest
@@ -318,6 +319,8 @@ class Trainer:
         grads, loss_sum, aux = accumulate_gradients(self._grad_fn, batches, total_tokens, scale,
                                                     data_parallel=self.grad_reducer.world_size)
         grads, loss_sum, _ = self.grad_reducer.reduce(grads, loss_sum, local_tokens)
+        moe_stats = moe_step_stats(self.model, self.grad_reducer,   # DP-summed expert loads
+                                   log_due(step_number, self.writer.log_interval, self.total_steps))
         if scale != 1.0:
             inv = ms.Tensor(np.float32(1.0 / scale))
             grads = [g * inv for g in grads]
@@ -367,8 +370,6 @@ class Trainer:
             if hasattr(self.optimizer, "post_step"):
                 self.optimizer.post_step(self.model)
             if hasattr(self.model, "update_expert_bias"):
-                if hasattr(self.grad_reducer, "sync_moe_stats"):
-                    self.grad_reducer.sync_moe_stats(self.model)  # DP: global expert loads
                 self.model.update_expert_bias()
             self.state.applied_steps += 1
             self.state.consecutive_skipped = 0
@@ -398,7 +399,8 @@ class Trainer:
             loss_scale=scale if self.loss_scaler is not None else None,
             aux_loss=aux if aux else None, num_zeros_in_grad=num_zeros,
             qk_clipped_heads=qk_stats.num_clipped_heads if qk_stats is not None else None,
-            max_attention_logit=qk_stats.max_logit if qk_stats is not None else None)
+            max_attention_logit=qk_stats.max_logit if qk_stats is not None else None,
+            moe=moe_stats)
 
     def _count_skip(self, overflow: bool = False) -> None:
         self.state.total_skipped += 1
