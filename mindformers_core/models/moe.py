@@ -32,20 +32,21 @@ from .precision import Precision
 
 @dataclass(frozen=True)
 class MoESpec:
-    """The routing and expert options of one MoE layer (``model:`` field names)."""
+    """The routing and expert options of one MoE layer; defaults and checks are the ``model:``
+    section's (``from_model_config``)."""
     num_experts: int
     top_k: int
     ffn: int                              # moe_intermediate_size
-    shared_ffn: int = 0                   # 0 = no shared expert
-    norm_topk_prob: bool = True
-    routed_scaling_factor: float = 1.0
-    scoring_func: str = "sigmoid"
-    n_group: Optional[int] = None
-    topk_group: Optional[int] = None
-    load_balancing_type: str = "seq_aux_loss"
-    aux_loss_coeff: float = 0.0
-    capacity_factor: Optional[float] = None
-    drop_policy: str = "probs"
+    shared_ffn: int                       # 0 = no shared expert
+    norm_topk_prob: bool
+    routed_scaling_factor: float
+    scoring_func: str
+    n_group: Optional[int]
+    topk_group: Optional[int]
+    load_balancing_type: str
+    aux_loss_coeff: float
+    capacity_factor: Optional[float]
+    drop_policy: str
 
     @classmethod
     def from_model_config(cls, cfg) -> "MoESpec":
