@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 import mindspore as ms
 
 from mindformers_core.models.dispatch import (expert_capacity, expert_ffn, make_plan,
@@ -53,6 +54,7 @@ def test_rows_hold_each_pair_once_in_a_block_of_its_expert(skew):
     assert (plan.row_token[empty] == t).all()                          # padding rows
     assert (np.diff(plan.block_expert) >= 0).all()
     assert plan.num_rows <= t * k + plan.block_expert.size * (b - 1)
+    assert plan.num_rows <= 2 * t * k + e              # activation rows O(T k), not O(E T)
 
 
 def test_block_size_takes_the_layout_with_fewer_rows():
@@ -133,3 +135,27 @@ def test_cpu_uses_the_padded_path_and_reports_counts_and_drops():
     assert out.shape == (10, 4)
     np.testing.assert_array_equal(counts.asnumpy(), np.bincount(idx.reshape(-1), minlength=4))
     assert dropped == make_plan(idx, 4, 0.5, "probs", w).dropped > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(t=st.integers(1, 30), e=st.integers(1, 12), k=st.integers(1, 4), seed=st.integers(0, 999),
+       factor=st.one_of(st.none(), st.floats(0.1, 2.0)), policy=st.sampled_from(["probs", "position"]),
+       skew=st.floats(0.0, 4.0))
+def test_plan_invariants(t, e, k, seed, factor, policy, skew):
+    k = min(k, e)
+    rng = np.random.RandomState(seed)
+    logits = rng.standard_normal((t, e)) + skew * np.arange(e) / e
+    idx = np.argsort(-logits, 1, kind="stable")[:, :k].astype(np.int32)
+    w = rng.rand(t, k).astype(np.float32)
+    plan = make_plan(idx, e, factor, policy, w)
+    flat = idx.reshape(-1)
+    kept_rows = plan.pair_row[plan.kept]
+    assert len(set(kept_rows.tolist())) == kept_rows.size
+    assert (plan.block_expert[kept_rows // plan.block_rows] == flat[plan.kept]).all()
+    assert (plan.row_token[kept_rows] == np.flatnonzero(plan.kept) // k).all()
+    kept_per_expert = np.bincount(flat[plan.kept], minlength=e)
+    np.testing.assert_array_equal(kept_per_expert,
+                                  np.minimum(np.bincount(flat, minlength=e), plan.capacity))
+    assert plan.num_rows <= 2 * t * k + e
+    if factor is None:
+        assert plan.dropped == 0
