@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
+from .moe import validate_moe_routing
 from .schema import Section, check, check_range
 from .upstream_names import check_upstream_only, join_model_section, split_model_section
 
@@ -51,6 +52,14 @@ class ModelConfig(Section):
     moe_router_enable_expert_bias: bool = True
     moe_router_bias_update_rate: float = 1e-3
     moe_aux_loss_coeff: float = 0.0
+    # DeepSeek-V3 router and dispatch options (upstream MindFormers names; rules in config/moe.py)
+    n_group: Optional[int] = None                # expert groups for group-limited routing
+    topk_group: Optional[int] = None             # groups eligible per token; None = no limit
+    scoring_func: Literal["sigmoid", "softmax"] = "sigmoid"
+    moe_router_load_balancing_type: Literal["seq_aux_loss", "aux_loss", "none"] = "seq_aux_loss"
+    moe_shared_expert_intermediate_size: Optional[int] = None  # None = n_shared * moe_intermediate
+    moe_expert_capacity_factor: Optional[float] = None         # None = dropless
+    moe_token_drop_policy: Literal["probs", "position"] = "probs"
 
     # ------------------------------------------------------------------ both naming schemes
     @classmethod
@@ -82,6 +91,12 @@ class ModelConfig(Section):
         if self.moe_intermediate_size is None:
             return max(1, self.resolved_ffn_hidden_size() // 2)
         return self.moe_intermediate_size
+
+    def resolved_shared_expert_intermediate_size(self) -> int:
+        """Shared-expert width; 0 = no shared expert."""
+        if self.moe_shared_expert_intermediate_size is not None:
+            return self.moe_shared_expert_intermediate_size
+        return self.n_shared_experts * self.resolved_moe_intermediate_size()
 
     # ------------------------------------------------------------------ validation
     def validate(self, path: str) -> None:
@@ -116,3 +131,4 @@ class ModelConfig(Section):
             check(self.num_experts_per_tok <= self.n_routed_experts, f"{path}.num_experts_per_tok",
                   f"must be <= n_routed_experts ({self.n_routed_experts}), got "
                   f"{self.num_experts_per_tok}")
+        validate_moe_routing(self, path)

@@ -21,7 +21,9 @@ from mindspore import Tensor, mint, nn, ops
 from . import qk_clip
 from .attention import MLASelfAttention, SelfAttention
 from .layers import Embedding, Linear, RMSNorm, rotary_tables
-from .mlp import MLP, MoE
+from .mlp import MLP
+from .moe import MoE, MoESpec
+from .router import expert_bias_step
 from .precision import Precision
 from .transformer_config import GPTTransformerConfig
 
@@ -87,9 +89,7 @@ class GPTModel(nn.Cell):
             attn = SelfAttention(cfg.hidden_size, cfg.num_attention_heads,
                                  self._tc.num_query_groups, p)
         if cfg.model_type == "deepseek_v3" and i >= cfg.first_k_dense_replace:
-            mlp = MoE(cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok,
-                      self._tc.moe_ffn_hidden_size, cfg.n_shared_experts, cfg.norm_topk_prob,
-                      cfg.routed_scaling_factor, cfg.moe_aux_loss_coeff, p)
+            mlp = MoE(cfg.hidden_size, MoESpec.from_model_config(cfg), p)
         else:
             mlp = MLP(cfg.hidden_size, self._tc.ffn_hidden_size, p)
         return TransformerLayer(attn, mlp, cfg.hidden_size, cfg.norm_epsilon, p)
@@ -228,7 +228,6 @@ class GPTModel(nn.Cell):
             if load.sum() == 0:
                 continue
             bias = self.moe_layers()[i].router.expert_bias
-            new = bias.asnumpy() + rate * np.sign(load.mean() - load)
-            bias.set_data(Tensor(new.astype(np.float32)))
+            bias.set_data(Tensor(expert_bias_step(bias.asnumpy(), load, rate)))
         if reset:
             self.reset_moe_stats()

@@ -104,7 +104,7 @@ def count_model_params(model_cfg) -> int:
         if c.model_type == "deepseek_v3" and i >= c.first_k_dense_replace:
             m = c.resolved_moe_intermediate_size()
             mlp = c.n_routed_experts * h + c.n_routed_experts * 3 * m * h \
-                + 3 * c.n_shared_experts * m * h
+                + 3 * c.resolved_shared_expert_intermediate_size() * h
         else:
             mlp = dense_mlp
         total += 2 * h + attn + mlp

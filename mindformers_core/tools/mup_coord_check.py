@@ -88,6 +88,8 @@ def width_model_config(model_cfg, width: int):
              num_query_groups=None if groups is None else max(1, int(round(groups * f))),
              ffn_hidden_size=_scaled(model_cfg.ffn_hidden_size, f),
              moe_intermediate_size=_scaled(model_cfg.moe_intermediate_size, f),
+             moe_shared_expert_intermediate_size=_scaled(
+                 model_cfg.moe_shared_expert_intermediate_size, f),
              q_lora_rank=_scaled(model_cfg.q_lora_rank, f),
              kv_lora_rank=_scaled(model_cfg.kv_lora_rank, f),
              tie_word_embeddings=False)

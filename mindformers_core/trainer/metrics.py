@@ -6,8 +6,8 @@ count of completed steps), ``loss`` (token-weighted mean cross-entropy of the st
 ``grad_norm`` (global L2 norm before clipping), ``tokens_per_s``, ``step_time_s`` and, when the
 corpus' entropy rate is known, ``excess_loss = loss - entropy_floor``. Extra keys: ``clipped``,
 ``skipped``, ``consumed_samples``, ``global_batch_size``, ``loss_scale``, ``aux_loss``,
-``num_zeros_in_grad`` when enabled. On resume the file is cut back to the resumed step, so it
-always describes one consistent run.
+``num_zeros_in_grad`` when enabled, ``moe`` (MoE loads every log_interval, ``moe_metrics.py``).
+On resume the file is cut back to the resumed step, so it always describes one consistent run.
 """
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, TextIO
+
+if TYPE_CHECKING:
+    from .moe_metrics import MoEStepStats
 
 __all__ = ["StepMetrics", "MetricsWriter", "format_step_line", "truncate_jsonl"]
 
@@ -43,6 +46,7 @@ class StepMetrics:
     num_zeros_in_grad: Optional[int] = None
     qk_clipped_heads: Optional[int] = None    # Muon QK-Clip: heads rescaled this step
     max_attention_logit: Optional[float] = None  # largest tracked q.k logit of the step
+    moe: Optional["MoEStepStats"] = None       # MoE loads, every log_interval (moe_metrics.py)
     extra: Dict[str, Any] = field(default_factory=dict)  # monitor records (trainer/monitor.py)
 
     def row(self) -> dict:
@@ -67,6 +71,8 @@ class StepMetrics:
         if self.qk_clipped_heads is not None:
             row["qk_clipped_heads"] = int(self.qk_clipped_heads)
             row["max_attention_logit"] = _finite(self.max_attention_logit)
+        if self.moe is not None:
+            row["moe"] = self.moe.row()
         row.update(self.extra)
         return row
 
@@ -94,6 +100,8 @@ def format_step_line(m: StepMetrics) -> str:
         parts.append(f"num_zeros_in_grad: {m.num_zeros_in_grad}")
     if m.qk_clipped_heads is not None:
         parts.append(f"qk_clip: {m.qk_clipped_heads} heads (max logit {m.max_attention_logit:.2f})")
+    if m.moe is not None:
+        parts.append(m.moe.short())
     return "{ " + ", ".join(parts) + " }"
 
 

@@ -40,6 +40,7 @@ from .grad_reducer import IdentityGradReducer
 from .metrics import MetricsWriter, StepMetrics
 from .async_checkpoint import AsyncCheckpointWriter, snapshot
 from .monitor import TrainStateMonitor
+from .moe_metrics import log_due, moe_step_stats
 from .profiler import StepProfiler
 from .rampup import build_batch_ramp
 from .rng import capture_rng_state, restore_rng_state, seed_everything
@@ -338,6 +339,8 @@ class Trainer:
                                                     on_micro=on_micro)
         self.monitor.on_device_step(loss_sum, local_tokens, grads, loss_scale=scale)
         grads, loss_sum, _ = self.grad_reducer.reduce(grads, loss_sum, local_tokens)
+        moe_stats = moe_step_stats(self.model, self.grad_reducer,   # DP-summed expert loads
+                                   log_due(step_number, self.writer.log_interval, self.total_steps))
         if scale != 1.0:
             inv = ms.Tensor(np.float32(1.0 / scale))
             grads = [g * inv for g in grads]
@@ -387,8 +390,6 @@ class Trainer:
             if hasattr(self.optimizer, "post_step"):
                 self.optimizer.post_step(self.model)
             if hasattr(self.model, "update_expert_bias"):
-                if hasattr(self.grad_reducer, "sync_moe_stats"):
-                    self.grad_reducer.sync_moe_stats(self.model)  # DP: global expert loads
                 self.model.update_expert_bias()
             self.state.applied_steps += 1
             self.state.consecutive_skipped = 0
@@ -419,7 +420,7 @@ class Trainer:
             aux_loss=aux if aux else None, num_zeros_in_grad=num_zeros,
             qk_clipped_heads=qk_stats.num_clipped_heads if qk_stats is not None else None,
             max_attention_logit=qk_stats.max_logit if qk_stats is not None else None,
-            extra=self.monitor.pop_records())
+            moe=moe_stats, extra=self.monitor.pop_records())
 
     def _count_skip(self, overflow: bool = False) -> None:
         self.state.total_skipped += 1

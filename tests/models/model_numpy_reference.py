@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from moe_numpy_reference import moe_forward
+
 
 def rms(x, w, eps):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
@@ -80,35 +82,12 @@ def forward(P, cfg, ids, record=None, bias_override=None):
         m = pre + "mlp."
         if m + "router.weight" in P:
             x2 = x.reshape(b * s, -1)
-            sc = 1 / (1 + np.exp(-(x2 @ P[m + "router.weight"].T)))
-            bias = P[m + "router.expert_bias"] if bias_override is None else bias_override[i]
-            k_ = cfg.num_experts_per_tok
-            top = np.argsort(-(sc + bias), axis=-1, kind="stable")[:, :k_]
-            w = np.take_along_axis(sc, top, -1)
-            if cfg.norm_topk_prob:
-                w = w / w.sum(-1, keepdims=True)
-            w = w * cfg.routed_scaling_factor
-            out = np.zeros_like(x2)
-            F = P[m + "experts.weight2"].shape[1]
-            for t in range(b * s):
-                for j in range(k_):
-                    e = top[t, j]
-                    hh = x2[t] @ P[m + "experts.weight1"][e]
-                    out[t] += w[t, j] * ((silu(hh[:F]) * hh[F:]) @ P[m + "experts.weight2"][e])
-            if m + "shared_experts.linear_fc1.weight" in P:
-                hh = x2 @ P[m + "shared_experts.linear_fc1.weight"].T
-                out += (silu(hh[:, 0::2]) * hh[:, 1::2]) @ P[m + "shared_experts.linear_fc2.weight"].T
-            E = sc.shape[1]
-            if cfg.moe_aux_loss_coeff > 0:
-                cnt = np.zeros((b, E))
-                for t in range(b * s):
-                    for j in range(k_):
-                        cnt[t // s, top[t, j]] += 1
-                f = cnt * E / (k_ * s)
-                pp = (sc / sc.sum(-1, keepdims=True)).reshape(b, s, E).mean(1)
-                rec["aux"] = cfg.moe_aux_loss_coeff * (f * pp).sum(-1).mean()
+            moe = moe_forward(P, m, cfg, x2, b, s, None if bias_override is None else bias_override[i])
+            out = moe["out"]
+            if moe["aux"] is not None:
+                rec["aux"] = moe["aux"]
                 aux_total += rec["aux"]
-            rec["topk"] = top
+            rec["topk"] = moe["topk"]
             h = h + out.reshape(b, s, -1)
         else:
             hh = x @ P[m + "linear_fc1.weight"].T

@@ -1,0 +1,142 @@
+"""The DeepSeek-V3 mixture-of-experts layer: wires the router math (``router``) and the token
+dispatch (``dispatch``) to its parameters.
+
+Parameters (names and layouts are what Muon's routing and the checkpoints read):
+
+* ``router.weight`` [E, H]; ``router.expert_bias`` [E], a non-trainable float32 Parameter used
+  only for expert selection (auxiliary-loss-free balancing);
+* ``experts.weight1`` [E, H, 2F]: x @ weight1[e] = [gate (F) | up (F)]; ``experts.weight2``
+  [E, F, H];
+* ``shared_experts`` (when the shared width is > 0): a SwiGLU ``MLP`` of width
+  ``moe_shared_expert_intermediate_size`` (default n_shared_experts * moe_intermediate_size).
+
+y = sum_j g_t,j expert_{idx_t,j}(x_t) + shared(x_t), returned with the auxiliary loss
+(``router.aux_loss``, None when there is none). Statistics since ``reset_stats`` (no gradient):
+``tokens_per_expert`` [E] routed pairs (before capacity drops; the expert-bias update and the
+load metrics read it), ``dropped`` pairs, ``aux_sum`` / ``num_forwards`` (mean aux loss).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import mindspore as ms
+from mindspore import mint, nn, ops
+
+from . import router as rt
+from .dispatch import expert_ffn
+from .layers import _placeholder
+from .mlp import MLP
+from .precision import Precision
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """The routing and expert options of one MoE layer; defaults and checks are the ``model:``
+    section's (``from_model_config``)."""
+    num_experts: int
+    top_k: int
+    ffn: int                              # moe_intermediate_size
+    shared_ffn: int                       # 0 = no shared expert
+    norm_topk_prob: bool
+    routed_scaling_factor: float
+    scoring_func: str
+    n_group: Optional[int]
+    topk_group: Optional[int]
+    load_balancing_type: str
+    aux_loss_coeff: float
+    capacity_factor: Optional[float]
+    drop_policy: str
+
+    @classmethod
+    def from_model_config(cls, cfg) -> "MoESpec":
+        return cls(num_experts=cfg.n_routed_experts, top_k=cfg.num_experts_per_tok,
+                   ffn=cfg.resolved_moe_intermediate_size(),
+                   shared_ffn=cfg.resolved_shared_expert_intermediate_size(),
+                   norm_topk_prob=cfg.norm_topk_prob,
+                   routed_scaling_factor=cfg.routed_scaling_factor,
+                   scoring_func=cfg.scoring_func, n_group=cfg.n_group, topk_group=cfg.topk_group,
+                   load_balancing_type=cfg.moe_router_load_balancing_type,
+                   aux_loss_coeff=cfg.moe_aux_loss_coeff,
+                   capacity_factor=cfg.moe_expert_capacity_factor,
+                   drop_policy=cfg.moe_token_drop_policy)
+
+
+class Router(nn.Cell):
+    """Holds ``weight`` [E, H] and ``expert_bias`` [E]; returns float32 logits [T, E]."""
+
+    def __init__(self, hidden_size: int, num_experts: int, precision: Precision):
+        super().__init__()
+        self.weight = _placeholder((num_experts, hidden_size), precision.param, "weight")
+        self.expert_bias = _placeholder((num_experts,), ms.float32, "expert_bias",
+                                        requires_grad=False)
+
+    def construct(self, x2d):
+        return mint.nn.functional.linear(x2d.astype(ms.float32), self.weight.astype(ms.float32))
+
+
+class GroupedExperts(nn.Cell):
+    """E SwiGLU experts held as two 3-D weights, run by token dispatch (``dispatch.expert_ffn``)."""
+
+    def __init__(self, hidden_size: int, num_experts: int, ffn: int, precision: Precision):
+        super().__init__()
+        self.precision = precision
+        self.ffn = ffn
+        self.weight1 = _placeholder((num_experts, hidden_size, 2 * ffn), precision.param, "weight1")
+        self.weight2 = _placeholder((num_experts, ffn, hidden_size), precision.param, "weight2")
+
+    def construct(self, x2d, gate_w, topk_idx, capacity_factor=None, drop_policy="probs"):
+        p = self.precision
+        return expert_ffn(p.cast(x2d), gate_w, topk_idx, p.cast(self.weight1),
+                          p.cast(self.weight2), self.ffn, capacity_factor, drop_policy)
+
+
+class MoE(nn.Cell):
+    """Router -> dispatch -> experts (+ shared experts); ``construct(x) -> (y, aux or None)``."""
+
+    def __init__(self, hidden_size: int, spec: MoESpec, precision: Precision):
+        super().__init__()
+        self.spec = spec
+        self.num_experts = spec.num_experts
+        self.top_k = spec.top_k
+        self.router = Router(hidden_size, spec.num_experts, precision)
+        self.experts = GroupedExperts(hidden_size, spec.num_experts, spec.ffn, precision)
+        self.shared_experts = MLP(hidden_size, spec.shared_ffn, precision) if spec.shared_ffn > 0 else None
+        self.last_topk = None
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        self.tokens_per_expert = None
+        self.dropped = 0
+        self.aux_sum = None
+        self.num_forwards = 0
+
+    def construct(self, x):
+        s = self.spec
+        b, n, hdim = x.shape
+        x2d = x.reshape(b * n, hdim)
+        scores = rt.router_scores(self.router(x2d), s.scoring_func)                # [T, E]
+        idx = rt.select_experts(scores, self.router.expert_bias, s.top_k, s.n_group, s.topk_group)
+        gate_w = rt.gate_weights(scores, idx, s.norm_topk_prob, s.routed_scaling_factor)
+        out, counts, dropped = self.experts(x2d, gate_w, idx, s.capacity_factor, s.drop_policy)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x2d)
+        aux = None
+        if s.load_balancing_type != "none" and s.aux_loss_coeff > 0:
+            onehot = ops.one_hot(idx, s.num_experts, ms.Tensor(1.0, ms.float32),
+                                 ms.Tensor(0.0, ms.float32))
+            per_seq = onehot.reshape(b, n * s.top_k, s.num_experts).sum(1)       # [B, E]
+            aux = rt.aux_loss(scores, per_seq, b, n, s.top_k, s.load_balancing_type,
+                              s.aux_loss_coeff)
+        self._record(idx, counts, dropped, aux)
+        return out.reshape(b, n, hdim).astype(x.dtype), aux
+
+    def _record(self, idx, counts, dropped, aux) -> None:
+        self.last_topk = ops.stop_gradient(idx)
+        self.tokens_per_expert = counts if self.tokens_per_expert is None \
+            else self.tokens_per_expert + counts
+        self.dropped += int(dropped)
+        self.num_forwards += 1
+        if aux is not None:
+            aux = ops.stop_gradient(aux)
+            self.aux_sum = aux if self.aux_sum is None else self.aux_sum + aux
