@@ -97,20 +97,8 @@ UPSTREAM_ONLY: Dict[str, Upstream] = {
     "beta_slow": Upstream(float, 1.0),
     "mscale": Upstream(float, 1.0),
     "mscale_all_dim": Upstream(float, 0.0),
-    # MoE routing keys: accepted with today's behaviour until their fields are declared
-    "scoring_func": Upstream(str, "sigmoid", ("sigmoid",), "a non-sigmoid router score"),
-    "n_group": Upstream(Optional[int], None, (None, 1), "group-limited routing"),
-    "topk_group": Upstream(Optional[int], None, (None, 1), "group-limited routing"),
-    "moe_router_load_balancing_type": Upstream(str, "seq_aux_loss", ("seq_aux_loss",),
-                                               "a load-balancing loss other than the "
-                                               "sequence aux loss"),
+    # MoE routing: the router options are model fields (config/moe.py); this one is not
     "moe_router_pre_softmax": Upstream(bool, False, (False,), "softmax-before-top-k routing"),
-    "moe_expert_capacity_factor": Upstream(Optional[float], None, (None,),
-                                           "expert capacity (token dropping)"),
-    # dropless routing: the drop policy is never used (as upstream without a capacity factor)
-    "moe_token_drop_policy": Upstream(str, "probs", ("probs", "position"), "token dropping"),
-    # must equal the shared experts' width here (checked against the model below)
-    "moe_shared_expert_intermediate_size": Upstream(Optional[int], None),
     # qk_layernorm: MLA's q/kv latent norms (always on here); checked against the model below
     "qk_layernorm": Upstream(bool, False),
 }
