@@ -1,6 +1,6 @@
 """`train_dataset:` section. Owned by the data package.
 
-Three sources (``type``):
+Sources (``type``):
 
 * ``SyntheticMarkov`` (default): a built-in corpus drawn from a random Markov chain of order
   ``markov_order`` (1 or 2) over ``markov_vocab_size`` tokens (null = ``model.vocab_size``).
@@ -11,6 +11,12 @@ Three sources (``type``):
   ``dtype``; or ``.npy``), cut into windows of ``model.seq_length + 1`` tokens.
 * ``MindDataset``: a MindRecord file ``data_path`` with ``input_ids``, ``labels``,
   ``loss_mask``, ``position_ids`` columns (as written by ``tools/make_token_data.py``).
+* ``PydocText``: real English text every Python has (``pydoc_data.topics``, see
+  ``data/text_corpus.py``), tokenized at start-up with the ``tokenizer:`` section (byte-level
+  when absent) and cut into windows like a TokenFile.
+
+``validation_split``: the fraction of a finite source's samples held out (its tail) for the
+evaluation of ``training.eval_interval``; 0 holds nothing out (``data/split.py``).
 
 ``loss_mask_mode``: ``all`` keeps every label token (MindRecord: the file's ``loss_mask``);
 ``random_prefix`` additionally masks a prompt-like prefix of each sample, of length uniform in
@@ -27,12 +33,13 @@ from .schema import Section, check, check_range
 MARKOV_KEYS = ("markov_order", "markov_vocab_size", "markov_branching", "markov_concentration",
                "markov_smoothing")
 FILE_TYPES = ("TokenFile", "MindDataset")
+TEXT_TYPES = ("PydocText",)
 
 
 @dataclass
 class DatasetConfig(Section):
     """Where training tokens come from. Default: the built-in synthetic Markov corpus."""
-    type: Literal["SyntheticMarkov", "TokenFile", "MindDataset"] = "SyntheticMarkov"
+    type: Literal["SyntheticMarkov", "TokenFile", "MindDataset", "PydocText"] = "SyntheticMarkov"
     data_path: Optional[str] = None
     dtype: Literal["uint16", "uint32"] = "uint16"   # element type of a raw .bin token file
     shuffle: bool = True                 # epoch-wise permutation (files; synthetic samples are i.i.d.)
@@ -43,6 +50,7 @@ class DatasetConfig(Section):
     markov_branching: int = 4
     markov_concentration: float = 0.5
     markov_smoothing: float = 0.01
+    validation_split: float = 0.0        # held-out fraction of the samples (finite sources)
 
     def _set_off_default(self, key: str) -> bool:
         """Written by the user with a non-default value (to_dict() output stays loadable)."""
@@ -56,14 +64,20 @@ class DatasetConfig(Section):
         check_range(self.markov_smoothing, f"{path}.markov_smoothing", lo=0, hi=1, lo_open=True)
         if self.seed is not None:
             check_range(self.seed, f"{path}.seed", lo=0)
-        if self.type in FILE_TYPES:
-            check(bool(self.data_path), f"{path}.data_path",
+        check_range(self.validation_split, f"{path}.validation_split", lo=0, hi=1, hi_open=True)
+        if self.type in FILE_TYPES + TEXT_TYPES:
+            check(bool(self.data_path) or self.type in TEXT_TYPES, f"{path}.data_path",
                   f"required when type is {self.type} (path of the token file)")
+            check(self.data_path is None or self.type not in TEXT_TYPES, f"{path}.data_path",
+                  f"not used by type {self.type} (its text is built in)")
             for key in MARKOV_KEYS:
                 if self._set_off_default(key):
                     raise ConfigError(f"{path}.{key}",
                                       f"only used by type SyntheticMarkov, not {self.type}")
         else:
+            if self.validation_split > 0:
+                raise ConfigError(f"{path}.validation_split", "needs a finite dataset; "
+                                  "SyntheticMarkov is infinite (set eval_dataset instead)")
             if self.data_path is not None:
                 raise ConfigError(f"{path}.data_path", "not used by type SyntheticMarkov; "
                                   "set type: TokenFile or MindDataset to read a file")

@@ -28,11 +28,13 @@ import yaml
 from .checkpoint import CheckpointConfig
 from .dataset import DatasetConfig
 from .errors import ConfigError
+from .logging import LoggingConfig
 from .lr_scheduler import LrSchedulerConfig
 from .model import ModelConfig
 from .optimizer import OptimizerConfig
 from .parallelism import ParallelismConfig
 from .schema import Section, type_name, unknown_key_error
+from .tokenizer import TokenizerConfig, check_text_sections
 from .training import TrainingConfig
 from .strict_yaml import load_strict_yaml
 
@@ -108,6 +110,10 @@ class RunConfig(Section):
     train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # optional sections: None when absent (held-out corpus, text tokenizer)
+    eval_dataset: Optional[DatasetConfig] = None
+    tokenizer: Optional[TokenizerConfig] = None
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     @classmethod
     def from_dict(cls, data: Any, path: str = ""):
@@ -129,9 +135,10 @@ class RunConfig(Section):
         section_types = {"training": TrainingConfig, "optimizer": OptimizerConfig,
                          "lr_scheduler": LrSchedulerConfig, "model": ModelConfig,
                          "train_dataset": DatasetConfig, "parallelism": ParallelismConfig,
-                         "checkpoint": CheckpointConfig}
+                         "checkpoint": CheckpointConfig, "eval_dataset": DatasetConfig,
+                         "tokenizer": TokenizerConfig, "logging": LoggingConfig}
         for name in names:
-            if name in data:
+            if data.get(name) is not None:
                 kwargs[name] = section_types[name].from_dict(data[name], name)
         obj = cls(**kwargs)
         object.__setattr__(obj, "_explicit", frozenset(data.keys()))
@@ -140,6 +147,7 @@ class RunConfig(Section):
 
     def validate(self, path: str = "") -> None:
         self._check_optimizer_vs_model()
+        check_text_sections(self)
         self.plan()  # schedule against training.steps, data parallel, accumulation
 
     def _check_optimizer_vs_model(self) -> None:
@@ -218,7 +226,8 @@ class RunConfig(Section):
         )
 
     def to_dict(self) -> Dict[str, Any]:
-        return {name: getattr(self, name).to_dict() for name in self.field_names()}
+        return {name: None if getattr(self, name) is None else getattr(self, name).to_dict()
+                for name in self.field_names()}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from .mindrecord import MindDataset
 from .sampler import GlobalBatchSampler
 from .token_file import TokenFile
 
-__all__ = ["TrainDataset", "build_dataset", "random_prefix_mask"]
+__all__ = ["TrainDataset", "build_dataset", "build_source", "random_prefix_mask"]
 
 
 def random_prefix_mask(indices: np.ndarray, seq_length: int, seed: int) -> np.ndarray:
@@ -139,34 +139,49 @@ class TrainDataset:
         self.sampler.consumed_samples = int(state["consumed_samples"])
 
 
-def build_dataset(ds_cfg, model_cfg, seed: int, rank: int = 0, world: int = 1) -> TrainDataset:
+def build_source(ds_cfg, model_cfg, data_seed: int, tokenizer=None,
+                 path: str = "train_dataset"):
+    """The sample source of a dataset section (``tokenizer``: for text corpora; byte-level
+    when None). Raises ``ConfigError`` naming ``<path>.<field>``."""
+    vocab = int(model_cfg.vocab_size)
+    seq_length = int(model_cfg.seq_length)
+    if ds_cfg.type == "SyntheticMarkov":
+        corpus_vocab = vocab if ds_cfg.markov_vocab_size is None else ds_cfg.markov_vocab_size
+        if corpus_vocab > vocab:
+            raise ConfigError(f"{path}.markov_vocab_size", (
+                f"{corpus_vocab} exceeds model.vocab_size {vocab}: the corpus would hold "
+                f"token ids the model cannot embed"))
+        if seq_length < ds_cfg.markov_order:
+            raise ConfigError(f"{path}.markov_order", (
+                f"{ds_cfg.markov_order} needs model.seq_length >= {ds_cfg.markov_order}, "
+                f"got {seq_length}"))
+        return SyntheticMarkov(corpus_vocab, ds_cfg.markov_order, data_seed,
+                               ds_cfg.markov_branching, ds_cfg.markov_concentration,
+                               ds_cfg.markov_smoothing)
+    if ds_cfg.type == "TokenFile":
+        return TokenFile(ds_cfg.data_path, seq_length, ds_cfg.dtype, vocab, f"{path}.data_path")
+    if ds_cfg.type == "PydocText":
+        from .text_corpus import pydoc_token_stream
+        from .tokenizer import ByteTokenizer
+        tokens = pydoc_token_stream(tokenizer or ByteTokenizer())
+        return TokenFile("pydoc_data.topics", seq_length, vocab_size=vocab,
+                         field=f"{path}.type", tokens=tokens)
+    return MindDataset(ds_cfg.data_path, seq_length, vocab, f"{path}.data_path")
+
+
+def build_dataset(ds_cfg, model_cfg, seed: int, rank: int = 0, world: int = 1,
+                  source=None) -> TrainDataset:
     """Build the training dataset of ``ds_cfg`` (``DatasetConfig`` or dict) for ``model_cfg``.
 
     ``seed`` is ``training.seed``, used unless ``train_dataset.seed`` is set; ``rank``/``world``
-    are the data-parallel rank and size. Raises ``ConfigError`` naming ``train_dataset.<field>``
+    are the data-parallel rank and size; ``source`` replaces the one ``ds_cfg`` names (e.g. the
+    training part of a held-out split). Raises ``ConfigError`` naming ``train_dataset.<field>``
     on any mismatch with the model (vocabulary, sequence length) or an unusable file.
     """
     if not isinstance(ds_cfg, DatasetConfig):
         ds_cfg = DatasetConfig.from_dict(ds_cfg, "train_dataset")
-    vocab = int(model_cfg.vocab_size)
-    seq_length = int(model_cfg.seq_length)
     data_seed = int(seed if ds_cfg.seed is None else ds_cfg.seed)
-    if ds_cfg.type == "SyntheticMarkov":
-        corpus_vocab = vocab if ds_cfg.markov_vocab_size is None else ds_cfg.markov_vocab_size
-        if corpus_vocab > vocab:
-            raise ConfigError("train_dataset.markov_vocab_size", (
-                f"{corpus_vocab} exceeds model.vocab_size {vocab}: the corpus would hold "
-                f"token ids the model cannot embed"))
-        if seq_length < ds_cfg.markov_order:
-            raise ConfigError("train_dataset.markov_order", (
-                f"{ds_cfg.markov_order} needs model.seq_length >= {ds_cfg.markov_order}, "
-                f"got {seq_length}"))
-        source = SyntheticMarkov(corpus_vocab, ds_cfg.markov_order, data_seed,
-                                 ds_cfg.markov_branching, ds_cfg.markov_concentration,
-                                 ds_cfg.markov_smoothing)
-    elif ds_cfg.type == "TokenFile":
-        source = TokenFile(ds_cfg.data_path, seq_length, ds_cfg.dtype, vocab)
-    else:
-        source = MindDataset(ds_cfg.data_path, seq_length, vocab)
-    return TrainDataset(source, seq_length, vocab, data_seed, ds_cfg.shuffle, rank, world,
-                        ds_cfg.loss_mask_mode, kind=ds_cfg.type)
+    if source is None:
+        source = build_source(ds_cfg, model_cfg, data_seed)
+    return TrainDataset(source, int(model_cfg.seq_length), int(model_cfg.vocab_size), data_seed,
+                        ds_cfg.shuffle, rank, world, ds_cfg.loss_mask_mode, kind=ds_cfg.type)

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, TextIO
+from typing import Dict, List, Optional, TextIO
 
 __all__ = ["StepMetrics", "MetricsWriter", "format_step_line", "truncate_jsonl"]
 
@@ -43,6 +43,9 @@ class StepMetrics:
     num_zeros_in_grad: Optional[int] = None
     qk_clipped_heads: Optional[int] = None    # Muon QK-Clip: heads rescaled this step
     max_attention_logit: Optional[float] = None  # largest tracked q.k logit of the step
+    #: more keys for the row and the step line, in order (held-out loss, MFU, memory, ETA:
+    #: ``trainer/progress.py``); ``(row value, step-line text or None)``
+    extras: Dict[str, tuple] = field(default_factory=dict)
 
     def row(self) -> dict:
         """The ``metrics.jsonl`` row (non-finite numbers become null: JSON has no NaN)."""
@@ -66,6 +69,7 @@ class StepMetrics:
         if self.qk_clipped_heads is not None:
             row["qk_clipped_heads"] = int(self.qk_clipped_heads)
             row["max_attention_logit"] = _finite(self.max_attention_logit)
+        row.update({k: v for k, (v, _) in self.extras.items()})
         return row
 
 
@@ -92,6 +96,7 @@ def format_step_line(m: StepMetrics) -> str:
         parts.append(f"num_zeros_in_grad: {m.num_zeros_in_grad}")
     if m.qk_clipped_heads is not None:
         parts.append(f"qk_clip: {m.qk_clipped_heads} heads (max logit {m.max_attention_logit:.2f})")
+    parts += [f"{k}: {text}" for k, (_, text) in m.extras.items() if text is not None]
     return "{ " + ", ".join(parts) + " }"
 
 
@@ -118,7 +123,8 @@ class MetricsWriter:
     """Writes the step line (or a progress bar on a TTY) and ``metrics.jsonl``.
 
     On an interactive terminal the bar is redrawn in place and a full line is printed every
-    ``log_interval`` steps; on a pipe or file (CI, nohup) every step is a plain line.
+    ``log_interval`` steps; on a pipe or file (CI, nohup) every ``log_interval``-th step (and
+    the last, and every skipped one) is a plain line.
     """
     output_dir: Optional[str]
     stream: TextIO = field(default_factory=lambda: sys.stdout)
@@ -150,16 +156,20 @@ class MetricsWriter:
         self._tokens += tokens
         if not self.enabled:
             return
-        if self._fh is not None:
-            self._fh.write(json.dumps(m.row()) + "\n")
-            self._fh.flush()
+        self.write_row(m.row())
         if self.is_tty:
             self.stream.write("\r" + _bar(m) + " " * 4)
             if m.step % self.log_interval == 0 or m.step == m.total_steps or m.skipped:
                 self.stream.write("\r" + format_step_line(m) + "\n")
-        else:
+        elif m.step % self.log_interval == 0 or m.step == m.total_steps or m.skipped:
             self.stream.write(format_step_line(m) + "\n")
         self.stream.flush()
+
+    def write_row(self, row: dict) -> None:
+        """Append one row to ``metrics.jsonl`` (rank 0, when there is an output dir)."""
+        if self._fh is not None:
+            self._fh.write(json.dumps(row) + "\n")
+            self._fh.flush()
 
     def message(self, text: str) -> None:
         if self.enabled:

@@ -103,6 +103,7 @@ class Trainer:
 
     def __init__(self, cfg, output_dir: Optional[str] = None, *, model=None, optimizer=None,
                  dataset=None, lr_scheduler=None, grad_reducer=None, stream=None,
+                 eval_dataset=None,
                  world_size: Optional[int] = None, rank: Optional[int] = None,
                  pynative_synchronize: Optional[bool] = None):
         from .run import choose_pynative_synchronize, apply_pynative_synchronize
@@ -120,7 +121,7 @@ class Trainer:
         self.grad_hooks: List[Callable] = []
         self.state = TrainState()
         self.writer = MetricsWriter(output_dir, stream=stream or sys.stdout,
-                                    enabled=self.rank == 0)
+                                    enabled=self.rank == 0, log_interval=tr.log_interval)
         self.total_steps = int(tr.steps)
         self.stop_at_step = tr.stop_at_step
         self.ramp = build_batch_ramp(tr.rampup_batch_size, tr.global_batch_size,
@@ -153,11 +154,15 @@ class Trainer:
             optimizer = self.grad_reducer.prepare_optimizer(optimizer, cfg)
         self.optimizer = optimizer
         self.loss_scaler = self._build_loss_scaler()
+        from ..data.tokenizer import load_run_tokenizer
+        tokenizer = load_run_tokenizer(cfg)
         if dataset is None:
-            from ..data import build_dataset
-            dataset = build_dataset(cfg.train_dataset, cfg.model, tr.seed, self.rank,
-                                    self.plan.data_parallel)
+            from ..data.run_data import build_run_datasets
+            dataset, eval_dataset = build_run_datasets(cfg, self.rank, self.plan.data_parallel,
+                                                       tokenizer)
         self.dataset = dataset
+        from .progress import RunProgress
+        self.progress = RunProgress(self, eval_dataset, tokenizer)
         self.entropy_floor = getattr(dataset, "entropy_floor", None)
         self._grad_fn = make_grad_fn(self.model, self.optimizer.parameters)
         self.resumed_from: Optional[str] = None
@@ -436,6 +441,7 @@ class Trainer:
                          f"{1.0 / self.mup_width_mult:g}")
             if self.entropy_floor is not None:
                 self.log(f"corpus entropy floor: {self.entropy_floor:.4f} nats/token")
+        self.progress.start(fresh=self.state.step == 0)
         reason = "finished"
         last_saved = self.state.step if self.resumed_from else None  # already on disk
         try:
@@ -446,7 +452,9 @@ class Trainer:
                         reason = "interrupted"     # signalled before this step started
                         break
                     metrics = self.train_step()
+                    self.progress.after_step(metrics, end)
                     self.writer.log(metrics, metrics.tokens)
+                    self.progress.write_row(metrics.row())
                     if self._should_save(self.state.step, end):
                         self.save()
                         last_saved = self.state.step
@@ -461,6 +469,7 @@ class Trainer:
             if wants_save and last_saved != self.state.step and self.state.step > 0:
                 self.save()
             self.writer.summary(self.state, self.entropy_floor, reason)
+            self.progress.finish()
         finally:
             self.writer.close()
         return reason
