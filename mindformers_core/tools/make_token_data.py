@@ -22,11 +22,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Dict, Iterable, List, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
 
-__all__ = ["ByteTokenizer", "tokenize_files", "write_token_file", "write_mindrecord", "main"]
+from ..data.tokenizer import ByteTokenizer
+
+__all__ = ["ByteTokenizer", "expand_inputs", "tokenize_files", "write_token_file",
+           "write_mindrecord", "main"]
 
 _DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 MINDRECORD_SCHEMA = {
@@ -37,19 +40,7 @@ MINDRECORD_SCHEMA = {
 }
 
 
-class ByteTokenizer:
-    """UTF-8 bytes as tokens: ``encode(text) -> ids in [0, 256)``, ``decode`` inverts it."""
-
-    vocab_size = 256
-
-    def encode(self, text: str) -> np.ndarray:
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
-
-    def decode(self, ids: Iterable[int]) -> str:
-        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
-
-
-def _expand(paths: Sequence[str]) -> List[str]:
+def expand_inputs(paths: Sequence[str]) -> List[str]:
     """Files as given; a directory contributes its files, sorted, recursively."""
     out: List[str] = []
     for path in paths:
@@ -69,7 +60,7 @@ def tokenize_files(paths: Sequence[str], eos_id=0) -> np.ndarray:
     """One int64 token stream of all files (documents), separated by ``eos_id`` (None: none)."""
     tok = ByteTokenizer()
     parts = []
-    for path in _expand(paths):
+    for path in expand_inputs(paths):
         with open(path, "r", encoding="utf-8") as handle:
             parts.append(tok.encode(handle.read()))
         if eos_id is not None:
@@ -143,7 +134,7 @@ def main(argv=None) -> int:
         return 2
     out_dir = os.path.dirname(os.path.abspath(args.output))
     os.makedirs(out_dir, exist_ok=True)
-    print(f"{tokens.size} tokens (byte-level, vocab 256) from {len(_expand(args.inputs))} files")
+    print(f"{tokens.size} tokens (byte-level, vocab 256) from {len(expand_inputs(args.inputs))} files")
     for fmt in args.format:
         if fmt in ("bin", "npy"):
             path = write_token_file(tokens, f"{args.output}.{fmt}", args.dtype)

@@ -4,8 +4,7 @@ files, held-out evaluation, the step line's extra fields, TensorBoard and the fi
 :class:`RunProgress` is owned by the trainer and called at four points:
 
 * ``start()``: logs the parameter counts (total, per optimizer group, embedding vs
-  non-embedding), the output files, and (fresh runs) evaluates once before training when
-  ``training.eval_interval`` is set, so the first held-out loss is the untrained model's;
+  non-embedding) and the output files;
 * ``after_step(metrics)``: evaluates every ``eval_interval`` steps and after the last, and
   adds to the step's row / line: ``eval_loss`` / ``eval_ppl`` (the latest evaluation), ``mfu``,
   ``rss_mb`` (and ``device_mem_mb`` where MindSpore reports it) and ``eta``;
@@ -13,8 +12,9 @@ files, held-out evaluation, the step line's extra fields, TensorBoard and the fi
 * ``finish()``: the final evaluation's summary line, the greedy sample of
   ``logging.sample_prompt``, and the output files again.
 
-Evaluation rows of step 0 (before training) go to ``metrics.jsonl`` as ``{"step": 0,
-"eval_loss": ..., "eval_ppl": ...}``; readers of training rows skip rows without ``loss``.
+The held-out loss and perplexity of an evaluation step are keys of that step's
+``metrics.jsonl`` row (``eval_loss``, ``eval_ppl``, ``eval_tokens``); other rows carry the
+latest ``eval_loss``.
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ class RunProgress:
                 for i, g in enumerate(groups)}
 
     # ------------------------------------------------------------------ hooks
-    def start(self, fresh: bool) -> None:
+    def start(self) -> None:
         self.t.log(format_param_counts(self.counts, self.group_counts()))
         self.t.log(f"model FLOPs/token: {self.flops_per_token:.4g} (6N + 12*L*H*S); MFU peak "
                    f"{self.peak_flops:.3g} FLOP/s per device ({self.peak_source})")
@@ -91,9 +91,6 @@ class RunProgress:
         if self.t.cfg.logging.tensorboard and self.t.rank == 0:
             from .tensorboard import TensorBoardWriter
             self.tb = TensorBoardWriter(os.path.join(self.t.output_dir or ".", "tensorboard"))
-        if fresh and self.held_out is not None and self.eval_interval is not None:
-            result = self._evaluate(0)
-            self._write_eval_row(result)
 
     def _evaluate(self, step: int) -> EvalResult:
         result = evaluate(self.t.model, self.held_out, self.eval_steps,
@@ -102,11 +99,6 @@ class RunProgress:
         self.t.log(f"eval at step {step}: held-out loss {result.loss:.4f}, perplexity "
                    f"{result.perplexity:.3f} ({result.tokens} tokens)")
         return result
-
-    def _write_eval_row(self, result: EvalResult) -> None:
-        row = result.row()
-        self.t.writer.write_row(row)
-        self.write_row(row)
 
     def due(self, step: int, end: int) -> bool:
         if self.held_out is None:
@@ -122,6 +114,7 @@ class RunProgress:
             result = self._evaluate(m.step)
             ex["eval_loss"] = (result.loss, f"{result.loss:.4f}")
             ex["eval_ppl"] = (result.perplexity, None)
+            ex["eval_tokens"] = (result.tokens, None)
         elif self.evals:
             ex["eval_loss"] = (self.evals[-1].loss, f"{self.evals[-1].loss:.4f}")
         util = mfu(m.tokens_per_s, self.flops_per_token, self.peak_flops, 1)

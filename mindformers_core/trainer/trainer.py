@@ -441,7 +441,7 @@ class Trainer:
                          f"{1.0 / self.mup_width_mult:g}")
             if self.entropy_floor is not None:
                 self.log(f"corpus entropy floor: {self.entropy_floor:.4f} nats/token")
-        self.progress.start(fresh=self.state.step == 0)
+        self.progress.start()
         reason = "finished"
         last_saved = self.state.step if self.resumed_from else None  # already on disk
         try:
