@@ -18,16 +18,23 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["next_token", "filter_probs", "generate"]
+__all__ = ["next_token", "filter_probs", "check_sampling", "generate"]
+
+
+def check_sampling(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> None:
+    """Raise ``ValueError`` for sampling settings outside their ranges."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
 
 def filter_probs(probs: np.ndarray, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
     """Probabilities restricted to the top-k ids, then to the top-p nucleus, renormalised."""
     probs = np.asarray(probs, np.float64)
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0, got {top_k}")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    check_sampling(0.0, top_k, top_p)
     order = np.argsort(-probs, kind="stable")
     keep = np.zeros(probs.shape, bool)
     n = probs.size if top_k == 0 else min(int(top_k), probs.size)
@@ -46,8 +53,7 @@ def next_token(logits: np.ndarray, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, rng: Optional[np.random.Generator] = None) -> int:
     """The next id from one position's logits (see the module docstring)."""
     logits = np.asarray(logits, np.float64).reshape(-1)
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    check_sampling(temperature, top_k, top_p)
     if temperature == 0.0:
         return int(np.argmax(logits))
     z = logits / temperature
@@ -63,6 +69,7 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, temperature:
     """The ids that follow ``prompt_ids`` (at most ``max_new_tokens``; ends early at
     ``stop_id``). ``model.logits(ids [1, T]) -> [1, T, V]``."""
     import mindspore as ms
+    check_sampling(temperature, top_k, top_p)
     ids = [int(i) for i in prompt_ids]
     if not ids:
         raise ValueError("the prompt is empty; generation needs at least one token")

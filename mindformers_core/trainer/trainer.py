@@ -209,20 +209,8 @@ class Trainer:
         return data
 
     def _load_model(self, data: CheckpointData) -> None:
-        import mindspore as ms
-        params = {p.name: p for p in self.model.get_parameters()}
-        saved = {k[len("model."):]: v for k, v in data.tensors.items() if k.startswith("model.")}
-        missing = sorted(set(params) - set(saved))
-        unexpected = sorted(set(saved) - set(params))
-        if missing or unexpected:
-            raise CheckpointError(f"checkpoint {data.path} does not match the model: missing "
-                                  f"{missing[:10]}, unexpected {unexpected[:10]}")
-        for name, param in params.items():
-            arr = saved[name]
-            if tuple(arr.shape) != tuple(param.shape):
-                raise CheckpointError(f"checkpoint {data.path}: parameter {name} has shape "
-                                      f"{tuple(arr.shape)}, the model has {tuple(param.shape)}")
-            param.set_data(ms.Tensor(arr).astype(param.dtype))
+        from .weights import load_model_weights
+        load_model_weights(self.model, data)
 
     def _load_rest(self, data: CheckpointData) -> None:
         st = data.state
