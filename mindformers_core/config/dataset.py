@@ -15,6 +15,12 @@ Sources (``type``):
   ``data/text_corpus.py``), tokenized at start-up with the ``tokenizer:`` section (byte-level
   when absent) and cut into windows like a TokenFile.
 
+* ``IndexedDataset``: Megatron's ``.bin``/``.idx`` pair at prefix ``data_path``
+  (``data/indexed.py``), windows like a TokenFile.
+
+``blend``, ``eod_mask_loss``, ``eod_id``, ``reset_position_ids``, ``reset_attention_mask``:
+see ``config/corpus_rules.py``.
+
 ``validation_split``: the fraction of a finite source's samples held out (its tail) for the
 evaluation of ``training.eval_interval``; 0 holds nothing out (``data/split.py``).
 
@@ -25,21 +31,23 @@ evaluation of ``training.eval_interval``; 0 holds nothing out (``data/split.py``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, List, Literal, Optional
 
+from .corpus_rules import check_corpus_fields
 from .errors import ConfigError
 from .schema import Section, check, check_range
 
 MARKOV_KEYS = ("markov_order", "markov_vocab_size", "markov_branching", "markov_concentration",
                "markov_smoothing")
-FILE_TYPES = ("TokenFile", "MindDataset")
+FILE_TYPES = ("TokenFile", "MindDataset", "IndexedDataset")
 TEXT_TYPES = ("PydocText",)
 
 
 @dataclass
 class DatasetConfig(Section):
     """Where training tokens come from. Default: the built-in synthetic Markov corpus."""
-    type: Literal["SyntheticMarkov", "TokenFile", "MindDataset", "PydocText"] = "SyntheticMarkov"
+    type: Literal["SyntheticMarkov", "TokenFile", "MindDataset", "PydocText",
+                  "IndexedDataset"] = "SyntheticMarkov"
     data_path: Optional[str] = None
     dtype: Literal["uint16", "uint32"] = "uint16"   # element type of a raw .bin token file
     shuffle: bool = True                 # epoch-wise permutation (files; synthetic samples are i.i.d.)
@@ -51,6 +59,11 @@ class DatasetConfig(Section):
     markov_concentration: float = 0.5
     markov_smoothing: float = 0.01
     validation_split: float = 0.0        # held-out fraction of the samples (finite sources)
+    blend: Optional[List[List[Any]]] = None    # [[weight, path], ...] instead of data_path
+    eod_mask_loss: bool = False
+    eod_id: Optional[int] = None         # None = the tokenizer's end-of-document id
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
 
     def _set_off_default(self, key: str) -> bool:
         """Written by the user with a non-default value (to_dict() output stays loadable)."""
@@ -65,8 +78,10 @@ class DatasetConfig(Section):
         if self.seed is not None:
             check_range(self.seed, f"{path}.seed", lo=0)
         check_range(self.validation_split, f"{path}.validation_split", lo=0, hi=1, hi_open=True)
+        check_corpus_fields(self, path)
         if self.type in FILE_TYPES + TEXT_TYPES:
-            check(bool(self.data_path) or self.type in TEXT_TYPES, f"{path}.data_path",
+            check(bool(self.data_path) or self.type in TEXT_TYPES or self.blend is not None,
+                  f"{path}.data_path",
                   f"required when type is {self.type} (path of the token file)")
             check(self.data_path is None or self.type not in TEXT_TYPES, f"{path}.data_path",
                   f"not used by type {self.type} (its text is built in)")
