@@ -3,7 +3,6 @@ training; its rows in metrics.jsonl, the step line and the summary; TensorBoard 
 import io
 import json
 import os
-import struct
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from mindformers_core.config import load_config
 from mindformers_core.trainer import Trainer
 from mindformers_core.trainer.evaluate import eval_positions, evaluate
 from mindformers_core.trainer.grad_reducer import IdentityGradReducer
+from tb_events import read_events
 
 
 def text_cfg(out, steps=4, **sections):
@@ -115,28 +115,11 @@ def test_greedy_sample_is_printed_at_the_end(tmp_path):
     assert f"sample (greedy, 5 tokens):\nThe with{want}\n" in out.getvalue()
 
 
-def _read_events(logdir):
-    """Scalars (tag -> [(step, value)]) of the TFRecord event files in logdir."""
-    from tensorboardX.proto import event_pb2
-    out = {}
-    for name in sorted(os.listdir(logdir)):
-        with open(os.path.join(logdir, name), "rb") as fh:
-            data = fh.read()
-        pos = 0
-        while pos < len(data):
-            (length,) = struct.unpack("<Q", data[pos:pos + 8])
-            event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
-            pos += 12 + length + 4
-            for v in event.summary.value:
-                out.setdefault(v.tag, []).append((event.step, v.simple_value))
-    return out
-
-
 def test_tensorboard_holds_the_same_scalars_as_metrics_jsonl(tmp_path):
     pytest.importorskip("tensorboardX", reason="the tensorboard extra (tensorboardX) is absent")
     Trainer(text_cfg(tmp_path, steps=3, logging={"tensorboard": True}), str(tmp_path),
             stream=io.StringIO()).train()
-    events = _read_events(os.path.join(str(tmp_path), "tensorboard"))
+    events = read_events(os.path.join(str(tmp_path), "tensorboard"))
     r = rows(tmp_path)
     for key in ("loss", "lr", "grad_norm", "eval_loss", "tokens_per_s"):
         want = [(x["step"], x[key]) for x in r if key in x]
