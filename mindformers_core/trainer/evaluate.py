@@ -29,10 +29,6 @@ class EvalResult:
     def perplexity(self) -> float:
         return math.exp(self.loss) if self.loss < 700 else math.inf
 
-    def row(self) -> dict:
-        return {"step": int(self.step), "eval_loss": float(self.loss),
-                "eval_ppl": float(self.perplexity), "eval_tokens": int(self.tokens)}
-
 
 def eval_positions(eval_step: int, local_batch_size: int, rank: int, world: int) -> np.ndarray:
     """Stream positions of ``rank``'s batch ``eval_step`` (contiguous per rank)."""

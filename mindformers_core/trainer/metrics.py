@@ -44,7 +44,7 @@ class StepMetrics:
     qk_clipped_heads: Optional[int] = None    # Muon QK-Clip: heads rescaled this step
     max_attention_logit: Optional[float] = None  # largest tracked q.k logit of the step
     #: more keys for the row and the step line, in order (held-out loss, MFU, memory, ETA:
-    #: ``trainer/progress.py``); ``(row value, step-line text or None)``
+    #: ``trainer/progress.py``); key -> ``(row value, step-line text or None)``
     extras: Dict[str, tuple] = field(default_factory=dict)
 
     def row(self) -> dict:
@@ -96,7 +96,7 @@ def format_step_line(m: StepMetrics) -> str:
         parts.append(f"num_zeros_in_grad: {m.num_zeros_in_grad}")
     if m.qk_clipped_heads is not None:
         parts.append(f"qk_clip: {m.qk_clipped_heads} heads (max logit {m.max_attention_logit:.2f})")
-    parts += [f"{k}: {text}" for k, (_, text) in m.extras.items() if text is not None]
+    parts += [text for _, text in m.extras.values() if text is not None]
     return "{ " + ", ".join(parts) + " }"
 
 

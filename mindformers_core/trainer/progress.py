@@ -18,6 +18,7 @@ latest ``eval_loss``.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import List, Optional
@@ -112,22 +113,23 @@ class RunProgress:
         ex = m.extras
         if self.due(m.step, end):
             result = self._evaluate(m.step)
-            ex["eval_loss"] = (result.loss, f"{result.loss:.4f}")
-            ex["eval_ppl"] = (result.perplexity, None)
+            ex["eval_loss"] = (result.loss, f"eval_loss: {result.loss:.4f}")
+            ppl = result.perplexity
+            ex["eval_ppl"] = (ppl if math.isfinite(ppl) else None, f"eval_ppl: {ppl:.3f}")
             ex["eval_tokens"] = (result.tokens, None)
         elif self.evals:
-            ex["eval_loss"] = (self.evals[-1].loss, f"{self.evals[-1].loss:.4f}")
+            ex["eval_loss"] = (self.evals[-1].loss, f"eval_loss: {self.evals[-1].loss:.4f}")
         util = mfu(m.tokens_per_s, self.flops_per_token, self.peak_flops, 1)
-        ex["mfu"] = (util, f"{100 * util:.2f}%")
+        ex["mfu"] = (util, f"mfu: {100 * util:.2f}%")
         rss = rss_bytes()
         if rss is not None:
-            ex["rss_mb"] = (rss / 2 ** 20, f"{rss / 2 ** 20:,.0f}MB")
+            ex["rss_mb"] = (rss / 2 ** 20, f"rss: {rss / 2 ** 20:,.0f}MB")
         dev = device_memory_bytes()
         if dev is not None:
-            ex["device_mem_mb"] = (dev / 2 ** 20, f"{dev / 2 ** 20:,.0f}MB")
+            ex["device_mem_mb"] = (dev / 2 ** 20, f"device_mem: {dev / 2 ** 20:,.0f}MB")
         eta = eta_seconds(self._steps_this_session, end - m.step,
                           time.perf_counter() - self._t0)
-        ex["eta_s"] = (eta, f"{format_duration(eta)}")
+        ex["eta_s"] = (eta, f"eta: {format_duration(eta)}")
 
     def write_row(self, row: dict) -> None:
         if self.tb is not None:
