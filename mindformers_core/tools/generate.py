@@ -72,13 +72,10 @@ def main(argv=None) -> int:
         apply_pynative_synchronize(choose_pynative_synchronize(cfg))
         text = generate_text(cfg, args.checkpoint, args.prompt, args.max_new_tokens,
                              args.temperature, args.top_k, args.top_p, args.seed)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except ValueError as exc:   # sampling arguments out of range
+    except (ConfigError, ValueError) as exc:   # the config; sampling arguments out of range
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(args.prompt + text)
