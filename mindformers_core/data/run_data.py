@@ -4,9 +4,10 @@
 
 * ``train``: a :class:`TrainDataset` of ``train_dataset`` (its first ``1 - validation_split``
   of the samples when a split is set; with a ``blend``, of every blended corpus);
-* ``held_out``: a :class:`TrainDataset` (no shuffling) over ``eval_dataset`` when given, else
-  the held-out tail of ``train_dataset`` (a blend of the held-out tails, same weights), else
-  None.
+* ``held_out``: a :class:`TrainDataset` over ``eval_dataset`` when given, else the held-out
+  tail of ``train_dataset`` (a blend of the held-out tails, same weights), else None. Its
+  sampler's seeded permutation spreads the evaluated samples (the first stream positions,
+  the same every evaluation) over the whole held-out set.
 
 The tokenizer is built once by the caller (``data.tokenizer.build_tokenizer``); it tokenizes
 text corpora and gives the end-of-document id of ``eod_mask_loss`` unless ``eod_id`` is set.
@@ -35,7 +36,7 @@ def build_split_sources(ds, model_cfg, data_seed: int, tokenizer=None, path="tra
     train = BlendedSource([t for t, _ in parts], weights, data_seed, ds.shuffle)
     held = None
     if ds.validation_split > 0:
-        held = BlendedSource([h for _, h in parts], weights, data_seed, shuffle=False)
+        held = BlendedSource([h for _, h in parts], weights, data_seed, ds.shuffle)
     return train, held
 
 
@@ -59,6 +60,6 @@ def build_run_datasets(cfg, rank: int = 0, world: int = 1,
     if held is None:
         return train, None
     held_ds = TrainDataset(held, int(cfg.model.seq_length), int(cfg.model.vocab_size), seed,
-                           shuffle=False, rank=rank, world=world, kind=held_kind,
+                           shuffle=True, rank=rank, world=world, kind=held_kind,
                            eod_mask_id=eod)
     return train, held_ds

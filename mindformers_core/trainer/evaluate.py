@@ -1,7 +1,8 @@
 """Held-out evaluation: mean token cross-entropy and perplexity on fixed samples.
 
 Every evaluation reads the same samples: stream positions ``[0, eval_steps * G)`` of the
-held-out dataset (no shuffling), ``G = world * local_batch_size``, laid out over the ranks
+held-out dataset (its sampler's seeded permutation of epoch 0 spreads them over the whole
+set), ``G = world * local_batch_size``, laid out over the ranks
 like a training step of one micro-batch. Each rank sums its token losses and loss tokens; the
 sums go through the reducer (an all-reduce SUM under data parallel), so every rank gets
 ``loss = sum of token losses / loss tokens`` of the whole set, independent of the layout for

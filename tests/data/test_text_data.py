@@ -73,7 +73,7 @@ def test_held_out_tail_is_disjoint_from_training_samples():
     first_held = held.samples([0])["input_ids"][0]
     # windows at stride S: the only token shared is the boundary one
     assert last_train[-1] == first_held[0]
-    assert held.sampler.shuffle is False and held.kind == "validation_split"
+    assert held.sampler.shuffle is True and held.kind == "validation_split"
 
 
 def test_config_rules_of_text_sections():
