@@ -7,10 +7,11 @@
   (0 = all) and then to the smallest set of the most likely ids whose probability reaches
   ``top_p`` (1.0 = all; the most likely id always stays), renormalised, sampled with ``rng``.
 
-``generate(model, prompt_ids, max_new_tokens, ...)`` appends tokens one at a time. Each step
-runs the model on the last ``context_length`` tokens (the model's ``seq_length``) and keeps the
-logits of the last position: a full recompute per token, so it is exact for every attention
-type (no cache to keep consistent).
+``generate(model, prompt_ids, max_new_tokens, ...)`` appends tokens one at a time from the
+logits of the last position. While the sequence fits the model's ``seq_length``
+(``context_length``) it decodes incrementally with a key/value cache (``models/kv_cache.py``;
+``cache=False``: a full forward per token instead, same logits to rel 1e-5); past it, each
+token is computed by a full forward over the last ``context_length`` tokens.
 """
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ def next_token(logits: np.ndarray, temperature: float = 0.0, top_k: int = 0,
 
 def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             context_length: Optional[int] = None, stop_id: Optional[int] = None) -> List[int]:
+             context_length: Optional[int] = None, stop_id: Optional[int] = None,
+             cache: bool = True) -> List[int]:
     """The ids that follow ``prompt_ids`` (at most ``max_new_tokens``; ends early at
     ``stop_id``). ``model.logits(ids [1, T]) -> [1, T, V]``."""
     import mindspore as ms
@@ -76,9 +78,19 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, temperature:
     context = int(context_length or model.cfg.seq_length)
     rng = np.random.default_rng(seed)
     out: List[int] = []
+    decoder = None
+    if cache and len(ids) <= context:
+        from .kv_cache import CachedDecoder
+        decoder = CachedDecoder(model, context)
+    fed = 0   # ids already in the cache
     for _ in range(int(max_new_tokens)):
-        window = np.asarray(ids[-context:], np.int32)[None, :]
-        logits = model.logits(ms.Tensor(window)).asnumpy()[0, -1]
+        if decoder is not None and len(ids) <= context:
+            new = ms.Tensor(np.asarray(ids[fed:], np.int32)[None, :])
+            logits = (decoder.prefill(new) if fed == 0 else decoder.step(new)).asnumpy()[0, -1]
+            fed = len(ids)
+        else:
+            window = np.asarray(ids[-context:], np.int32)[None, :]
+            logits = model.logits(ms.Tensor(window)).asnumpy()[0, -1]
         tok = next_token(logits, temperature, top_k, top_p, rng)
         ids.append(tok)
         out.append(tok)

@@ -9,8 +9,8 @@ is built from ``--config`` (plus ``--set`` overrides) and must match the checkpo
 prompt is encoded with the config's tokenizer (``tokenizer:``; byte-level for ``PydocText``
 or when the config has none). ``--temperature 0`` (the default) is greedy decoding; otherwise
 tokens are sampled from the tempered softmax restricted by ``--top_k`` / ``--top_p``
-(``models/generation.py``). Each token recomputes the model over the last ``seq_length``
-tokens (no KV cache). Prints the prompt followed by the continuation.
+(``models/generation.py``, with the key/value cache of ``models/kv_cache.py`` while the text
+fits ``seq_length``). Prints the prompt followed by the continuation.
 
 Exit codes: 0 ok, 2 a configuration error, 1 an unusable checkpoint.
 """

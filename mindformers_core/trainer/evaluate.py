@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["EvalResult", "evaluate", "eval_positions"]
+__all__ = ["EvalResult", "evaluate", "eval_positions", "reset_running_stats"]
 
 
 @dataclass
@@ -37,7 +37,8 @@ def eval_positions(eval_step: int, local_batch_size: int, rank: int, world: int)
     return base + np.arange(int(local_batch_size), dtype=np.int64)
 
 
-def _reset_running_stats(model) -> None:
+def reset_running_stats(model) -> None:
+    """Clear the statistics forward passes collect (MoE loads, QK-Clip max logits)."""
     for name in ("reset_moe_stats", "reset_max_attention_logits"):
         fn = getattr(model, name, None)
         if fn is not None:
@@ -58,7 +59,7 @@ def evaluate(model, held_out, eval_steps: int, local_batch_size: int, reducer,
                                       ms.Tensor(batch["loss_mask"].astype(np.float32)))
         loss_parts.append(loss_sum)
         local_tokens += float(np.asarray(batch["loss_mask"], np.float64).sum())
-    _reset_running_stats(model)
+    reset_running_stats(model)
     local_loss = float(sum(float(x.asnumpy()) for x in loss_parts))
     total_tokens = reducer.global_token_count(local_tokens)
     total_loss = reducer.global_token_count(local_loss) if reducer.world_size > 1 else local_loss

@@ -23,7 +23,7 @@ import os
 import time
 from typing import List, Optional
 
-from .evaluate import EvalResult, evaluate
+from .evaluate import EvalResult, evaluate, reset_running_stats
 from .throughput import (PEAK_FLOPS, eta_seconds, flops_per_token, format_duration,
                          format_param_counts, mfu, param_counts, rss_bytes)
 
@@ -153,7 +153,5 @@ class RunProgress:
         ids = self.tokenizer.encode(prompt)
         new = generate(self.t.model, ids, self.t.cfg.logging.sample_max_new_tokens,
                        temperature=0.0)
-        _reset = getattr(self.t.model, "reset_max_attention_logits", None)
-        if _reset is not None:
-            _reset()
+        reset_running_stats(self.t.model)
         self.t.log(f"sample (greedy, {len(new)} tokens):\n{prompt}{self.tokenizer.decode(new)}")
