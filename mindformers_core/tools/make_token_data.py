@@ -11,8 +11,9 @@ tokenizer's end-of-document id: 0, the NUL byte, for bytes). ``--no-eos`` joins 
 separator. The tool reports the tokenization speed in tokens/s.
 
 Outputs, from prefix ``P``:
-* ``P_document.bin`` + ``P_document.idx`` (``idx``): Megatron's document-indexed format (one
-  sequence per document, ``data/indexed.py``), for ``type: IndexedDataset`` and for Megatron;
+* ``P.idx`` (``idx``, with ``P.bin``): Megatron's document-indexed format (one sequence per
+  document, ``data/indexed.py``), for ``type: IndexedDataset`` and for Megatron. Its ``P.bin``
+  is byte for byte the raw stream of ``bin``, so one ``P.bin`` serves both readers;
 * ``P.bin``: raw little-endian ``--dtype`` (uint16 default) token stream, for ``type: TokenFile``
   with ``dtype`` set accordingly;
 * ``P.npy``: the same stream as a 1-D ``.npy`` array;
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
     parser.add_argument("--output", required=True, help="output prefix (P.bin, P.npy, ...)")
     parser.add_argument("--format", nargs="+", choices=["bin", "npy", "mindrecord", "idx"],
                         default=["bin"], help="outputs to write (default: bin); idx = "
-                        "Megatron .bin/.idx pair P_document.bin/.idx")
+                        "Megatron's index P.idx next to P.bin")
     parser.add_argument("--tokenizer", default=None, metavar="TOKENIZER_JSON",
                         help="a Hugging Face tokenizer.json (tools/train_tokenizer); "
                              "default byte-level")
@@ -204,9 +205,11 @@ def main(argv=None) -> int:
     for fmt in args.format:
         if fmt == "idx":
             from ..data.indexed import write_indexed
-            prefix = write_indexed(f"{args.output}_document", docs, args.dtype)
+            prefix = write_indexed(args.output, docs, args.dtype)
             print(f"wrote {prefix}.bin / {prefix}.idx ({len(docs)} documents, {args.dtype}; "
                   f"train_dataset: {{type: IndexedDataset, data_path: {prefix}}})")
+        elif fmt == "bin" and "idx" in args.format:
+            continue   # the indexed format's .bin is this same stream
         elif fmt in ("bin", "npy"):
             path = write_token_file(tokens, f"{args.output}.{fmt}", args.dtype)
             print(f"wrote {path} ({args.dtype})")

@@ -171,9 +171,10 @@ def test_make_token_data_writes_idx_and_a_small_mindrecord(tmp_path):
     out = str(tmp_path / "out" / "c")
     assert mtd.main([str(d) for d in docs] + ["--output", out, "--format", "idx", "bin",
                                               "mindrecord", "--seq-length", "64"]) == 0
-    tokens, info = open_indexed_tokens(out + "_document")
-    flat = np.fromfile(out + ".bin", "<u2")
-    np.testing.assert_array_equal(np.asarray(tokens), flat)   # same stream, doc-indexed
+    tokens, info = open_indexed_tokens(out)
+    flat = np.fromfile(out + ".bin", "<u2")      # also a TokenFile: the same stream
+    np.testing.assert_array_equal(np.asarray(tokens), flat)
+    np.testing.assert_array_equal(flat, mtd.tokenize_files([str(d) for d in docs]))
     assert info.num_documents == 2 and info.sequence_lengths.tolist() == [18001, 8001]
     assert flat[18000] == 0 and flat[-1] == 0                   # end-of-document ids
     # ~26k tokens: the MindRecord is sized to its content (FileWriter's defaults gave ~50 MB)
