@@ -129,7 +129,7 @@ class MetricsWriter:
     output_dir: Optional[str]
     stream: TextIO = field(default_factory=lambda: sys.stdout)
     enabled: bool = True            # False on ranks other than 0
-    log_interval: int = 10
+    log_interval: int = 1            # training.log_interval
     _fh: Optional[TextIO] = None
     _losses: List[float] = field(default_factory=list)
     _start: float = field(default_factory=time.time)
