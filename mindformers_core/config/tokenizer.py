@@ -53,6 +53,9 @@ def check_text_sections(cfg) -> None:
     """Cross-section rules of held-out data and text: evaluation needs held-out data, a
     sample needs a tokenizer, a byte-level tokenizer needs ``model.vocab_size >= 256`` (an hf
     one is checked when loaded)."""
+    if cfg.eval_dataset is not None and cfg.train_dataset.validation_split > 0:
+        raise ConfigError("train_dataset.validation_split", "not used when eval_dataset is set "
+                                                            "(that corpus is the held-out data)")
     held_out = cfg.eval_dataset is not None or cfg.train_dataset.validation_split > 0
     if cfg.training.eval_interval is not None and not held_out:
         raise ConfigError("training.eval_interval", "needs held-out data: set eval_dataset or "

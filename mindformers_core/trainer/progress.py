@@ -119,7 +119,9 @@ class RunProgress:
             ex["eval_tokens"] = (result.tokens, None)
         elif self.evals:
             ex["eval_loss"] = (self.evals[-1].loss, f"eval_loss: {self.evals[-1].loss:.4f}")
-        util = mfu(m.tokens_per_s, self.flops_per_token, self.peak_flops, 1)
+        # tokens/s counts every rank's tokens, so the peak is that of every device
+        util = mfu(m.tokens_per_s, self.flops_per_token, self.peak_flops,
+                   self.t.grad_reducer.world_size)
         ex["mfu"] = (util, f"mfu: {100 * util:.2f}%")
         rss = rss_bytes()
         if rss is not None:

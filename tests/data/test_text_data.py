@@ -98,13 +98,16 @@ def test_config_rules_of_text_sections():
     for name in ("eval_interval", "eval_steps", "log_interval"):
         with pytest.raises(ConfigError, match=rf"^training.{name}: must be >= 1, got 0"):
             cfg(training={name: 0})
+    with pytest.raises(ConfigError, match=r"^train_dataset.validation_split: not used when "
+                                          r"eval_dataset is set"):
+        cfg(eval_dataset={"type": "PydocText"})
     with pytest.raises(ConfigError, match=r"^logging.peak_flops: must be > 0"):
         cfg(logging={"peak_flops": 0.0})
 
 
 def test_config_round_trips_with_the_new_sections():
     c = cfg(tokenizer={"type": "byte"}, logging={"sample_prompt": "x"},
-            eval_dataset={"type": "PydocText"})
+            eval_dataset={"type": "PydocText"}, train_dataset={"validation_split": 0.0})
     again = load_config(c.to_dict())
     assert again.to_dict() == c.to_dict() and again.eval_dataset.type == "PydocText"
     assert load_config(cfg().to_dict()).eval_dataset is None
