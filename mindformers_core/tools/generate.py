@@ -17,6 +17,7 @@ Exit codes: 0 ok, 2 a configuration error, 1 an unusable checkpoint.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .cli import add_run_config_arguments, load_run_config, refuse_graph_mode
@@ -32,8 +33,11 @@ def generate_text(cfg, checkpoint: str, prompt: str, max_new_tokens: int = 64,
     from ..data.tokenizer import build_tokenizer, check_vocab_fits
     from ..models import build_model
     from ..models.generation import generate
-    from ..trainer.checkpoint import resolve_checkpoint
+    from ..trainer.checkpoint import CheckpointError, resolve_checkpoint
     from ..trainer.weights import load_model_weights
+    if not os.path.exists(checkpoint):
+        raise CheckpointError(f"--checkpoint {checkpoint}: no such file or directory (did the "
+                              "run save one? checkpoint.enable_save: True)")
     tok_cfg = run_tokenizer_config(cfg) or TokenizerConfig()
     tokenizer = build_tokenizer(tok_cfg)
     check_vocab_fits(cfg.model.vocab_size, tokenizer.vocab_size,

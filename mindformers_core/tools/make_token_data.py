@@ -138,13 +138,19 @@ def write_mindrecord(tokens: np.ndarray, path: str, seq_length: int) -> int:
     return len(rows)
 
 
+def read_text(path: str) -> str:
+    """The UTF-8 text of ``path``; a ``ValueError`` naming the file when it is not text."""
+    try:
+        with open(path, "r", encoding="utf-8") as handle:
+            return handle.read()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                         "pass text files only") from None
+
+
 def encode_files(paths: Sequence[str], tokenizer) -> List[np.ndarray]:
     """Token ids of each input file (one document each), in ``expand_inputs`` order."""
-    texts = []
-    for path in expand_inputs(paths):
-        with open(path, "r", encoding="utf-8") as handle:
-            texts.append(handle.read())
-    return tokenizer.encode_batch(texts)
+    return tokenizer.encode_batch([read_text(path) for path in expand_inputs(paths)])
 
 
 def with_eod(docs: List[np.ndarray], eod_id) -> List[np.ndarray]:
@@ -181,7 +187,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if "mindrecord" in args.format and (args.seq_length is None or args.seq_length < 1):
         parser.error("--seq-length (>= 1) is required for --format mindrecord")
-    from ..config.errors import ConfigError
     try:
         tokenizer = load_tokenizer(args.tokenizer)
         t0 = time.perf_counter()
@@ -189,7 +194,7 @@ def main(argv=None) -> int:
                         None if args.no_eos else
                         (tokenizer.eod_id if args.eos_id is None else args.eos_id))
         seconds = time.perf_counter() - t0
-    except (FileNotFoundError, UnicodeDecodeError, ConfigError) as exc:
+    except (FileNotFoundError, ValueError) as exc:   # ConfigError is a ValueError
         print(f"error: {exc}", file=sys.stderr)
         return 2
     tokens = np.concatenate(docs) if docs else np.zeros(0, np.int64)

@@ -43,7 +43,7 @@ def train_bpe(files: Sequence[str], output: str, vocab_size: int = 8000,
 
 
 def main(argv=None) -> int:
-    from .make_token_data import expand_inputs
+    from .make_token_data import expand_inputs, read_text
     p = argparse.ArgumentParser(prog="python -m mindformers_core.tools.train_tokenizer",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("inputs", nargs="+", help="text files or directories")
@@ -55,7 +55,9 @@ def main(argv=None) -> int:
         p.error("--vocab-size must be >= 257 (256 byte symbols + <|endoftext|>)")
     try:
         files = expand_inputs(args.inputs)
-    except FileNotFoundError as exc:
+        for path in files:
+            read_text(path)   # the Rust trainer's own error names no file
+    except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()

@@ -53,7 +53,8 @@ def test_generate_cli_errors(trained, tmp_path, capsys):
     _, cfg_path, ckpt = trained
     assert tool.main(["--config", cfg_path, "--checkpoint", str(tmp_path / "none"),
                       "--prompt", "x"]) == 1
-    assert capsys.readouterr().err.startswith("error: ")
+    assert capsys.readouterr().err.startswith(f"error: --checkpoint {tmp_path / 'none'}: no such "
+                                              "file or directory")
     assert tool.main(["--config", cfg_path, "--checkpoint", ckpt, "--prompt", "x",
                       "--set", "model.vocab_size=100"]) == 2
     assert "error: model.vocab_size: 100 is below the vocabulary of the tokenizer (byte: 256" \
