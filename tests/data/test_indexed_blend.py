@@ -192,3 +192,18 @@ def test_make_token_data_reports_tokens_per_second(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "4 tokens (byte-level, vocab 256) from 1 files in " in proc.stdout
     assert " tokens/s)" in proc.stdout
+
+
+def test_make_token_data_and_train_tokenizer_name_a_non_text_input(tmp_path, capsys):
+    (tmp_path / "a.txt").write_text("text", encoding="utf-8")
+    (tmp_path / "img.png").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    assert mtd.main([str(tmp_path), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {tmp_path / 'img.png'} is not UTF-8 text (invalid start byte at byte 0)" in err
+    pytest.importorskip("tokenizers")
+    from mindformers_core.tools import train_tokenizer
+    assert train_tokenizer.main([str(tmp_path), "--output", str(tmp_path / "t.json")]) == 2
+    assert f"{tmp_path / 'img.png'} is not UTF-8 text" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train_tokenizer.main([str(tmp_path / "a.txt"), "--output", "x.json", "--vocab-size", "10"])
+    assert "--vocab-size must be >= 257" in capsys.readouterr().err
