@@ -207,3 +207,31 @@ def test_make_token_data_and_train_tokenizer_name_a_non_text_input(tmp_path, cap
     with pytest.raises(SystemExit):
         train_tokenizer.main([str(tmp_path / "a.txt"), "--output", "x.json", "--vocab-size", "10"])
     assert "--vocab-size must be >= 257" in capsys.readouterr().err
+
+
+def test_more_index_errors(tmp_path):
+    prefix = str(tmp_path / "c")
+    write_indexed(prefix, [[1, 2], [3]], "uint16")
+    data = bytearray(open(prefix + ".idx", "rb").read())
+    os.remove(prefix + ".bin")
+    with pytest.raises(ConfigError, match=r"^train_dataset.data_path: data file not found"):
+        open_indexed_tokens(prefix)
+    write_indexed(prefix, [[1, 2], [3]], "uint16")
+    bad = bytearray(data)
+    bad[9:17] = struct.pack("<Q", 2)
+    open(prefix + ".idx", "wb").write(bytes(bad))
+    with pytest.raises(ConfigError, match="index version 2, only 1 is known"):
+        open_indexed_tokens(prefix)
+    bad = bytearray(data)
+    off = 9 + 8 + 1 + 16 + 2 * 4 + 8          # the second sequence's pointer
+    bad[off:off + 8] = struct.pack("<q", 6)
+    open(prefix + ".idx", "wb").write(bytes(bad))
+    with pytest.raises(ConfigError, match="sequences are not stored back to back"):
+        open_indexed_tokens(prefix)
+    write_indexed(prefix, [[]], "uint16")
+    with pytest.raises(ConfigError, match="holds no tokens"):
+        open_indexed_tokens(prefix)
+    with pytest.raises(ValueError, match="token ids must fit uint16"):
+        write_indexed(prefix, [[70000]], "uint16")
+    with pytest.raises(ValueError, match="one weight per blended source"):
+        BlendedSource([_Src(2, 0)], [1.0, 2.0], seed=0)

@@ -127,3 +127,15 @@ def test_tensorboard_holds_the_same_scalars_as_metrics_jsonl(tmp_path):
         assert [s for s, _ in got] == [s for s, _ in want], key
         np.testing.assert_allclose([v for _, v in got], [v for _, v in want], rtol=1e-6)
     assert [s for s, _ in events["eval_ppl"]] == [2, 3] and "lrs/0" in events
+
+
+def test_held_out_batches_without_loss_tokens_are_an_error(tmp_path):
+    """A held-out file of end-of-document ids only, under eod_mask_loss: nothing to count."""
+    from mindformers_core.data.builder import TrainDataset
+    from mindformers_core.data.token_file import TokenFile
+    t = Trainer(text_cfg(tmp_path), str(tmp_path), stream=io.StringIO())
+    np.zeros(200, np.uint16).tofile(tmp_path / "eod.bin")
+    held = TrainDataset(TokenFile(str(tmp_path / "eod.bin"), 16), 16, 256, seed=0,
+                        eod_mask_id=0)
+    with pytest.raises(ValueError, match="the held-out batches have no loss tokens"):
+        evaluate(t.model, held, 1, 2, IdentityGradReducer())
