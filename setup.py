@@ -16,8 +16,12 @@ setup(
         "safetensors>=0.4",
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.5"],  # plots are tested too
+        # plots, hf tokenizers and TensorBoard files are tested too
+        "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.5", "tokenizers>=0.15",
+                 "tensorboardX>=2.6"],
         "plot": ["matplotlib>=3.5"],
+        "hf": ["tokenizers>=0.15"],
+        "tensorboard": ["tensorboardX>=2.6"],
     },
     entry_points={"console_scripts": ["mindformers-run=run_mindformer:main"]},
 )

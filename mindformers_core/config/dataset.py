@@ -1,6 +1,6 @@
 """`train_dataset:` section. Owned by the data package.
 
-Three sources (``type``):
+Sources (``type``):
 
 * ``SyntheticMarkov`` (default): a built-in corpus drawn from a random Markov chain of order
   ``markov_order`` (1 or 2) over ``markov_vocab_size`` tokens (null = ``model.vocab_size``).
@@ -11,6 +11,18 @@ Three sources (``type``):
   ``dtype``; or ``.npy``), cut into windows of ``model.seq_length + 1`` tokens.
 * ``MindDataset``: a MindRecord file ``data_path`` with ``input_ids``, ``labels``,
   ``loss_mask``, ``position_ids`` columns (as written by ``tools/make_token_data.py``).
+* ``PydocText``: real English text every Python has (``pydoc_data.topics``, see
+  ``data/text_corpus.py``), tokenized at start-up with the ``tokenizer:`` section (byte-level
+  when absent) and cut into windows like a TokenFile.
+
+* ``IndexedDataset``: Megatron's ``.bin``/``.idx`` pair at prefix ``data_path``
+  (``data/indexed.py``), windows like a TokenFile.
+
+``blend``, ``eod_mask_loss``, ``eod_id``, ``reset_position_ids``, ``reset_attention_mask``:
+see ``config/corpus_rules.py``.
+
+``validation_split``: the fraction of a finite source's samples held out (its tail) for the
+evaluation of ``training.eval_interval``; 0 holds nothing out (``data/split.py``).
 
 ``loss_mask_mode``: ``all`` keeps every label token (MindRecord: the file's ``loss_mask``);
 ``random_prefix`` additionally masks a prompt-like prefix of each sample, of length uniform in
@@ -26,8 +38,9 @@ and ``prefetch_size`` (>= 1; samples are read in-process, so they do not change 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, List, Literal, Optional
 
+from .corpus_rules import check_corpus_fields
 from .dataset_layout import nest_dataloader, split_dataloader
 from .errors import ConfigError
 from .noop import require_noop
@@ -35,13 +48,15 @@ from .schema import Section, check, check_range
 
 MARKOV_KEYS = ("markov_order", "markov_vocab_size", "markov_branching", "markov_concentration",
                "markov_smoothing")
-FILE_TYPES = ("TokenFile", "MindDataset")
+FILE_TYPES = ("TokenFile", "MindDataset", "IndexedDataset")
+TEXT_TYPES = ("PydocText",)
 
 
 @dataclass
 class DatasetConfig(Section):
     """Where training tokens come from. Default: the built-in synthetic Markov corpus."""
-    type: Literal["SyntheticMarkov", "TokenFile", "MindDataset"] = "SyntheticMarkov"
+    type: Literal["SyntheticMarkov", "TokenFile", "MindDataset", "PydocText",
+                  "IndexedDataset"] = "SyntheticMarkov"
     data_path: Optional[str] = None
     dtype: Literal["uint16", "uint32"] = "uint16"   # element type of a raw .bin token file
     shuffle: bool = True                 # epoch-wise permutation (files; synthetic samples are i.i.d.)
@@ -57,6 +72,12 @@ class DatasetConfig(Section):
     prefetch_size: int = 1
     numa_enable: bool = False
     use_distribute_dataset: bool = False
+    validation_split: float = 0.0        # held-out fraction of the samples (finite sources)
+    blend: Optional[List[List[Any]]] = None    # [[weight, path], ...] instead of data_path
+    eod_mask_loss: bool = False
+    eod_id: Optional[int] = None         # None = the tokenizer's end-of-document id
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
 
     @classmethod
     def from_dict(cls, data, path: str):
@@ -88,14 +109,22 @@ class DatasetConfig(Section):
         check_range(self.markov_smoothing, f"{path}.markov_smoothing", lo=0, hi=1, lo_open=True)
         if self.seed is not None:
             check_range(self.seed, f"{path}.seed", lo=0)
-        if self.type in FILE_TYPES:
-            check(bool(self.data_path), f"{path}.data_path",
+        check_range(self.validation_split, f"{path}.validation_split", lo=0, hi=1, hi_open=True)
+        check_corpus_fields(self, path)
+        if self.type in FILE_TYPES + TEXT_TYPES:
+            check(bool(self.data_path) or self.type in TEXT_TYPES or self.blend is not None,
+                  f"{path}.data_path",
                   f"required when type is {self.type} (path of the token file)")
+            check(self.data_path is None or self.type not in TEXT_TYPES, f"{path}.data_path",
+                  f"not used by type {self.type} (its text is built in)")
             for key in MARKOV_KEYS:
                 if self._set_off_default(key):
                     raise ConfigError(f"{path}.{key}",
                                       f"only used by type SyntheticMarkov, not {self.type}")
         else:
+            if self.validation_split > 0:
+                raise ConfigError(f"{path}.validation_split", "needs a finite dataset; "
+                                  "SyntheticMarkov is infinite (set eval_dataset instead)")
             if self.data_path is not None:
                 raise ConfigError(f"{path}.data_path", "not used by type SyntheticMarkov; "
                                   "set type: TokenFile or MindDataset to read a file")

@@ -30,6 +30,7 @@ from .checkpoint import CheckpointConfig
 from .context import ContextConfig, check_context_vs_training
 from .dataset import DatasetConfig
 from .errors import ConfigError
+from .logging import LoggingConfig
 from .lr_scheduler import LrSchedulerConfig
 from .model import ModelConfig
 from .monitor import MonitorConfig
@@ -39,6 +40,7 @@ from .parallelism import ParallelismConfig
 from .profiler import ProfilerConfig
 from .recompute import RecomputeConfig
 from .schema import Section, type_name, unknown_key_error
+from .tokenizer import TokenizerConfig, check_text_sections
 from .training import TrainingConfig
 from .upstream_names import spelling_in_use
 from .strict_yaml import load_strict_yaml
@@ -127,6 +129,10 @@ class RunConfig(Section):
     recompute_comm: RecomputeCommConfig = field(default_factory=RecomputeCommConfig)
     swap: SwapConfig = field(default_factory=SwapConfig)
     lora_config: LoraConfig = field(default_factory=LoraConfig)
+    # optional sections: None when absent (held-out corpus, text tokenizer)
+    eval_dataset: Optional[DatasetConfig] = None
+    tokenizer: Optional[TokenizerConfig] = None
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     @classmethod
     def from_dict(cls, data: Any, path: str = ""):
@@ -152,9 +158,10 @@ class RunConfig(Section):
                          "profiler": ProfilerConfig, "context": ContextConfig,
                          "callbacks": CallbacksConfig, "recompute": RecomputeConfig,
                          "recompute_comm": RecomputeCommConfig, "swap": SwapConfig,
-                         "lora_config": LoraConfig}
+                         "lora_config": LoraConfig, "eval_dataset": DatasetConfig,
+                         "tokenizer": TokenizerConfig, "logging": LoggingConfig}
         for name in names:
-            if name in data:
+            if data.get(name) is not None:
                 kwargs[name] = section_types[name].from_dict(data[name], name)
         obj = cls(**kwargs)
         object.__setattr__(obj, "_explicit", frozenset(data.keys()))
@@ -164,6 +171,7 @@ class RunConfig(Section):
     def validate(self, path: str = "") -> None:
         self._check_optimizer_vs_model()
         check_context_vs_training(self.context, self.training)
+        check_text_sections(self)
         self.plan()  # schedule against training.steps, data parallel, accumulation
 
     def _check_optimizer_vs_model(self) -> None:
@@ -242,8 +250,10 @@ class RunConfig(Section):
         )
 
     def to_dict(self) -> Dict[str, Any]:
-        """Every section; upstream's optional sections only when the user wrote them."""
-        return {name: getattr(self, name).to_dict() for name in self.field_names()
+        """Every section (None for an absent optional one); upstream's optional sections only
+        when the user wrote them."""
+        return {name: None if getattr(self, name) is None else getattr(self, name).to_dict()
+                for name in self.field_names()
                 if name not in UPSTREAM_SECTIONS or name in self.explicit_keys}
 
 

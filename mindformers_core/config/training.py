@@ -42,6 +42,13 @@ class TrainingConfig(Section):
     #: End the run after this many completed steps (with a checkpoint when saving is on); the
     #: LR schedule still spans ``steps``, so a resumed run continues the same curve.
     stop_at_step: Optional[int] = None
+    #: Evaluate on the held-out data every this many steps (and after the last); null = only
+    #: after the last step. Needs ``eval_dataset`` or ``train_dataset.validation_split``.
+    eval_interval: Optional[int] = None
+    #: Batches (of ``local_batch_size`` per rank) per evaluation: the same samples every time.
+    eval_steps: int = 10
+    #: Print the step line every this many steps (``metrics.jsonl`` gets every step).
+    log_interval: int = 1
 
     def validate(self, path: str) -> None:
         check_range(self.steps, f"{path}.steps", lo=0, lo_open=True)
@@ -64,6 +71,8 @@ class TrainingConfig(Section):
             raise ConfigError(f"{path}.stop_at_step",
                               f"must be in [1, steps={self.steps}], got {self.stop_at_step}")
         self._validate_rampup(f"{path}.rampup_batch_size")
+        for name in ("eval_interval", "eval_steps", "log_interval"):
+            check_range(getattr(self, name), f"{path}.{name}", lo=1)
 
     def _validate_rampup(self, path: str) -> None:
         rbs = self.rampup_batch_size

@@ -24,12 +24,13 @@ import numpy as np
 
 from ..config.dataset import DatasetConfig
 from ..config.errors import ConfigError
+from .eod import eod_loss_mask
 from .markov import SyntheticMarkov
 from .mindrecord import MindDataset
 from .sampler import GlobalBatchSampler
 from .token_file import TokenFile
 
-__all__ = ["TrainDataset", "build_dataset", "random_prefix_mask"]
+__all__ = ["TrainDataset", "build_dataset", "build_source", "file_source", "random_prefix_mask"]
 
 
 def random_prefix_mask(indices: np.ndarray, seq_length: int, seed: int) -> np.ndarray:
@@ -45,7 +46,8 @@ class TrainDataset:
 
     def __init__(self, source: Any, seq_length: int, vocab_size: int, seed: int,
                  shuffle: bool = True, rank: int = 0, world: int = 1,
-                 loss_mask_mode: str = "all", kind: Optional[str] = None):
+                 loss_mask_mode: str = "all", kind: Optional[str] = None,
+                 eod_mask_id: Optional[int] = None):
         if loss_mask_mode not in ("all", "random_prefix"):
             raise ConfigError("train_dataset.loss_mask_mode",
                               f"must be one of ['all', 'random_prefix'], got {loss_mask_mode!r}")
@@ -55,6 +57,7 @@ class TrainDataset:
         self.vocab_size = int(vocab_size)
         self.seed = int(seed)
         self.loss_mask_mode = loss_mask_mode
+        self.eod_mask_id = eod_mask_id   # train_dataset.eod_mask_loss: no loss from this input
         self.sampler = GlobalBatchSampler(source.num_samples, seed, shuffle, rank, world)
 
     # -- facts -------------------------------------------------------------------------------
@@ -98,6 +101,9 @@ class TrainDataset:
         if self.loss_mask_mode == "random_prefix":
             batch["loss_mask"] = batch["loss_mask"] * random_prefix_mask(
                 indices, self.seq_length, self.seed)
+        if self.eod_mask_id is not None:
+            batch["loss_mask"] = batch["loss_mask"] * eod_loss_mask(batch["input_ids"],
+                                                                    self.eod_mask_id)
         return batch
 
     def micro_batch(self, step: int, micro_index: int, num_micro: int, local_batch_size: int,
@@ -139,34 +145,61 @@ class TrainDataset:
         self.sampler.consumed_samples = int(state["consumed_samples"])
 
 
-def build_dataset(ds_cfg, model_cfg, seed: int, rank: int = 0, world: int = 1) -> TrainDataset:
+def build_source(ds_cfg, model_cfg, data_seed: int, tokenizer=None,
+                 path: str = "train_dataset"):
+    """The sample source of a dataset section (``tokenizer``: for text corpora; byte-level
+    when None). Raises ``ConfigError`` naming ``<path>.<field>``."""
+    vocab = int(model_cfg.vocab_size)
+    seq_length = int(model_cfg.seq_length)
+    if ds_cfg.type == "SyntheticMarkov":
+        corpus_vocab = vocab if ds_cfg.markov_vocab_size is None else ds_cfg.markov_vocab_size
+        if corpus_vocab > vocab:
+            raise ConfigError(f"{path}.markov_vocab_size", (
+                f"{corpus_vocab} exceeds model.vocab_size {vocab}: the corpus would hold "
+                f"token ids the model cannot embed"))
+        if seq_length < ds_cfg.markov_order:
+            raise ConfigError(f"{path}.markov_order", (
+                f"{ds_cfg.markov_order} needs model.seq_length >= {ds_cfg.markov_order}, "
+                f"got {seq_length}"))
+        return SyntheticMarkov(corpus_vocab, ds_cfg.markov_order, data_seed,
+                               ds_cfg.markov_branching, ds_cfg.markov_concentration,
+                               ds_cfg.markov_smoothing)
+    if ds_cfg.type in ("TokenFile", "IndexedDataset"):
+        return file_source(ds_cfg, ds_cfg.data_path, seq_length, vocab, f"{path}.data_path")
+    if ds_cfg.type == "PydocText":
+        from .text_corpus import pydoc_token_stream
+        from .tokenizer import ByteTokenizer
+        tokens = pydoc_token_stream(tokenizer or ByteTokenizer())
+        return TokenFile("pydoc_data.topics", seq_length, vocab_size=vocab,
+                         field=f"{path}.type", tokens=tokens)
+    return MindDataset(ds_cfg.data_path, seq_length, vocab, f"{path}.data_path")
+
+
+def file_source(ds_cfg, file: str, seq_length: int, vocab: int, field: str) -> TokenFile:
+    """Token windows of one ``TokenFile`` (.bin/.npy) or ``IndexedDataset`` (Megatron
+    .bin/.idx) file (``data_path`` or a ``blend`` entry)."""
+    if ds_cfg.type == "IndexedDataset":
+        from .indexed import open_indexed_tokens
+        tokens, _ = open_indexed_tokens(file, field)
+        return TokenFile(file, seq_length, vocab_size=vocab, field=field, tokens=tokens)
+    return TokenFile(file, seq_length, ds_cfg.dtype, vocab, field)
+
+
+def build_dataset(ds_cfg, model_cfg, seed: int, rank: int = 0, world: int = 1,
+                  source=None, eod_mask_id: Optional[int] = None) -> TrainDataset:
     """Build the training dataset of ``ds_cfg`` (``DatasetConfig`` or dict) for ``model_cfg``.
 
     ``seed`` is ``training.seed``, used unless ``train_dataset.seed`` is set; ``rank``/``world``
-    are the data-parallel rank and size. Raises ``ConfigError`` naming ``train_dataset.<field>``
+    are the data-parallel rank and size; ``source`` replaces the one ``ds_cfg`` names (e.g. the
+    training part of a held-out split); ``eod_mask_id``: the end-of-document id when
+    ``eod_mask_loss`` is on. Raises ``ConfigError`` naming ``train_dataset.<field>``
     on any mismatch with the model (vocabulary, sequence length) or an unusable file.
     """
     if not isinstance(ds_cfg, DatasetConfig):
         ds_cfg = DatasetConfig.from_dict(ds_cfg, "train_dataset")
-    vocab = int(model_cfg.vocab_size)
-    seq_length = int(model_cfg.seq_length)
     data_seed = int(seed if ds_cfg.seed is None else ds_cfg.seed)
-    if ds_cfg.type == "SyntheticMarkov":
-        corpus_vocab = vocab if ds_cfg.markov_vocab_size is None else ds_cfg.markov_vocab_size
-        if corpus_vocab > vocab:
-            raise ConfigError("train_dataset.markov_vocab_size", (
-                f"{corpus_vocab} exceeds model.vocab_size {vocab}: the corpus would hold "
-                f"token ids the model cannot embed"))
-        if seq_length < ds_cfg.markov_order:
-            raise ConfigError("train_dataset.markov_order", (
-                f"{ds_cfg.markov_order} needs model.seq_length >= {ds_cfg.markov_order}, "
-                f"got {seq_length}"))
-        source = SyntheticMarkov(corpus_vocab, ds_cfg.markov_order, data_seed,
-                                 ds_cfg.markov_branching, ds_cfg.markov_concentration,
-                                 ds_cfg.markov_smoothing)
-    elif ds_cfg.type == "TokenFile":
-        source = TokenFile(ds_cfg.data_path, seq_length, ds_cfg.dtype, vocab)
-    else:
-        source = MindDataset(ds_cfg.data_path, seq_length, vocab)
-    return TrainDataset(source, seq_length, vocab, data_seed, ds_cfg.shuffle, rank, world,
-                        ds_cfg.loss_mask_mode, kind=ds_cfg.type)
+    if source is None:
+        source = build_source(ds_cfg, model_cfg, data_seed)
+    return TrainDataset(source, int(model_cfg.seq_length), int(model_cfg.vocab_size), data_seed,
+                        ds_cfg.shuffle, rank, world, ds_cfg.loss_mask_mode, kind=ds_cfg.type,
+                        eod_mask_id=eod_mask_id)

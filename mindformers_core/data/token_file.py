@@ -71,10 +71,12 @@ class TokenFile:
     entropy_floor = None
 
     def __init__(self, path: str, seq_length: int, dtype: str = "uint16",
-                 vocab_size: Optional[int] = None, field: str = "train_dataset.data_path"):
+                 vocab_size: Optional[int] = None, field: str = "train_dataset.data_path",
+                 tokens: Optional[np.ndarray] = None):
+        # ``tokens``: an in-memory stream (a text corpus tokenized at run time) instead of a file
         self.path = path
         self.seq_length = int(seq_length)
-        self.tokens = open_token_array(path, dtype, field)
+        self.tokens = open_token_array(path, dtype, field) if tokens is None else tokens
         n_tokens = int(self.tokens.shape[0])
         if n_tokens < self.seq_length + 1:
             raise ConfigError(field, (f"{path!r} holds {n_tokens} tokens, fewer than one sample "

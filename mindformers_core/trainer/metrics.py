@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, TextIO
+from typing import TYPE_CHECKING, Dict, List, Optional, TextIO
 
 if TYPE_CHECKING:
     from .moe_metrics import MoEStepStats
@@ -47,7 +47,10 @@ class StepMetrics:
     qk_clipped_heads: Optional[int] = None    # Muon QK-Clip: heads rescaled this step
     max_attention_logit: Optional[float] = None  # largest tracked q.k logit of the step
     moe: Optional["MoEStepStats"] = None       # MoE loads, every log_interval (moe_metrics.py)
-    extra: Dict[str, Any] = field(default_factory=dict)  # monitor records (trainer/monitor.py)
+    #: more keys for the row and the step line, in order (held-out loss, MFU, memory, ETA:
+    #: ``trainer/progress.py``); key -> ``(row value, step-line text or None)``
+    #: monitor records (``trainer/monitor.py``) are row-only: ``(value, None)``
+    extras: Dict[str, tuple] = field(default_factory=dict)
 
     def row(self) -> dict:
         """The ``metrics.jsonl`` row (non-finite numbers become null: JSON has no NaN)."""
@@ -73,7 +76,7 @@ class StepMetrics:
             row["max_attention_logit"] = _finite(self.max_attention_logit)
         if self.moe is not None:
             row["moe"] = self.moe.row()
-        row.update(self.extra)
+        row.update({k: v for k, (v, _) in self.extras.items()})
         return row
 
 
@@ -102,6 +105,7 @@ def format_step_line(m: StepMetrics) -> str:
         parts.append(f"qk_clip: {m.qk_clipped_heads} heads (max logit {m.max_attention_logit:.2f})")
     if m.moe is not None:
         parts.append(m.moe.short())
+    parts += [text for _, text in m.extras.values() if text is not None]
     return "{ " + ", ".join(parts) + " }"
 
 
@@ -128,12 +132,13 @@ class MetricsWriter:
     """Writes the step line (or a progress bar on a TTY) and ``metrics.jsonl``.
 
     On an interactive terminal the bar is redrawn in place and a full line is printed every
-    ``log_interval`` steps; on a pipe or file (CI, nohup) every step is a plain line.
+    ``log_interval`` steps; on a pipe or file (CI, nohup) every ``log_interval``-th step (and
+    the last, and every skipped one) is a plain line.
     """
     output_dir: Optional[str]
     stream: TextIO = field(default_factory=lambda: sys.stdout)
     enabled: bool = True            # False on ranks other than 0
-    log_interval: int = 10
+    log_interval: int = 1            # training.log_interval
     _fh: Optional[TextIO] = None
     _losses: List[float] = field(default_factory=list)
     _start: float = field(default_factory=time.time)
@@ -160,16 +165,20 @@ class MetricsWriter:
         self._tokens += tokens
         if not self.enabled:
             return
-        if self._fh is not None:
-            self._fh.write(json.dumps(m.row()) + "\n")
-            self._fh.flush()
+        self.write_row(m.row())
         if self.is_tty:
             self.stream.write("\r" + _bar(m) + " " * 4)
             if m.step % self.log_interval == 0 or m.step == m.total_steps or m.skipped:
                 self.stream.write("\r" + format_step_line(m) + "\n")
-        else:
+        elif m.step % self.log_interval == 0 or m.step == m.total_steps or m.skipped:
             self.stream.write(format_step_line(m) + "\n")
         self.stream.flush()
+
+    def write_row(self, row: dict) -> None:
+        """Append one row to ``metrics.jsonl`` (rank 0, when there is an output dir)."""
+        if self._fh is not None:
+            self._fh.write(json.dumps(row) + "\n")
+            self._fh.flush()
 
     def message(self, text: str) -> None:
         if self.enabled:

@@ -107,6 +107,7 @@ class Trainer:
 
     def __init__(self, cfg, output_dir: Optional[str] = None, *, model=None, optimizer=None,
                  dataset=None, lr_scheduler=None, grad_reducer=None, stream=None,
+                 eval_dataset=None,
                  world_size: Optional[int] = None, rank: Optional[int] = None,
                  pynative_synchronize: Optional[bool] = None):
         from .run import choose_pynative_synchronize, apply_pynative_synchronize
@@ -124,7 +125,7 @@ class Trainer:
         self.grad_hooks: List[Callable] = []
         self.state = TrainState()
         self.writer = MetricsWriter(output_dir, stream=stream or sys.stdout,
-                                    enabled=self.rank == 0)
+                                    enabled=self.rank == 0, log_interval=tr.log_interval)
         self.total_steps = int(tr.steps)
         self.stop_at_step = tr.stop_at_step
         self.ramp = build_batch_ramp(tr.rampup_batch_size, tr.global_batch_size,
@@ -161,11 +162,15 @@ class Trainer:
         self.profiler = StepProfiler(cfg.profiler, output_dir, self.rank)
         self.async_writer = AsyncCheckpointWriter()
         self.loss_scaler = self._build_loss_scaler()
+        from ..data.tokenizer import load_run_tokenizer
+        tokenizer = load_run_tokenizer(cfg)
         if dataset is None:
-            from ..data import build_dataset
-            dataset = build_dataset(cfg.train_dataset, cfg.model, tr.seed, self.rank,
-                                    self.plan.data_parallel)
+            from ..data.run_data import build_run_datasets
+            dataset, eval_dataset = build_run_datasets(cfg, self.rank, self.plan.data_parallel,
+                                                       tokenizer)
         self.dataset = dataset
+        from .progress import RunProgress
+        self.progress = RunProgress(self, eval_dataset, tokenizer)
         self.entropy_floor = getattr(dataset, "entropy_floor", None)
         self._grad_fn = make_grad_fn(self.model, self.optimizer.parameters)
         self.resumed_from: Optional[str] = None
@@ -212,20 +217,8 @@ class Trainer:
         return data
 
     def _load_model(self, data: CheckpointData) -> None:
-        import mindspore as ms
-        params = {p.name: p for p in self.model.get_parameters()}
-        saved = {k[len("model."):]: v for k, v in data.tensors.items() if k.startswith("model.")}
-        missing = sorted(set(params) - set(saved))
-        unexpected = sorted(set(saved) - set(params))
-        if missing or unexpected:
-            raise CheckpointError(f"checkpoint {data.path} does not match the model: missing "
-                                  f"{missing[:10]}, unexpected {unexpected[:10]}")
-        for name, param in params.items():
-            arr = saved[name]
-            if tuple(arr.shape) != tuple(param.shape):
-                raise CheckpointError(f"checkpoint {data.path}: parameter {name} has shape "
-                                      f"{tuple(arr.shape)}, the model has {tuple(param.shape)}")
-            param.set_data(ms.Tensor(arr).astype(param.dtype))
+        from .weights import load_model_weights
+        load_model_weights(self.model, data)
 
     def _load_rest(self, data: CheckpointData) -> None:
         st = data.state
@@ -420,7 +413,8 @@ class Trainer:
             aux_loss=aux if aux else None, num_zeros_in_grad=num_zeros,
             qk_clipped_heads=qk_stats.num_clipped_heads if qk_stats is not None else None,
             max_attention_logit=qk_stats.max_logit if qk_stats is not None else None,
-            moe=moe_stats, extra=self.monitor.pop_records())
+            moe=moe_stats,
+            extras={k: (v, None) for k, v in self.monitor.pop_records().items()})
 
     def _count_skip(self, overflow: bool = False) -> None:
         self.state.total_skipped += 1
@@ -458,6 +452,7 @@ class Trainer:
                          f"{1.0 / self.mup_width_mult:g}")
             if self.entropy_floor is not None:
                 self.log(f"corpus entropy floor: {self.entropy_floor:.4f} nats/token")
+        self.progress.start()
         reason = "finished"
         last_saved = self.state.step if self.resumed_from else None  # already on disk
         try:
@@ -470,7 +465,9 @@ class Trainer:
                     self.profiler.before_step(self.state.step + 1)
                     metrics = self.train_step()
                     self.profiler.after_step(self.state.step)
+                    self.progress.after_step(metrics, end)
                     self.writer.log(metrics, metrics.tokens)
+                    self.progress.write_row(metrics.row())
                     if self._should_save(self.state.step, end):
                         self.save()
                         last_saved = self.state.step
@@ -485,6 +482,7 @@ class Trainer:
             if wants_save and last_saved != self.state.step and self.state.step > 0:
                 self.save()
             self.writer.summary(self.state, self.entropy_floor, reason)
+            self.progress.finish()
         finally:
             self.profiler.close()
             self.async_writer.wait()

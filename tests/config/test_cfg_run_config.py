@@ -320,7 +320,8 @@ def test_to_dict_round_trip(source):
     cfg = load_config(source)
     d = cfg.to_dict()
     assert set(d) == {"training", "optimizer", "lr_scheduler", "model", "train_dataset",
-                      "parallelism", "checkpoint"}
+                      "parallelism", "checkpoint", "eval_dataset", "tokenizer", "logging"}
+    assert d["eval_dataset"] is None and d["tokenizer"] is None     # optional, absent
     assert "total_steps" not in d["lr_scheduler"]           # derived values stay in plan()
     assert "num_accumulation_steps" not in d["training"]
     with warnings.catch_warnings():

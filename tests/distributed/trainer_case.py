@@ -1,4 +1,4 @@
-"""The tiny training run of the trainer-level data-parallel tests (quickstart's model and
+"""The tiny training run of the trainer-level data-parallel tests (the Markov check's model and
 data, few steps, a checkpoint every 2 steps)."""
 import os
 
@@ -9,7 +9,7 @@ STEPS = 6
 
 def trainer_config(out_dir: str, overrides=()):
     from mindformers_core.config import load_config
-    return load_config(os.path.join(ROOT, "configs", "quickstart.yaml"), overrides=[
+    return load_config(os.path.join(ROOT, "configs", "markov_check.yaml"), overrides=[
         f"training.steps={STEPS}", "training.local_batch_size=2", "training.global_batch_size=4",
         "model.hidden_size=32", "model.seq_length=16", "checkpoint.save_interleaved_steps=2",
         "checkpoint.save_max=5", f"checkpoint.save_path={os.path.join(out_dir, 'checkpoint')}",

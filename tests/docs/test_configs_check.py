@@ -17,7 +17,7 @@ from mindformers_core.config.yaml_io import load_yaml_text
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = os.path.join(ROOT, "configs")
 REQUIRED = ("training", "optimizer", "lr_scheduler")
-CPU_RECIPES = ["quickstart", "adamw_wsd", "muon_deepseek_v3_tiny", "data_parallel"]
+CPU_RECIPES = ["quickstart", "markov_check", "adamw_wsd", "muon_deepseek_v3_tiny", "data_parallel"]
 NPU_RECIPES = ["npu/deepseek_v3_adamw", "npu/deepseek_v3_muon"]
 
 

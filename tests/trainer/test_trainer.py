@@ -242,12 +242,12 @@ def test_sigkill_while_trainer_saves_leaves_previous_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
-def test_quickstart_loss_falls_half_way_to_the_entropy_floor(tmp_path):
+def test_markov_check_loss_falls_half_way_to_the_entropy_floor(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    # the quickstart as shipped, cut at half its steps (same schedule) to keep the suite short
-    cfg = load_config(os.path.join(root, "configs", "quickstart.yaml"))
+    # the Markov check as shipped, cut at half its steps (same schedule) to keep the suite short
+    cfg = load_config(os.path.join(root, "configs", "markov_check.yaml"))
     half = cfg.training.steps // 2
-    cfg = load_config(os.path.join(root, "configs", "quickstart.yaml"),
+    cfg = load_config(os.path.join(root, "configs", "markov_check.yaml"),
                       overrides=[f"training.stop_at_step={half}"])
     out = io.StringIO()
     assert run_training(cfg, str(tmp_path), stream=out) == 0
@@ -323,7 +323,7 @@ def test_cli_sigterm_exits_0_after_saving_and_resume_continues(tmp_path):
     import time
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     base = [sys.executable, os.path.join(root, "run_mindformer.py"), "--config",
-            os.path.join(root, "configs", "quickstart.yaml"), "--mode", "1",
+            os.path.join(root, "configs", "markov_check.yaml"), "--mode", "1",
             "--output_dir", str(tmp_path), "--set", "checkpoint.enable_save=False"]
     proc = subprocess.Popen(base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=root)
     metrics = tmp_path / "metrics.jsonl"

@@ -1,0 +1,68 @@
+"""Held-out evaluation: mean token cross-entropy and perplexity on fixed samples.
+
+Every evaluation reads the same samples: stream positions ``[0, eval_steps * G)`` of the
+held-out dataset (its sampler's seeded permutation of epoch 0 spreads them over the whole
+set), ``G = world * local_batch_size``, laid out over the ranks
+like a training step of one micro-batch. Each rank sums its token losses and loss tokens; the
+sums go through the reducer (an all-reduce SUM under data parallel), so every rank gets
+``loss = sum of token losses / loss tokens`` of the whole set, independent of the layout for
+the same ``G``. Forward passes only: no gradient is computed and nothing in the model
+changes except the running statistics that :func:`evaluate` resets (QK-Clip max logits, MoE
+loads), so an evaluation between steps does not alter training.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["EvalResult", "evaluate", "eval_positions", "reset_running_stats"]
+
+
+@dataclass
+class EvalResult:
+    step: int
+    loss: float          # nats per loss token
+    tokens: int          # loss tokens evaluated (all ranks)
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.loss) if self.loss < 700 else math.inf
+
+
+def eval_positions(eval_step: int, local_batch_size: int, rank: int, world: int) -> np.ndarray:
+    """Stream positions of ``rank``'s batch ``eval_step`` (contiguous per rank)."""
+    base = (int(eval_step) * world + rank) * int(local_batch_size)
+    return base + np.arange(int(local_batch_size), dtype=np.int64)
+
+
+def reset_running_stats(model) -> None:
+    """Clear the statistics forward passes collect (MoE loads, QK-Clip max logits)."""
+    for name in ("reset_moe_stats", "reset_max_attention_logits"):
+        fn = getattr(model, name, None)
+        if fn is not None:
+            fn()
+
+
+def evaluate(model, held_out, eval_steps: int, local_batch_size: int, reducer,
+             step: int = 0) -> EvalResult:
+    """Evaluate ``model`` on ``eval_steps`` batches of ``held_out`` (a ``TrainDataset``)."""
+    import mindspore as ms
+    loss_parts, local_tokens = [], 0.0
+    sampler = held_out.sampler
+    for j in range(int(eval_steps)):
+        positions = eval_positions(j, local_batch_size, reducer.rank, reducer.world_size)
+        batch = held_out.samples(sampler.sample_indices(positions))
+        loss_sum, n_tokens, _ = model(ms.Tensor(batch["input_ids"].astype(np.int32)),
+                                      ms.Tensor(batch["labels"].astype(np.int32)),
+                                      ms.Tensor(batch["loss_mask"].astype(np.float32)))
+        loss_parts.append(loss_sum)
+        local_tokens += float(np.asarray(batch["loss_mask"], np.float64).sum())
+    reset_running_stats(model)
+    local_loss = float(sum(float(x.asnumpy()) for x in loss_parts))
+    total_tokens = reducer.global_token_count(local_tokens)
+    total_loss = reducer.global_token_count(local_loss) if reducer.world_size > 1 else local_loss
+    if total_tokens <= 0:
+        raise ValueError("the held-out batches have no loss tokens (every loss_mask is 0)")
+    return EvalResult(step=int(step), loss=total_loss / total_tokens, tokens=int(total_tokens))
