@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from ..optim.ns_schedule import (DEFAULT_NS_COEFFICIENTS, MAX_NS_STEPS, NS_COEFFICIENT_PRESETS,
+from ..core.ns_schedule import (DEFAULT_NS_COEFFICIENTS, MAX_NS_STEPS, NS_COEFFICIENT_PRESETS,
                                  normalize_ns_schedule, preset_schedule)
 from .errors import ConfigError
 from .param_overrides import MupConfig, ParamOverrideConfig, check_betas

@@ -116,9 +116,9 @@ class DataParallelGradReducer:
         return bool(self.comm.all_reduce_sum(np.array([1.0 if flag else 0.0], np.float32))[0] > 0)
 
     def prepare_optimizer(self, optimizer, cfg):
-        """ZeRO-1 sharding per ``cfg.parallelism`` and QK-Clip's MAX reduction (``setup``);
+        """ZeRO-1 sharding per ``cfg.parallelism`` and QK-Clip's MAX reduction (``zero.prepare_optimizer``);
         the trainer calls it right after building its optimizer."""
-        from .setup import prepare_optimizer
+        from .zero import prepare_optimizer  # MindSpore only when a run prepares one
         return prepare_optimizer(optimizer, cfg, self.comm)
 
     def sync_moe_stats(self, model) -> None:

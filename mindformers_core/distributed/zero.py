@@ -36,7 +36,7 @@ from .comm import Communicator
 from .shard_layout import ShardLayout
 
 __all__ = ["ShardedMainParams", "ZeroMixin", "shard_optimizer_state", "optimizer_state_bytes",
-           "sharded_class"]
+           "sharded_class", "prepare_optimizer"]
 
 
 def _fp32_numpy(t) -> np.ndarray:
@@ -307,3 +307,15 @@ def shard_optimizer_state(opt, comm: Communicator, num_shards: Optional[int] = N
     if hasattr(opt, "_zero_setup"):
         opt._zero_setup()
     return opt
+
+
+def prepare_optimizer(optimizer, cfg, comm: Communicator):
+    """Shard the optimizer state over ``dp_shard`` ranks (``cfg.parallelism``) and give Muon
+    the data-parallel MAX reduction of QK-Clip's logits. World size 1: unchanged."""
+    if comm.world_size == 1:
+        return optimizer
+    if hasattr(optimizer, "max_logits_reducer"):
+        optimizer.max_logits_reducer = comm.all_reduce_max
+    dp = cfg.data_parallel(comm.world_size)
+    _, shards = cfg.parallelism.dp_shard(dp)
+    return shard_optimizer_state(optimizer, comm, shards)

@@ -53,8 +53,8 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, mutable, ops
 
 from .fused_adam import FusedAdamGroup
-from .optimizer import (Optimizer, _numpy_view_aliases_storage, scale_in_place,
-                        scale_many_in_place, state_dtype)
+from .host_views import numpy_view_aliases_storage, scale_in_place, scale_many_in_place
+from .optimizer import Optimizer, state_dtype
 
 __all__ = ["AdamW", "validate_adamw_args"]
 
@@ -251,8 +251,8 @@ class AdamW(Optimizer):
                 and any(key == tuple(g) for g in self._group_indices)):
             bound = (list(masters), [self._state["adam_m"][i] for i in indices],
                      [self._state["adam_v"][i] for i in indices])
-            aliased = (_numpy_view_aliases_storage()
-                       and _numpy_view_aliases_storage(low_precision=True))
+            aliased = (numpy_view_aliases_storage()
+                       and numpy_view_aliases_storage(low_precision=True))
             cell = FusedAdamGroup(*bound, decay_in_graph=not aliased)
             cell.bound = bound
         self._graphs[key] = cell

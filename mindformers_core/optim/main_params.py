@@ -27,6 +27,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor
 
+from .host_views import aliased_view, numpy_view_aliases_storage, scale_many_in_place
+
 __all__ = ["MainParams", "is_low_precision", "split_fp32_to_bf16_and_remainder",
            "merge_bf16_and_remainder", "fp32_to_bf16_bits", "scale_and_cast_blocked"]
 
@@ -265,7 +267,6 @@ class MainParams(MasterSnapshot):
         Cast, tested, and ~7x faster than it on CPU).
         """
         # local import: optimizer imports this module
-        from .optimizer import _numpy_view_aliases_storage, aliased_view
         cast = [(i, m) for i, m in zip(indices, masters)
                 if self._remainders[i] is None and m is not self.params[i]]
         for i, m in zip(indices, masters):
@@ -273,7 +274,7 @@ class MainParams(MasterSnapshot):
                 self.store(i, m)
         if not cast:
             return
-        fast = _numpy_view_aliases_storage(low_precision=True)
+        fast = numpy_view_aliases_storage(low_precision=True)
         if fast:
             wait_for_kernels()
         pairs = []
@@ -293,12 +294,11 @@ class MainParams(MasterSnapshot):
         Where ``asnumpy()`` aliases the CPU buffers, the multiply and the fp32 -> bf16/fp16
         write-back run in one cache-blocked pass (:func:`scale_and_cast_blocked`): the master
         is read from memory once instead of twice. Elsewhere (device memory, remainders) the
-        MindSpore-op path: ``optimizer.scale_many_in_place`` then :meth:`store_many`.
+        MindSpore-op path: ``host_views.scale_many_in_place`` then :meth:`store_many`.
         """
-        from .optimizer import _numpy_view_aliases_storage, aliased_view, scale_many_in_place
         if factor == 1.0 and all(m is self.params[i] for i, m in zip(indices, masters)):
             return  # nothing to write: no host sync, the kernels stay asynchronous
-        fast = (_numpy_view_aliases_storage() and _numpy_view_aliases_storage(low_precision=True)
+        fast = (numpy_view_aliases_storage() and numpy_view_aliases_storage(low_precision=True)
                 and not any(self._remainders[i] is not None for i in indices))
         pairs = []
         if fast:

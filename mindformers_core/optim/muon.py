@@ -59,7 +59,7 @@ from .muon_split import SplitRule, merge_pieces, piece_shapes, split_pieces, spl
 from .newton_schulz import (DEFAULT_NS_COEFFICIENTS, MUON_SCALE_MODES, configure_ns_precision,
                             default_ns_dtype, muon_scale_factor, normalize_ns_schedule,
                             orthogonalize, preset_schedule)
-from .optimizer import _to_fp32
+from .optimizer import to_fp32
 from .qk_clip import QKClipStats, qk_clip_step
 
 __all__ = ["Muon", "COMM_STRATEGIES", "SCALAR_OPTIMIZERS"]
@@ -318,7 +318,7 @@ class Muon(AdamW):
             for i in indices:
                 if grads[i] is None:
                     continue
-                g = _to_fp32(grads[i])
+                g = to_fp32(grads[i])
                 if self._is_muon[i]:
                     muon_jobs.append((group, i, g))
                     continue

@@ -22,7 +22,7 @@ import fnmatch
 import math
 from typing import Dict
 
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 from .muon_routing import normalize_adamw_include, routes_to_muon
 from .param_key import (ParamGroupOverride, ParamKey, ParamWithNamePredicate, config_value,
                         is_embedding_or_output)

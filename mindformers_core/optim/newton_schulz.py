@@ -43,7 +43,7 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 # Re-exported: the schedule forms and named presets live in one pure-Python place.
-from .ns_schedule import (DEFAULT_NS_COEFFICIENTS, NS_COEFFICIENT_PRESETS, normalize_ns_schedule,
+from ..core.ns_schedule import (DEFAULT_NS_COEFFICIENTS, NS_COEFFICIENT_PRESETS, normalize_ns_schedule,
                           preset_schedule)
 
 __all__ = [

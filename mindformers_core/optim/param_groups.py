@@ -31,12 +31,12 @@ import math
 import warnings
 from typing import Dict, List, Optional, Tuple
 
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 from .mup import get_mup_config_overrides, mup_width_mult, model_hidden_size
 from .muon_routing import DEFAULT_ADAMW_INCLUDE, muon_routing, normalize_adamw_include, routes_to_muon
 from .param_key import (ALLOWED_GROUP_OPTIMIZERS, EMBEDDING_OR_OUTPUT_GLOBS, OVERRIDE_FIELDS,
                         ParamGroupOverride, ParamKey, ParamPredicate, ParamWithNamePredicate,
-                        _as_tuple, check_override_values, config_value,
+                        as_tuple, check_override_values, config_value,
                         merge_overrides, optimizer_kind)
 
 __all__ = [
@@ -316,7 +316,7 @@ def _warn_unmatched(config, names: List[str], params_by_name, from_config_overri
                 warnings.warn(f"optimizer.{field_name}: pattern {rule!r} matches no trainable parameter.",
                               UserWarning, stacklevel=3)
     for key in from_config_overrides:
-        for pred in _as_tuple(key.with_name_predicate):
+        for pred in as_tuple(key.with_name_predicate):
             if pred.name.startswith("param_overrides[") and not any(
                     pred(params_by_name[n], n) for n in names):
                 warnings.warn(f"optimizer.{pred.name} matches no trainable parameter.", UserWarning, stacklevel=3)

@@ -41,7 +41,7 @@ class ParamWithNamePredicate:
         return bool(self.fn(param, name))
 
 
-def _as_tuple(value) -> tuple:
+def as_tuple(value) -> tuple:
     if isinstance(value, (str, ParamPredicate, ParamWithNamePredicate)):
         return (value,)
     return tuple(value)
@@ -65,16 +65,16 @@ class ParamKey:
 
     def matches(self, param, param_name: str) -> bool:
         """True if `param` (full name `param_name`) matches this key."""
-        for pattern in _as_tuple(self.name):
+        for pattern in as_tuple(self.name):
             if fnmatch.fnmatchcase(param_name, pattern):
                 return True
-        for attr in _as_tuple(self.attr):
+        for attr in as_tuple(self.attr):
             if getattr(param, attr, False):
                 return True
-        for pred in _as_tuple(self.predicate):
+        for pred in as_tuple(self.predicate):
             if pred(param):
                 return True
-        for pred in _as_tuple(self.with_name_predicate):
+        for pred in as_tuple(self.with_name_predicate):
             if pred(param, param_name):
                 return True
         return False
@@ -82,15 +82,15 @@ class ParamKey:
     def describe(self) -> str:
         """Short readable form used in error messages and logs."""
         parts = []
-        if _as_tuple(self.name):
-            parts.append(f"name={list(_as_tuple(self.name))}")
-        if _as_tuple(self.attr):
-            parts.append(f"attr={list(_as_tuple(self.attr))}")
-        if _as_tuple(self.predicate):
-            parts.append("predicate=[" + ", ".join(p.name for p in _as_tuple(self.predicate)) + "]")
-        if _as_tuple(self.with_name_predicate):
+        if as_tuple(self.name):
+            parts.append(f"name={list(as_tuple(self.name))}")
+        if as_tuple(self.attr):
+            parts.append(f"attr={list(as_tuple(self.attr))}")
+        if as_tuple(self.predicate):
+            parts.append("predicate=[" + ", ".join(p.name for p in as_tuple(self.predicate)) + "]")
+        if as_tuple(self.with_name_predicate):
             parts.append("with_name_predicate=["
-                         + ", ".join(p.name for p in _as_tuple(self.with_name_predicate)) + "]")
+                         + ", ".join(p.name for p in as_tuple(self.with_name_predicate)) + "]")
         return "ParamKey(" + ", ".join(parts) + ")"
 
     __str__ = describe

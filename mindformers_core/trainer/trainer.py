@@ -105,7 +105,7 @@ class Trainer:
                  dataset=None, lr_scheduler=None, grad_reducer=None, stream=None,
                  world_size: Optional[int] = None, rank: Optional[int] = None,
                  pynative_synchronize: Optional[bool] = None):
-        from .run import choose_pynative_synchronize, apply_pynative_synchronize
+        from .pynative import choose_pynative_synchronize, apply_pynative_synchronize
         apply_pynative_synchronize(choose_pynative_synchronize(cfg)
                                    if pynative_synchronize is None else pynative_synchronize)
         self.cfg = cfg

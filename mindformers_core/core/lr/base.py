@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, Optional, Tuple
 
-from ...config.errors import ConfigError
-from ...config.schema import unknown_key_error
+from ...errors import ConfigError
+from ...errors import unknown_key_error
 from .fields import as_float, as_int, resolve_steps
 from .float32 import f32, f32_const
 
@@ -41,12 +41,27 @@ def pick(exact: float, upstream32: float) -> float:
         return exact
     return upstream32
 
-__all__ = ["LRSchedule", "WarmupSchedule", "SCHEDULE_CLASSES", "ALIASES", "register", "pick"]
+__all__ = ["LRSchedule", "WarmupSchedule", "SCHEDULE_CLASSES", "ALIASES", "register", "pick",
+           "canonical_type", "registered_schedules"]
 
 #: canonical class name -> class (filled by :func:`register`)
 SCHEDULE_CLASSES: Dict[str, type] = {}
 #: alias -> canonical class name
 ALIASES: Dict[str, str] = {}
+
+
+def canonical_type(name: Any) -> str:
+    """The class name for ``name`` (a class name or an alias); KeyError when unknown."""
+    if name in SCHEDULE_CLASSES:
+        return name
+    return ALIASES[name]
+
+
+def registered_schedules() -> Dict[str, type]:
+    """Every registered ``type`` name (class names and aliases) -> class. The schedules
+    register when ``core.lr`` is imported (its ``__init__`` imports every schedule module)."""
+    return {**SCHEDULE_CLASSES, **{a: SCHEDULE_CLASSES[c] for a, c in ALIASES.items()}}
+
 
 #: (schedule type, key) -> advice, for keys upstream accepts and silently ignores
 _IGNORED_UPSTREAM = {

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict
 
-from ...config.errors import ConfigError
-from .base import ALIASES, SCHEDULE_CLASSES, LRSchedule, WarmupSchedule, register
+from ...errors import ConfigError
+from .base import LRSchedule, WarmupSchedule, canonical_type, register, registered_schedules
 from .fields import as_choice, as_float, resolve_steps
 from .float32 import PI32, f32, f32_const, half_one_plus_cos32, s32
 
@@ -495,7 +495,7 @@ class LearningRateWiseLayer(LRSchedule):
             raise ConfigError(self._p("base_lr"), "required: the wrapped schedule section, "
                                                   "e.g. {type: CosineWithWarmUpLR, ...}")
         if not isinstance(base, LRSchedule):
-            from .build import build_lr_scheduler  # build imports this module
+            from .build import build_lr_scheduler  # build imports base only: one way
             base = build_lr_scheduler(base, self.total_steps, path=self._p("base_lr"))
         self.base = base
         self._params["base_lr"] = base.to_dict()
@@ -529,12 +529,4 @@ class LearningRateWiseLayer(LRSchedule):
 from .annealing import CosineAnnealingLR, CosineAnnealingWarmRestarts  # noqa: E402
 
 #: every accepted ``type`` name (class names and aliases) -> class
-LR_SCHEDULERS: Dict[str, type] = {**SCHEDULE_CLASSES,
-                                  **{a: SCHEDULE_CLASSES[c] for a, c in ALIASES.items()}}
-
-
-def canonical_type(name: Any) -> str:
-    """The class name for ``name`` (a class name or an alias); KeyError when unknown."""
-    if name in SCHEDULE_CLASSES:
-        return name
-    return ALIASES[name]
+LR_SCHEDULERS: Dict[str, type] = registered_schedules()
