@@ -16,7 +16,7 @@ import math
 from typing import Any, Iterable, Optional, Sequence
 
 __all__ = ["ConfigError", "type_name", "show", "closest", "unknown_key_error", "check",
-           "check_range", "to_float", "as_float", "as_int", "as_choice", "MAX_REPR"]
+           "check_range", "checked", "to_float", "as_float", "as_int", "as_choice", "MAX_REPR"]
 
 #: longest value representation put into a message (a huge YAML value stays one short line)
 MAX_REPR = 80
@@ -71,6 +71,17 @@ def check(condition: bool, path: str, message: str) -> None:
     """Raise ``ConfigError(path, message)`` unless ``condition``."""
     if not condition:
         raise ConfigError(path, message)
+
+
+def checked(path: str, rule, *args):
+    """``rule(*args)`` (a pure rule raising ``ValueError``/``TypeError`` with upstream's
+    message), its failure as ``ConfigError(path, message)`` caused by the rule's error."""
+    try:
+        return rule(*args)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(path, str(exc)) from exc
 
 
 def _fmt(x) -> str:

@@ -31,102 +31,63 @@ from typing import Dict, List
 import numpy as np
 from mindspore import Parameter, Tensor
 
-from ..optim.muon_split import merge_pieces, piece_shapes, split_pieces
-from ..optim.newton_schulz import muon_scale_factor
+from ..optim.muon_split import piece_shapes
 from ..optim.qk_clip import qk_clip_step
 from .shard_layout import assign_owners, ns_cost, ns_flops
 
-__all__ = ["ZeroMuonMixin"]
+__all__ = ["ZeroMuonMixin", "ShardedExchange"]
 
 
-class ZeroMuonMixin:
-    """In front of ``ZeroMixin`` and ``Muon`` (see ``zero.sharded_class``)."""
+class ShardedExchange:
+    """``optim.muon.MuonExchange`` over dim-0 row shards (see the module docstring): the one
+    Muon update path of ``Muon._muon_update`` runs unchanged on top of it."""
 
-    def _zero_setup(self) -> None:
-        """Owner rank per Muon weight (used by allgather_deredundency) and the counters."""
-        layout = self._zero_layout
-        self._zero_gathered = [bool(m) and layout.is_sharded(i) and len(p.shape) == 2
-                               for i, (p, m) in enumerate(zip(self.parameters, self._is_muon))]
-        self._zero_pieces = [piece_shapes(self._rules[i], p.shape, p.name) if m else []
-                             for i, (p, m) in enumerate(zip(self.parameters, self._is_muon))]
-        costs = [ns_cost(self._zero_pieces[i], self.ns_steps) if g else 0.0
-                 for i, g in enumerate(self._zero_gathered)]
-        idx = [i for i, g in enumerate(self._zero_gathered) if g]
-        owners = assign_owners([costs[i] for i in idx], layout.world_size)
-        self.ns_owner: Dict[int, int] = dict(zip(idx, owners))
-        self.ns_flops_total = 0.0     # NS FLOPs this rank ran since construction
+    def __init__(self, opt):
+        self.opt = opt
+        self.layout, self.comm = opt._zero_layout, opt._zero_comm
 
-    @property
-    def ns_owner_by_name(self) -> Dict[str, int]:
-        return {self.parameters[i].name: r for i, r in self.ns_owner.items()}
-
-    def _ns_here(self, i: int) -> bool:
-        if not self._zero_gathered[i] or self.comm_strategy == "allgather":
-            return True
-        return self.ns_owner[i] == self._zero_comm.rank
-
-    def _muon_update(self, jobs) -> None:
-        layout, comm = self._zero_layout, self._zero_comm
-        mu = self.momentum
-        us: List[Tensor] = []
-        for _, i, g in jobs:
-            m = self._state["muon_m"][i]
-            m_new = m * mu + g
-            m.set_data(m_new)
-            us.append(g + m_new * mu if self.nesterov else m_new)
-        # phase 1: the full U of every row-sharded 2-D weight (one all-gather)
+    def gather(self, jobs, us):
+        """Phase 1: the full U of every row-sharded 2-D weight (one all-gather)."""
         full = list(us)
-        gather_k = [k for k, (_, i, _) in enumerate(jobs) if self._zero_gathered[i]]
+        gather_k = [k for k, (_, i, _) in enumerate(jobs) if self.opt._zero_gathered[i]]
         if gather_k:
             items = [(jobs[k][1], us[k].asnumpy()) for k in gather_k]
-            fulls = layout.unpack_gathered(comm.all_gather(layout.pack(items)),
-                                           [i for i, _ in items])
+            fulls = self.layout.unpack_gathered(self.comm.all_gather(self.layout.pack(items)),
+                                                [i for i, _ in items])
             for k, arr in zip(gather_k, fulls):
                 full[k] = Tensor(arr)
-        # phase 2: Newton-Schulz here (all, or the owned ones), batched by piece shape
-        mine = [k for k, (_, i, _) in enumerate(jobs) if self._ns_here(i)]
-        pieces: Dict[int, list] = {}
-        buckets: Dict[tuple, list] = {}
-        for k in mine:
-            i = jobs[k][1]
-            pieces[k] = split_pieces(self._rules[i], full[k])
-            for n, piece in enumerate(pieces[k]):
-                buckets.setdefault(tuple(piece.shape[-2:]), []).append((k, n, piece))
-                self.ns_flops_total += ns_flops([piece.shape], self.ns_steps)
-        for items in buckets.values():
-            for chunk in self._chunks(items):
-                for (k, n, _), out in zip(chunk, self._orthogonalize_many([t for _, _, t in chunk])):
-                    pieces[k][n] = out
-        deltas: Dict[int, Tensor] = {}
-        for k in mine:
-            group, i, _ = jobs[k]
-            coef = float(group["lr"]) * self.matched_adamw_rms * self.muon_extra_scale_factor
-            scaled = [x * (coef * muon_scale_factor(x.shape[-2], x.shape[-1], self.muon_scale_mode))
-                      for x in pieces[k]]
-            deltas[k] = merge_pieces(self._rules[i], scaled, tuple(full[k].shape))
-        # phase 3 (deredundency): the owners' updates back to every rank (one all-gather)
-        if self.comm_strategy == "allgather_deredundency" and gather_k:
-            deltas.update(self._zero_return_updates(jobs, gather_k, deltas))
-        # phase 4: apply this rank's rows
-        for k, (group, i, _) in enumerate(jobs):
-            delta = deltas[k]
-            if self._zero_gathered[i]:
-                start, stop = layout.rows(i)
-                delta = delta[start:stop]
-            lr = float(group["lr"])
-            master = self._masters.master(i)
-            decay = 1.0 - lr * self.group_weight_decay(group)
-            master.set_data(master * decay - delta if decay != 1.0 else master - delta)
-            self._masters.store(i, master)
+        return full
 
-    def _zero_return_updates(self, jobs, gather_k, deltas) -> Dict[int, Tensor]:
+    def ns_here(self, i: int) -> bool:
+        """Phase 2: all weights (allgather) or the owned ones (allgather_deredundency)."""
+        opt = self.opt
+        if not opt._zero_gathered[i] or opt.comm_strategy == "allgather":
+            return True
+        return opt.ns_owner[i] == self.comm.rank
+
+    def complete(self, jobs, deltas):
+        """Phase 3 (deredundency): the owners' updates back to every rank (one all-gather)."""
+        gather_k = [k for k, (_, i, _) in enumerate(jobs) if self.opt._zero_gathered[i]]
+        if self.opt.comm_strategy == "allgather_deredundency" and gather_k:
+            deltas = dict(deltas)
+            deltas.update(self._return_updates(jobs, gather_k, deltas))
+        return deltas
+
+    def local_rows(self, i: int, delta: Tensor) -> Tensor:
+        """Phase 4: this rank's rows of a gathered weight's update."""
+        if self.opt._zero_gathered[i]:
+            start, stop = self.layout.rows(i)
+            return delta[start:stop]
+        return delta
+
+    def _return_updates(self, jobs, gather_k, deltas) -> Dict[int, Tensor]:
         """Every owner's full updates on every rank: rank q contributes its owned updates
         (flat, job order), padded to the largest owner's total."""
-        comm = self._zero_comm
+        comm, params, owner = self.comm, self.opt.parameters, self.opt.ns_owner
         by_owner: Dict[int, List[int]] = {q: [] for q in range(comm.world_size)}
         for k in gather_k:
-            by_owner[self.ns_owner[jobs[k][1]]].append(k)
-        sizes = {k: int(np.prod(self.parameters[jobs[k][1]].shape)) for k in gather_k}
+            by_owner[owner[jobs[k][1]]].append(k)
+        sizes = {k: int(np.prod(params[jobs[k][1]].shape)) for k in gather_k}
         width = max(sum(sizes[k] for k in ks) for ks in by_owner.values())
         buf = np.zeros(width, np.float32)
         off = 0
@@ -138,10 +99,37 @@ class ZeroMuonMixin:
         for q, ks in by_owner.items():
             off = 0
             for k in ks:
-                shape = tuple(self.parameters[jobs[k][1]].shape)
+                shape = tuple(params[jobs[k][1]].shape)
                 out[k] = Tensor(gathered[q, off:off + sizes[k]].reshape(shape).copy())
                 off += sizes[k]
         return out
+
+
+class ZeroMuonMixin:
+    """In front of ``ZeroMixin`` and ``Muon`` (see ``zero.sharded_class``)."""
+
+    def _zero_setup(self) -> None:
+        """Owner rank per Muon weight (used by allgather_deredundency), the counters and the
+        sharded exchange of the update rows."""
+        layout = self._zero_layout
+        self._zero_gathered = [bool(m) and layout.is_sharded(i) and len(p.shape) == 2
+                               for i, (p, m) in enumerate(zip(self.parameters, self._is_muon))]
+        self._zero_pieces = [piece_shapes(self._rules[i], p.shape, p.name) if m else []
+                             for i, (p, m) in enumerate(zip(self.parameters, self._is_muon))]
+        costs = [ns_cost(self._zero_pieces[i], self.ns_steps) if g else 0.0
+                 for i, g in enumerate(self._zero_gathered)]
+        idx = [i for i, g in enumerate(self._zero_gathered) if g]
+        owners = assign_owners([costs[i] for i in idx], layout.world_size)
+        self.ns_owner: Dict[int, int] = dict(zip(idx, owners))
+        self.ns_flops_total = 0.0     # NS FLOPs this rank ran since construction
+        self.exchange = ShardedExchange(self)
+
+    @property
+    def ns_owner_by_name(self) -> Dict[str, int]:
+        return {self.parameters[i].name: r for i, r in self.ns_owner.items()}
+
+    def on_newton_schulz(self, shapes) -> None:
+        self.ns_flops_total += sum(ns_flops([shape], self.ns_steps) for shape in shapes)
 
     def _apply_qk_clip(self):
         """QK-Clip scales whole head rows: run it on full fp32 masters of the q/kv weights

@@ -46,23 +46,24 @@ the identity / the plain batched NS and both strategies give the same update.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from .adamw import AdamW
-from .build import register_optimizer
-from .lion import Lion
+from ..core.muon_rules import check_memory_budget, check_muon_swap, check_qk_clip_threshold
+from ..core.optimizer_defaults import MUON_DEFAULTS as D
+from .adamw import validate_adamw_args
 from .muon_routing import normalize_adamw_include, routes_to_muon
 from .muon_split import SplitRule, merge_pieces, piece_shapes, split_pieces, split_rule_for
 from .newton_schulz import (DEFAULT_NS_COEFFICIENTS, MUON_SCALE_MODES, configure_ns_precision,
                             default_ns_dtype, muon_scale_factor, normalize_ns_schedule,
                             orthogonalize, preset_schedule)
-from .optimizer import to_fp32
+from .optimizer import Optimizer, to_fp32
 from .qk_clip import QKClipStats, qk_clip_step
+from .update_rules import AdamRule, apply_muon_delta, lion_step, muon_momentum
 
-__all__ = ["Muon", "COMM_STRATEGIES", "SCALAR_OPTIMIZERS"]
+__all__ = ["Muon", "MuonExchange", "LocalExchange", "COMM_STRATEGIES", "SCALAR_OPTIMIZERS"]
 
 COMM_STRATEGIES = ("allgather", "allgather_deredundency")
 SCALAR_OPTIMIZERS = ("adam", "lion")
@@ -78,7 +79,42 @@ def _as_float(value):
     return value
 
 
-class Muon(AdamW):
+class MuonExchange(Protocol):
+    """Where the rows of Muon's update matrices live (one process, or sharded over ranks).
+
+    ``Muon._muon_update`` is the one momentum/NS/scale/decay path; an exchange tells it which
+    full matrices to orthogonalise here and how to get this rank's rows back."""
+
+    def gather(self, jobs: list, us: List[Tensor]) -> List[Tensor]:
+        """The full U of every job from this rank's rows ``us``."""
+
+    def ns_here(self, i: int) -> bool:
+        """Whether this rank orthogonalises parameter i."""
+
+    def complete(self, jobs: list, deltas: Dict[int, Tensor]) -> Dict[int, Tensor]:
+        """Every job's full scaled update, from those computed here."""
+
+    def local_rows(self, i: int, delta: Tensor) -> Tensor:
+        """This rank's rows of parameter i's full update."""
+
+
+class LocalExchange:
+    """One process (or replicated data parallel): everything is whole and local."""
+
+    def gather(self, jobs, us):
+        return us
+
+    def ns_here(self, i: int) -> bool:  # noqa: ARG002 - MuonExchange
+        return True
+
+    def complete(self, jobs, deltas):
+        return deltas
+
+    def local_rows(self, i: int, delta: Tensor) -> Tensor:  # noqa: ARG002 - MuonExchange
+        return delta
+
+
+class Muon(Optimizer):
     """Muon with an AdamW (or Lion) branch; see the module docstring.
 
     Args:
@@ -105,50 +141,63 @@ class Muon(AdamW):
 
     optimizer_name = "Muon"
 
-    def __init__(self, params_or_groups, model=None, lr: float = 2e-2, weight_decay: float = 0.1,
-                 momentum: float = 0.95, nesterov: bool = True, matched_adamw_rms: float = 0.2,
-                 eps: float = 1e-7, ns_steps: int = 5,
-                 ns_coefficients: Sequence = DEFAULT_NS_COEFFICIENTS,
-                 adamw_betas=(0.95, 0.95), adamw_eps: float = 1e-8,
-                 qk_clip_enabled: bool = True, qk_clip_threshold: float = 100,
-                 comm_strategy: str = "allgather", adamw_include=None,
-                 use_fused_adamw: bool = False, muon_split_qkv: bool = True,
-                 muon_scale_mode: str = "spectral", muon_extra_scale_factor: float = 1.0,
-                 muon_scalar_optimizer: str = "adam", muon_coefficient_type: Optional[str] = None,
-                 ns_dtype=None, adamw_lr_mult: float = 1.0, lion_betas=(0.95, 0.98),
-                 phase0_batch_memory_gb: float = 1, ns_batch_memory_gb: float = 1,
-                 phase4_batch_memory_gb: float = 4, swap: bool = False,
-                 max_logits_reducer=None, embedding_min_norm=None,
+    def __init__(self, params_or_groups, model=None, lr: float = D["lr"],
+                 weight_decay: float = D["weight_decay"], momentum: float = D["momentum"],
+                 nesterov: bool = D["nesterov"], matched_adamw_rms: float = D["matched_adamw_rms"],
+                 eps: float = D["eps"], ns_steps: int = D["ns_steps"],
+                 ns_coefficients: Sequence = D["ns_coefficients"],
+                 adamw_betas=D["adamw_betas"], adamw_eps: float = D["adamw_eps"],
+                 qk_clip_enabled: bool = D["qk_clip_enabled"],
+                 qk_clip_threshold: float = D["qk_clip_threshold"],
+                 comm_strategy: str = D["comm_strategy"], adamw_include=None,
+                 use_fused_adamw: bool = D["use_fused_adamw"],
+                 muon_split_qkv: bool = D["muon_split_qkv"],
+                 muon_scale_mode: str = D["muon_scale_mode"],
+                 muon_extra_scale_factor: float = D["muon_extra_scale_factor"],
+                 muon_scalar_optimizer: str = D["muon_scalar_optimizer"],
+                 muon_coefficient_type: Optional[str] = D["muon_coefficient_type"],
+                 ns_dtype=D["ns_dtype"], adamw_lr_mult: float = D["adamw_lr_mult"],
+                 lion_betas=D["lion_betas"],
+                 phase0_batch_memory_gb: float = D["phase0_batch_memory_gb"],
+                 ns_batch_memory_gb: float = D["ns_batch_memory_gb"],
+                 phase4_batch_memory_gb: float = D["phase4_batch_memory_gb"],
+                 swap: bool = D["swap"], max_logits_reducer=None, embedding_min_norm=None,
                  learning_rate: Optional[float] = None):
         if learning_rate is not None:   # upstream's name for lr
-            if lr != 2e-2 and lr != learning_rate:
+            if lr != D["lr"] and lr != learning_rate:
                 raise ValueError(f"Muon got lr={lr!r} and learning_rate={learning_rate!r}; "
                                  "give one of them")
             lr = learning_rate
-        # 1. base optimizer (groups, fp32 masters, AdamW state for the AdamW branch)
+        # 1. base optimizer (groups, fp32 masters); the AdamW branch's checks and messages
         adamw_betas = tuple(_as_float(b) for b in adamw_betas) \
             if isinstance(adamw_betas, (list, tuple)) else adamw_betas
-        super().__init__(params_or_groups, lr=lr, betas=adamw_betas, eps=_as_float(adamw_eps),
-                         weight_decay=_as_float(weight_decay),
+        adamw_eps, weight_decay = _as_float(adamw_eps), _as_float(weight_decay)
+        validate_adamw_args(adamw_betas, adamw_eps, weight_decay, self.optimizer_name)
+        super().__init__(params_or_groups,
+                         {"lr": float(lr), "betas": tuple(adamw_betas), "eps": adamw_eps,
+                          "weight_decay": weight_decay},
                          embedding_min_norm=embedding_min_norm)
+        for gi, group in enumerate(self.param_groups):
+            try:
+                validate_adamw_args(group["betas"], group["eps"], group["weight_decay"],
+                                    self.optimizer_name)
+            except (TypeError, ValueError) as err:
+                raise type(err)(f"parameter group {gi}: {err}") from None
+            group["betas"] = tuple(group["betas"])
         # 2. memory budgets (GB -> bytes)
         for name, value in zip(_MEMORY_BUDGETS, (phase0_batch_memory_gb, ns_batch_memory_gb,
                                                  phase4_batch_memory_gb)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number of GB, but got {type(value).__name__}.")
-            if not value > 0:
-                raise ValueError(f"{name} must be positive, but got {value}.")
+            check_memory_budget(name, value)
             setattr(self, name[:-3] + "_bytes", int(value * 2 ** 30))
         # 3. swap
-        if swap:
-            raise ValueError("Muon does not support swap.")
+        check_muon_swap(swap)
         # 4. model
         self._verify_model(model)
         self.model = model
         # 5. adamw_betas (validated by AdamW above)
         self.adamw_betas = tuple(adamw_betas)
         self.adamw_eps = adamw_eps
-        # 6. Newton-Schulz schedule
+        # 6. Newton-Schulz schedule; flat: ns_steps triples; segmented: the counts give the steps
         if muon_coefficient_type is not None:
             if tuple(ns_coefficients) != tuple(DEFAULT_NS_COEFFICIENTS):
                 raise ValueError("set either muon_coefficient_type (a named preset) or "
@@ -156,10 +205,9 @@ class Muon(AdamW):
             self.ns_schedule = preset_schedule(muon_coefficient_type, ns_steps)
         else:
             self.ns_schedule = normalize_ns_schedule(ns_coefficients, ns_steps)
-        # flat: ns_steps triples; segmented: ns_steps is ignored, the counts give the steps
         self.ns_steps = len(self.ns_schedule)
-        # 7. config
-        self._verify_config(self.ns_steps, qk_clip_enabled, qk_clip_threshold)
+        # 7. QK-Clip threshold
+        check_qk_clip_threshold(qk_clip_enabled, qk_clip_threshold)
         # 8. routing
         patterns = normalize_adamw_include(adamw_include)
         self.adamw_include = patterns
@@ -201,16 +249,21 @@ class Muon(AdamW):
         self.max_logits_reducer = max_logits_reducer
         self.last_qk_clip: Optional[QKClipStats] = None
         self._qk_names = self._qk_clip_param_names()
-        # 12. state: muon_m for Muon params; adam_m/adam_v (or lion_m) for the rest only
+        # 12. the scalar branch's rule, and the state: muon_m for Muon params, adam_m/adam_v
+        # (or lion_m) for the others only
+        self.scalar_rule = AdamRule("fused") if self.muon_scalar_optimizer == "adam" else None
+        for prefix in ("muon_m", "adam_m", "adam_v"):
+            self._state.setdefault(prefix, [None] * len(self.parameters))
         for i, is_muon in enumerate(self._is_muon):
             if is_muon:
                 self._new_state("muon_m", i)
             elif self.muon_scalar_optimizer == "lion":
                 self._new_state("lion_m", i)
-            if is_muon or self.muon_scalar_optimizer == "lion":
-                self._state["adam_m"][i] = None
-                self._state["adam_v"][i] = None
-        self._state.setdefault("muon_m", [None] * len(self.parameters))
+            else:
+                self._new_state("adam_m", i)
+                self._new_state("adam_v", i)
+        #: where the rows of the update matrices live (``distributed.zero_muon`` shards them)
+        self.exchange: MuonExchange = LocalExchange()
 
     # -- construction checks -------------------------------------------------------------------
     @staticmethod
@@ -223,20 +276,6 @@ class Muon(AdamW):
         if not getattr(model.get_gpt_transformer_config(), "multi_latent_attention", False):
             raise ValueError("Current Muon implementation only supports models with "
                              "Multi-Latent Attention enabled.")
-
-    def _verify_config(self, ns_steps, qk_clip_enabled, qk_clip_threshold) -> None:
-        if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps <= 0:
-            raise ValueError(f"ns_steps must be positive, got {ns_steps!r}.")
-        if len(self.ns_schedule) != ns_steps:
-            raise ValueError(f"ns_coefficients schedule length ({len(self.ns_schedule)}) must "
-                             f"match ns_steps ({ns_steps}).")
-        for i, triple in enumerate(self.ns_schedule):
-            if len(triple) != 3:
-                raise ValueError(f"each ns_coefficients entry must have 3 elements, got "
-                                 f"{triple!r} at step {i}.")
-        if qk_clip_enabled and not (isinstance(qk_clip_threshold, (int, float))
-                                    and qk_clip_threshold > 0):
-            raise ValueError(f"qk_clip_threshold must be positive, got {qk_clip_threshold!r}.")
 
     def _route(self, patterns) -> List[bool]:
         """Muon (True) or the AdamW branch (False) per parameter; a group's "optimizer" wins."""
@@ -325,10 +364,7 @@ class Muon(AdamW):
                 if scalar_group is None:
                     scalar_group = dict(group, lr=float(group["lr"]) * self.adamw_lr_mult)
                 master = self._masters.master(i)
-                if self.muon_scalar_optimizer == "lion":
-                    self._lion_update(scalar_group, i, master, g)
-                else:
-                    self._update(scalar_group, i, master, g)  # AdamW math (inherited)
+                self._scalar_update(scalar_group, i, master, g)
                 self._masters.store(i, master)
         if muon_jobs:
             self._muon_update(muon_jobs)
@@ -340,42 +376,44 @@ class Muon(AdamW):
                     self._apply_embedding_min_norm(i)
 
     def _muon_update(self, jobs) -> None:
-        mu = self.momentum
-        entries = []                       # (group, i, pieces) with pieces filled in place
-        buckets: Dict[tuple, list] = {}    # (A, B) -> [(entry index, piece index, tensor)]
-        for group, i, g in jobs:
+        """The one Muon update path (one process or sharded, see ``MuonExchange``):
+        momentum on this rank's rows, the full U of each weight, Newton-Schulz of the pieces
+        (batched by shape), scaling, this rank's rows of the update, decay and apply."""
+        ex = self.exchange
+        us = []
+        for _, i, g in jobs:
             m = self._state["muon_m"][i]
-            m_new = m * mu + g
+            m_new, u = muon_momentum(m, g, self.momentum, self.nesterov)
             m.set_data(m_new)
-            u = g + m_new * mu if self.nesterov else m_new
-            u = self._gather_for_ns(i, u)
-            pieces = split_pieces(self._rules[i], u)
-            for k, piece in enumerate(pieces):
-                buckets.setdefault(tuple(piece.shape[-2:]), []).append((len(entries), k, piece))
-            entries.append((group, i, pieces))
-        self._run_newton_schulz(buckets, entries)
-        for group, i, pieces in entries:
-            lr = float(group["lr"])
-            coef = lr * self.matched_adamw_rms * self.muon_extra_scale_factor
-            scaled = [x * (coef * muon_scale_factor(x.shape[-2], x.shape[-1], self.muon_scale_mode))
-                      for x in pieces]
-            delta = self._scatter_from_ns(i, merge_pieces(self._rules[i], scaled,
-                                                          self.parameters[i].shape))
-            master = self._masters.master(i)
-            decay = 1.0 - lr * self.group_weight_decay(group)
-            master.set_data(master * decay - delta if decay != 1.0 else master - delta)
-            self._masters.store(i, master)
-
-    def _run_newton_schulz(self, buckets: Dict[tuple, list], entries: list) -> None:
-        """NS of every piece: `entries[e][2][k]` <- NS(piece) for each (e, k, piece) of each
-        same-shape bucket, batched within the memory budget.
-
-        comm hook: allgather runs all of it on every rank (as here); allgather_deredundency
-        would run only the buckets' pieces this rank owns and broadcast the results."""
+            us.append(u)
+        full = ex.gather(jobs, us)
+        mine = [k for k, (_, i, _) in enumerate(jobs) if ex.ns_here(i)]
+        pieces = {k: split_pieces(self._rules[jobs[k][1]], full[k]) for k in mine}
+        buckets: Dict[tuple, list] = {}    # (A, B) -> [(job, piece index, tensor)]
+        for k in mine:
+            for n, piece in enumerate(pieces[k]):
+                buckets.setdefault(tuple(piece.shape[-2:]), []).append((k, n, piece))
         for items in buckets.values():
             for chunk in self._chunks(items):
-                for (e, k, _), out in zip(chunk, self._orthogonalize_many([t for _, _, t in chunk])):
-                    entries[e][2][k] = out
+                self.on_newton_schulz([t.shape for _, _, t in chunk])
+                for (k, n, _), out in zip(chunk, self._orthogonalize_many([t for _, _, t in chunk])):
+                    pieces[k][n] = out
+        deltas = {}
+        for k in mine:
+            group, i, _ = jobs[k]
+            coef = float(group["lr"]) * self.matched_adamw_rms * self.muon_extra_scale_factor
+            scaled = [x * (coef * muon_scale_factor(x.shape[-2], x.shape[-1], self.muon_scale_mode))
+                      for x in pieces[k]]
+            deltas[k] = merge_pieces(self._rules[i], scaled, tuple(full[k].shape))
+        deltas = ex.complete(jobs, deltas)
+        for k, (group, i, _) in enumerate(jobs):
+            master = self._masters.master(i)
+            apply_muon_delta(master, ex.local_rows(i, deltas[k]), float(group["lr"]),
+                             self.group_weight_decay(group))
+            self._masters.store(i, master)
+
+    def on_newton_schulz(self, shapes) -> None:
+        """Called with the shapes of every batched Newton-Schulz call (FLOP counting)."""
 
     def _chunks(self, items):
         """Split a same-shape bucket so one batched NS holds at most ns_batch_memory bytes."""
@@ -404,22 +442,17 @@ class Muon(AdamW):
                         sizes, 0)
         return [o if t.ndim == 3 else o.squeeze(0) for o, t in zip(out, tensors)]
 
-    # -- communication hooks (data-parallel helper) --------------------------------------------
-    def _gather_for_ns(self, i: int, u: Tensor) -> Tensor:
-        """The full fp32 update matrix of parameter i from this rank's part `u`.
-
-        Single card / replicated DP: `u` is already full. A sharded run replaces this with the
-        `comm_strategy` gather (allgather: all ranks; allgather_deredundency: the owner rank)."""
-        return u
-
-    def _scatter_from_ns(self, i: int, delta: Tensor) -> Tensor:
-        """This rank's part of the full update `delta` of parameter i (identity unsharded)."""
-        return delta
-
-    # -- scalar branch: Lion -------------------------------------------------------------------
-    def _lion_update(self, group: Dict[str, Any], i: int, master, g: Tensor) -> None:
-        """Lion's update (lion.Lion._update, state lion_m.{name}) with `lion_betas`."""
-        Lion._update(self, dict(group, betas=self.lion_betas), i, master, g)
+    # -- scalar branch ---------------------------------------------------------------------
+    def _scalar_update(self, group: Dict[str, Any], i: int, master, g: Tensor) -> None:
+        """AdamW (``adamw_betas``, ``adamw_eps``, Muon's step count) or Lion (``lion_betas``)."""
+        wd = self.group_weight_decay(group)
+        if self.scalar_rule is None:
+            lion_step(master, self._get_state("lion_m", i), g, float(group["lr"]),
+                      self.lion_betas, wd)
+        else:
+            self.scalar_rule.update(master, self._state["adam_m"][i], self._state["adam_v"][i],
+                                    g, float(group["lr"]), group["betas"], float(group["eps"]),
+                                    wd, self.global_step)
 
     # -- QK-Clip -------------------------------------------------------------------------------
     def _apply_qk_clip(self) -> Optional[QKClipStats]:
@@ -440,33 +473,3 @@ class Muon(AdamW):
             for name, master in masters.items():
                 self._masters.store(index[name], master)
         return stats
-
-
-def _muon_kwargs(get, explicit) -> Dict[str, Any]:
-    """`optimizer:` section (OptimizerConfig or dict) -> Muon keyword arguments."""
-    kwargs = dict(
-        weight_decay=float(get("weight_decay", 0.1)), momentum=float(get("momentum", 0.95)),
-        nesterov=bool(get("nesterov", True)), matched_adamw_rms=float(get("matched_adamw_rms", 0.2)),
-        eps=float(get("eps", 1e-7)), ns_steps=int(get("ns_steps", 5)),
-        adamw_betas=tuple(float(b) for b in get("adamw_betas", (0.95, 0.95))),
-        adamw_eps=float(get("adamw_eps", 1e-8)), qk_clip_enabled=bool(get("qk_clip_enabled", True)),
-        qk_clip_threshold=float(get("qk_clip_threshold", 100)),
-        comm_strategy=get("comm_strategy", "allgather"), adamw_include=get("adamw_include"),
-        use_fused_adamw=bool(get("use_fused_adamw", False)), swap=bool(get("swap", False)),
-        muon_split_qkv=bool(get("muon_split_qkv", True)),
-        muon_scale_mode=get("muon_scale_mode", "spectral"),
-        muon_extra_scale_factor=float(get("muon_extra_scale_factor", 1.0)),
-        muon_scalar_optimizer=get("muon_scalar_optimizer", "adam"),
-        muon_coefficient_type=get("muon_coefficient_type"), ns_dtype=get("ns_dtype"),
-        adamw_lr_mult=float(get("adamw_lr_mult", 1.0)),
-        lion_betas=(float(get("lion_beta1", 0.95)), float(get("lion_beta2", 0.98))),
-        embedding_min_norm=get("embedding_min_norm"))
-    if kwargs["muon_coefficient_type"] is None:
-        kwargs["ns_coefficients"] = get("ns_coefficients", list(DEFAULT_NS_COEFFICIENTS))
-    for name in _MEMORY_BUDGETS:
-        if get(name) is not None:
-            kwargs[name] = get(name)
-    return kwargs
-
-
-register_optimizer("Muon", "muon", "Muon", _muon_kwargs)
