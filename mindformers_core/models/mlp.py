@@ -15,7 +15,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, mint, nn, ops
 
-from .layers import Linear, _placeholder
+from .layers import Linear, placeholder
 from .precision import Precision
 
 
@@ -42,8 +42,8 @@ class Router(nn.Cell):
 
     def __init__(self, hidden_size: int, num_experts: int, precision: Precision):
         super().__init__()
-        self.weight = _placeholder((num_experts, hidden_size), precision.param, "weight")
-        self.expert_bias = _placeholder((num_experts,), ms.float32, "expert_bias",
+        self.weight = placeholder((num_experts, hidden_size), precision.param, "weight")
+        self.expert_bias = placeholder((num_experts,), ms.float32, "expert_bias",
                                         requires_grad=False)
 
     def construct(self, x2d):
@@ -59,8 +59,8 @@ class GroupedExperts(nn.Cell):
         super().__init__()
         self.precision = precision
         self.ffn = ffn
-        self.weight1 = _placeholder((num_experts, hidden_size, 2 * ffn), precision.param, "weight1")
-        self.weight2 = _placeholder((num_experts, ffn, hidden_size), precision.param, "weight2")
+        self.weight1 = placeholder((num_experts, hidden_size, 2 * ffn), precision.param, "weight1")
+        self.weight2 = placeholder((num_experts, ffn, hidden_size), precision.param, "weight2")
 
     def construct(self, x2d, combine):
         """sum_e combine[t, e] * expert_e(x_t).
