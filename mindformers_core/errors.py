@@ -16,7 +16,11 @@ import math
 from typing import Any, Iterable, Optional, Sequence
 
 __all__ = ["ConfigError", "type_name", "show", "closest", "unknown_key_error", "check",
-           "check_range", "checked", "to_float", "as_float", "as_int", "as_choice", "MAX_REPR"]
+           "check_range", "checked", "to_float", "as_float", "as_int", "as_choice", "MAX_REPR", "MAX_STEPS"]
+
+#: largest step count: steps and step ratios are resolved in float64, which holds every int
+#: up to 2**53 exactly
+MAX_STEPS = 2 ** 53
 
 #: longest value representation put into a message (a huge YAML value stays one short line)
 MAX_REPR = 80

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from .errors import ConfigError
+from ..errors import MAX_STEPS, ConfigError
 from .schema import Section, check_range
 
 __all__ = ["TrainingConfig"]
@@ -45,6 +45,7 @@ class TrainingConfig(Section):
 
     def validate(self, path: str) -> None:
         check_range(self.steps, f"{path}.steps", lo=0, lo_open=True)
+        check_range(self.steps, f"{path}.steps", hi=MAX_STEPS)
         # upstream checks global_batch_size first
         check_range(self.global_batch_size, f"{path}.global_batch_size", lo=0, lo_open=True)
         check_range(self.local_batch_size, f"{path}.local_batch_size", lo=0, lo_open=True)

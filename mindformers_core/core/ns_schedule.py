@@ -24,6 +24,8 @@ import math
 from numbers import Real
 from typing import Any, List, Tuple
 
+from ..errors import show
+
 __all__ = ["DEFAULT_NS_COEFFICIENTS", "NS_COEFFICIENT_PRESETS", "normalize_ns_schedule",
            "preset_schedule", "MAX_NS_STEPS"]
 
@@ -71,49 +73,57 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, Real) and not isinstance(x, bool)
 
 
+def _finite(x: Real) -> bool:
+    """A finite number that fits a float (a 400-digit YAML int does not)."""
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
+
+
 def _triple(values: Any) -> Triple:
     """Three finite numbers as floats; ValueError otherwise (caller adds the context)."""
     if not isinstance(values, (list, tuple)) or len(values) != 3:
         raise ValueError("not a 3-element triple")
-    if not all(_is_number(v) and math.isfinite(float(v)) for v in values):
-        raise ValueError(f"coefficients must be finite numbers, got {values!r}")
+    if not all(_is_number(v) and _finite(v) for v in values):
+        raise ValueError(f"coefficients must be finite numbers, got {show(values)}")
     return (float(values[0]), float(values[1]), float(values[2]))
 
 
 def normalize_ns_schedule(coeffs: Any, ns_steps: Any) -> List[Triple]:
     """One ``(a, b, c)`` triple per Newton-Schulz iteration (see the module docstring)."""
     if not isinstance(coeffs, (list, tuple)) or len(coeffs) == 0:
-        raise ValueError(f"ns_coefficients must be a non-empty list/tuple, got {coeffs!r}.")
+        raise ValueError(f"ns_coefficients must be a non-empty list/tuple, got {show(coeffs)}.")
     if _is_number(coeffs[0]):  # flat form; a leading bool goes down the segmented path
         if len(coeffs) != 3:
-            raise ValueError(f"flat ns_coefficients must have 3 elements, got {coeffs!r}.")
+            raise ValueError(f"flat ns_coefficients must have 3 elements, got {show(coeffs)}.")
         if not _is_number(ns_steps) or int(ns_steps) != ns_steps or ns_steps <= 0:
             raise ValueError(f"ns_steps must be positive, got {ns_steps!r}.")
         try:
             triple = _triple(coeffs)
         except ValueError:
-            raise ValueError(f"flat ns_coefficients must hold 3 finite numbers, got {coeffs!r}.")
+            raise ValueError(f"flat ns_coefficients must hold 3 finite numbers, got {show(coeffs)}.")
         _check_length(int(ns_steps))
         return [triple] * int(ns_steps)
     schedule: List[Triple] = []
     for i, seg in enumerate(coeffs):
         if not isinstance(seg, (list, tuple)) or len(seg) != 2:
             raise ValueError(
-                f"segmented ns_coefficients entry {i} must be [[a, b, c], count], got {seg!r}.")
+                f"segmented ns_coefficients entry {i} must be [[a, b, c], count], got {show(seg)}.")
         trip, count = seg
         if not isinstance(trip, (list, tuple)) or len(trip) != 3:
             raise ValueError(
-                f"segmented ns_coefficients entry {i} must hold a 3-element triple, got {trip!r}.")
+                f"segmented ns_coefficients entry {i} must hold a 3-element triple, got {show(trip)}.")
         try:
             triple = _triple(trip)
         except ValueError:
             raise ValueError(f"segmented ns_coefficients entry {i} must hold 3 finite numbers, "
-                             f"got {trip!r}.")
+                             f"got {show(trip)}.")
         # upstream does int(count); we refuse what int() would silently truncate or reject
-        if not _is_number(count) or not math.isfinite(float(count)) or int(count) != count \
+        if not _is_number(count) or not _finite(count) or int(count) != count \
                 or int(count) <= 0:
             raise ValueError(f"segmented ns_coefficients entry {i} count must be positive, "
-                             f"got {count!r}.")
+                             f"got {show(count)}.")
         _check_length(len(schedule) + int(count))
         schedule.extend([triple] * int(count))
     return schedule

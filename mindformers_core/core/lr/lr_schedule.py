@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict
 
-from ...errors import ConfigError
+from ...errors import ConfigError, check_range
 from .base import LRSchedule, WarmupSchedule, canonical_type, register, registered_schedules
 from .fields import as_choice, as_float, resolve_steps
 from .float32 import PI32, f32, f32_const, half_one_plus_cos32, s32
@@ -31,6 +31,9 @@ __all__ = [
 ]
 
 _PI = math.pi
+#: largest num_cycles: the phase frac(num_cycles * p) keeps ~10 significant digits in float64
+#: only while num_cycles <= 1e6 (1e308 overflows to inf and the cosine is undefined)
+MAX_NUM_CYCLES = 1e6
 _TWO_PI = 2.0 * math.pi
 _PI32 = PI32
 _cos = math.cos
@@ -118,6 +121,7 @@ class _CosineBase(WarmupSchedule):
         self.lr_end = self._float(values, "lr_end")
         self._check_floor("lr_end", self.lr_end)
         self.c = self._float(values, "num_cycles", lo_open=cycles_lo_open)
+        check_range(self.c, self._p("num_cycles"), hi=MAX_NUM_CYCLES)
         self.D = _decay_cutoff(self, values, allow_ratio)
         self._len = float(max(1, self.total_steps - self.W))
         self.cut = min(self.D, self.W + int(self._len))
@@ -396,6 +400,7 @@ class ConstantWithCoolDownLR(WarmupSchedule):
         self.K = self._int(values, "keep_steps")
         self.F = self._int(values, "final_steps")
         self.c = self._float(values, "num_cycles")
+        check_range(self.c, self._p("num_cycles"), hi=MAX_NUM_CYCLES)
         self.e1 = self._float(values, "lr_end1")
         self._check_floor("lr_end1", self.e1)
         e2 = self._float(values, "lr_end2")
