@@ -52,9 +52,9 @@ def plan_buckets(sizes: Sequence[int], bucket_bytes: int, itemsize: int = 4) -> 
 class DataParallelGradReducer:
     """SUM of gradients, token-loss sums and token counts over the data-parallel ranks.
 
-    Implements the trainer's reducer protocol (``trainer/grad_reducer.py``):
-    ``world_size``, ``rank``, ``global_token_count``, ``reduce``, ``broadcast_flag``, plus
-    ``reduce_max`` (QK-Clip's max logits, MAX over ranks).
+    Implements the trainer's ``trainer.protocols.DataParallelReducer``: ``world_size``,
+    ``rank``, ``global_token_count``, ``reduce``, ``broadcast_flag``, ``optimizer_sharding``,
+    ``prepare_optimizer``, ``sync_moe_stats``; plus ``reduce_max`` (MAX over ranks).
     """
 
     def __init__(self, comm: Communicator, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
@@ -114,6 +114,14 @@ class DataParallelGradReducer:
         if self.world_size == 1:
             return bool(flag)
         return bool(self.comm.all_reduce_sum(np.array([1.0 if flag else 0.0], np.float32))[0] > 0)
+
+    def optimizer_sharding(self, cfg):
+        """What ``build_optimizer(..., shard_layout=...)`` takes for this run:
+        ``zero.ZeroSharding`` over ``parallelism.dp_shard`` ranks (None on one rank)."""
+        if self.world_size == 1:
+            return None
+        from .zero import ZeroSharding, optimizer_shards  # MindSpore only when a run needs it
+        return ZeroSharding(self.comm, optimizer_shards(cfg, self.comm))
 
     def prepare_optimizer(self, optimizer, cfg):
         """ZeRO-1 sharding per ``cfg.parallelism`` and QK-Clip's MAX reduction (``zero.prepare_optimizer``);

@@ -1,4 +1,4 @@
-"""``build_optimizer(opt_cfg, model, lr_scheduler=None, shard=None)`` and ``OPTIMIZERS``.
+"""``build_optimizer(opt_cfg, model, lr_scheduler=None, shard_layout=None)`` and ``OPTIMIZERS``.
 
 One path from the ``optimizer:`` section to an optimizer: a dict goes through
 ``OptimizerConfig.from_dict`` (the config layer's types, defaults and checks), and each type
@@ -9,18 +9,27 @@ come from ``param_groups.get_param_groups(model, opt_cfg)`` and are the only car
 per-group ``weight_decay``/``eps``/lr; the initial lr is ``lr_scheduler.lr_at(0)`` (the
 trainer sets the group lrs before every step anyway), else the class's default.
 
-``shard`` (a callable ``optimizer -> optimizer``, e.g. ``distributed.zero.ZeroSharding``)
-wraps the optimizer right after construction, so the trainer never swaps classes.
+``shard_layout`` (an :class:`OptimizerSharding`, e.g. ``distributed.zero.ZeroSharding``) builds
+the sharded optimizer at construction: its state is allocated as this rank's rows from the
+start, and nothing swaps classes afterwards.
 """
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Protocol
 
 from ..config.optimizer import OPTIMIZER_TYPES, OptimizerConfig
 from ..errors import ConfigError
 
-__all__ = ["OPTIMIZERS", "BUILDERS", "build_optimizer", "optimizer_kwargs", "as_optimizer_config"]
+__all__ = ["OPTIMIZERS", "BUILDERS", "OptimizerSharding", "build_optimizer", "optimizer_kwargs",
+           "as_optimizer_config"]
+
+
+class OptimizerSharding(Protocol):
+    """Builds an optimizer class over groups with keyword arguments, sharded as it sees fit."""
+
+    def build(self, cls: type, groups, kwargs: Dict[str, Any]) -> Any:
+        ...
 
 
 def _adamw_kwargs(cfg: OptimizerConfig) -> Dict[str, Any]:
@@ -122,7 +131,7 @@ def optimizer_kwargs(opt_cfg) -> Dict[str, Any]:
 
 
 def build_optimizer(opt_cfg, model, lr_scheduler=None,
-                    shard: Optional[Callable[[Any], Any]] = None):
+                    shard_layout: Optional[OptimizerSharding] = None):
     """The optimizer named by ``opt_cfg.type`` over ``model``'s parameter groups."""
     from .param_groups import get_param_groups
     cfg = as_optimizer_config(opt_cfg)
@@ -131,5 +140,7 @@ def build_optimizer(opt_cfg, model, lr_scheduler=None,
         kwargs["lr"] = float(lr_scheduler.lr_at(0))
     if cfg.type == "Muon":
         kwargs["model"] = model
-    optimizer = OPTIMIZERS[cfg.type](get_param_groups(model, cfg), **kwargs)
-    return shard(optimizer) if shard is not None else optimizer
+    groups = get_param_groups(model, cfg)
+    if shard_layout is not None:
+        return shard_layout.build(OPTIMIZERS[cfg.type], groups, kwargs)
+    return OPTIMIZERS[cfg.type](groups, **kwargs)

@@ -235,6 +235,16 @@ class MainParams(MasterSnapshot):
     def uses_remainder(self, i: int) -> bool:
         return self._remainders[i] is not None
 
+    def persistent_bytes(self) -> int:
+        """Bytes kept between steps besides the parameters: fp32 masters and remainders."""
+        total = 0
+        for i in range(len(self.params)):
+            if self.uses_remainder(i):
+                total += int(self._remainders[i].nbytes)
+            elif self.has_distinct_master(i):
+                total += int(self.master(i).nbytes)
+        return total
+
     def master(self, i: int) -> Parameter:
         """The fp32 master of params[i] (rebuilt from bf16 + remainder in remainder mode)."""
         if self._remainders[i] is None:

@@ -97,6 +97,12 @@ class MuonExchange(Protocol):
     def local_rows(self, i: int, delta: Tensor) -> Tensor:
         """This rank's rows of parameter i's full update."""
 
+    def full_masters(self, masters, indices: List[int]) -> list:
+        """Whole fp32 masters of parameters ``indices`` (QK-Clip scales whole head rows)."""
+
+    def keep_rows(self, i: int, full, master) -> None:
+        """Write this rank's rows of ``full`` (from :meth:`full_masters`) into ``master``."""
+
 
 class LocalExchange:
     """One process (or replicated data parallel): everything is whole and local."""
@@ -112,6 +118,12 @@ class LocalExchange:
 
     def local_rows(self, i: int, delta: Tensor) -> Tensor:  # noqa: ARG002 - MuonExchange
         return delta
+
+    def full_masters(self, masters, indices):
+        return [masters.master(i) for i in indices]
+
+    def keep_rows(self, i, full, master) -> None:  # noqa: ARG002 - full is the master
+        return None
 
 
 class Muon(Optimizer):
@@ -328,6 +340,20 @@ class Muon(Optimizer):
             ("muon_m", "adam_m", "adam_v")
 
     @property
+    def muon_mask(self) -> Tuple[bool, ...]:
+        """Per parameter: True when Muon updates it, False for the scalar (AdamW/Lion) branch."""
+        return tuple(self._is_muon)
+
+    def split_rule(self, i: int) -> Optional[SplitRule]:
+        """How parameter i is cut into Newton-Schulz pieces (None: not a Muon parameter)."""
+        return self._rules[i]
+
+    @property
+    def qk_param_names(self) -> Tuple[str, ...]:
+        """Names of the MLA q/kv weights QK-Clip rescales."""
+        return self._qk_names
+
+    @property
     def muon_param_names(self) -> Tuple[str, ...]:
         return tuple(p.name for p, m in zip(self.parameters, self._is_muon) if m)
 
@@ -456,20 +482,22 @@ class Muon(Optimizer):
 
     # -- QK-Clip -------------------------------------------------------------------------------
     def _apply_qk_clip(self) -> Optional[QKClipStats]:
-        """Clip on the fp32 masters, then copy the rescaled masters to the model parameters."""
+        """Clip on whole fp32 masters (``exchange.full_masters``), keep this rank's rows, then
+        copy the rescaled masters to the model parameters."""
         if not self._qk_names:
             return None
-        index = {self.parameters[i].name: i for i in range(len(self.parameters))}
+        index = {p.name: i for i, p in enumerate(self.parameters)}
+        names = [n for n in self._qk_names if n in index]
+        full = self.exchange.full_masters(self._masters, [index[n] for n in names])
         param_map = {p.name: p for p in self.model.get_parameters()} \
-            if any(n not in index for n in self._qk_names) else {}
-        masters = {}
-        for name in self._qk_names:
-            if name in index:
-                masters[name] = self._masters.master(index[name])
-        param_map.update(masters)
+            if len(names) < len(self._qk_names) else {}
+        param_map.update(zip(names, full))
         stats = qk_clip_step(self.model, self.qk_clip_threshold, param_map,
                              self.max_logits_reducer)
         if stats.num_clipped_heads:
-            for name, master in masters.items():
-                self._masters.store(index[name], master)
+            for name, whole in zip(names, full):
+                i = index[name]
+                master = self._masters.master(i)
+                self.exchange.keep_rows(i, whole, master)
+                self._masters.store(i, master)
         return stats

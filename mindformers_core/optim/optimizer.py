@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from types import MappingProxyType
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import mindspore as ms
@@ -151,13 +152,51 @@ class Optimizer:
         self._masters.reload_unloaded_from_model()
 
     # -- state ---------------------------------------------------------------------------------
+    # -- state slots: the public API wrappers (``distributed.zero``) use ---------------------
+    @property
+    def masters(self):
+        """The fp32 master store (``main_params.MainParams`` or a sharded one): ``master(i)``,
+        ``store(i, master)``, ``tensors()``, ..."""
+        return self._masters
+
+    def set_masters(self, store) -> None:
+        """Replace the master store (a sharded store of the same parameters)."""
+        self._masters = store
+
+    @property
+    def state_slots(self) -> Mapping[str, List[Optional[Parameter]]]:
+        """``{prefix: [tensor or None per parameter]}``, read-only; :meth:`set_state`
+        replaces one tensor."""
+        return MappingProxyType(self._state)
+
+    def set_state(self, prefix: str, i: int, tensor: Optional[Parameter]) -> None:
+        """Put ``tensor`` in slot ``prefix`` of parameter i."""
+        self._state.setdefault(prefix, [None] * len(self.parameters))[i] = tensor
+
+    def get_state(self, prefix: str, i: int, dtype=None) -> Parameter:
+        """The state tensor ``prefix`` of parameter i, created (zeros) when missing."""
+        return self._get_state(prefix, i, self.slot_dtype(prefix) if dtype is None else dtype)
+
+    def state_shape(self, i: int) -> tuple:
+        """Shape of parameter i's state tensors (the parameter's; a sharded optimizer holds
+        only its rows)."""
+        return tuple(self.parameters[i].shape)
+
+    def slot_dtype(self, prefix: str):
+        """Storage dtype of state ``prefix``."""
+        return self._state_dtype(prefix)
+
+    def index_of(self, name: str) -> int:
+        """Index in ``parameters`` of the parameter called ``name``."""
+        return self._index_of_name(name)
+
     def _new_state(self, prefix: str, i: int, dtype=ms.float32) -> Parameter:
-        """Zeros shaped like parameter i, named ``{prefix}.{name}``, registered for state_dict."""
-        slots = self._state.setdefault(prefix, [None] * len(self.parameters))
+        """Zeros of :meth:`state_shape`, named ``{prefix}.{name}``, registered for state_dict."""
         p = self.parameters[i]
-        slots[i] = Parameter(Tensor(np.zeros(p.shape, np.float32)).astype(dtype),
-                             name=f"{prefix}.{p.name}", requires_grad=False)
-        return slots[i]
+        tensor = Parameter(Tensor(np.zeros(self.state_shape(i), np.float32)).astype(dtype),
+                           name=f"{prefix}.{p.name}", requires_grad=False)
+        self.set_state(prefix, i, tensor)
+        return tensor
 
     def _get_state(self, prefix: str, i: int, dtype=ms.float32) -> Parameter:
         slots = self._state.get(prefix)
