@@ -9,7 +9,7 @@ Type-dependent defaults are resolved at construction: under ``Muon`` ``eps`` is 
 Newton-Schulz normalisation eps) and ``weight_decay`` 0.1 unless written; under the other types
 1e-8 and 0.01. ``betas`` under Muon is an error pointing to ``adamw_betas``.
 
-Validation follows seed 000 (AdamW/Muon tables), the reference §5 messages for Muon
+Validation follows upstream MindFormers 2.1's AdamW/Muon checks and messages for Muon
 (``ns_coefficients``, ``comm_strategy``, ``qk_clip_threshold``, swap) and Megatron's
 ``OptimizerConfig.validate()`` (``embedding_min_norm``, ``rmsnorm_weight_decay_mult``,
 ``min_lr <= lr``).

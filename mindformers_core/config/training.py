@@ -1,7 +1,7 @@
 """`training:` section: steps, batch sizes, clipping, NaN skipping, seeds.
 
 Fields and defaults follow MindFormers 2.1 ``TrainingConfig``; where upstream accepts unsafe
-values we reject them (DESIGN.md §5.1): ``steps`` must be > 0 and ``max_norm`` > 0 (``null``
+values we reject them: ``steps`` must be > 0 and ``max_norm`` > 0 (``null``
 disables clipping explicitly, since upstream would scale every gradient to 0 with 0 and flip
 it with a negative value).
 

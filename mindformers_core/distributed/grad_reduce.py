@@ -1,6 +1,6 @@
 """Data-parallel gradient reduction: the trainer's ``grad_reducer`` for world size > 1.
 
-Token weighting (DESIGN §4, §5.4). Rank r holds micro-batches with loss-token counts
+Token weighting (the loss is the mean over every loss token of the global batch). Rank r holds micro-batches with loss-token counts
 ``n_rj``; the global step has ``T = sum_r sum_j n_rj`` tokens. The trainer asks
 :meth:`DataParallelGradReducer.global_token_count` for T *before* any backward pass and
 back-propagates ``sum_j loss_sum_rj / T`` on every rank, so rank r's accumulated gradient is

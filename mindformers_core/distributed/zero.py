@@ -1,10 +1,11 @@
 """ZeRO-1 optimizer-state sharding over data-parallel ranks (``data_parallel_shard`` > 1 or -1).
 
-:func:`shard_optimizer_state` turns any optimizer built on ``optim.optimizer.Optimizer``
-(AdamW, SGD, Lion, Muon and its AdamW branch) into its sharded form in place: the object keeps
-its parameters, groups and hyperparameters; its class becomes a subclass with
-:class:`ZeroMixin` (and ``zero_muon.ZeroMuonMixin`` for Muon) in front. Per rank, with ``S``
-shards (``shard_layout``: dim-0 rows, parameters with fewer rows than shards replicated):
+``build_optimizer(cfg, model, shard_layout=ZeroSharding(comm, num_shards))`` builds the sharded
+optimizer directly: ``Sharded{cls}`` (:class:`ZeroMixin`, and ``zero_muon.ZeroMuonMixin`` for
+Muon, in front of the optimizer class) allocates its state as this rank's rows from the start
+and works through the optimizer's public state-slot API. :func:`shard_optimizer_state` converts
+an optimizer built elsewhere (AdamW, SGD, Lion, Muon). Per rank, with ``S`` shards
+(``shard_layout``: dim-0 rows, parameters with fewer rows than shards replicated):
 
 * moments and other per-parameter state (``adam_m``, ``adam_v``, ``muon_m``, ``lion_m``) hold
   only this rank's rows;

@@ -1,4 +1,4 @@
-"""Muon on sharded optimizer state: the two ``comm_strategy`` values (reference §5).
+"""Muon on sharded optimizer state: the two ``comm_strategy`` values of upstream MindFormers 2.1.
 
 Each rank holds the momentum ``muon_m`` (and the master) of its dim-0 rows of every Muon
 weight. The momentum update is element-wise, so each rank computes its rows of

@@ -58,7 +58,7 @@ from .host_views import numpy_view_aliases_storage, scale_in_place, scale_many_i
 from .optimizer import Optimizer, state_dtype
 from .update_rules import AdamRule
 
-__all__ = ["AdamW", "validate_adamw_args"]
+__all__ = ["AdamW", "validate_adamw_args", "validate_adamw_groups"]
 
 _IMPLS = ("fused", "reference")
 _ACCEPTED_FLAGS = ("use_fused", "enable_fused_opt", "swap", "amsgrad", "maximize")
@@ -96,6 +96,17 @@ def validate_adamw_args(betas, eps, weight_decay, name: str = "AdamW") -> None:
     if not isinstance(weight_decay, float):
         raise TypeError(f"For '{name}', the type of 'weight_decay' should be 'float', "
                         f"but got type '{type(weight_decay).__name__}'.")
+
+
+def validate_adamw_groups(groups, name: str = "AdamW") -> None:
+    """:func:`validate_adamw_args` of every group (the message names the group); a group's
+    ``betas`` becomes a tuple."""
+    for gi, group in enumerate(groups):
+        try:
+            validate_adamw_args(group["betas"], group["eps"], group["weight_decay"], name)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"parameter group {gi}: {err}") from None
+        group["betas"] = tuple(group["betas"])
 
 
 class AdamW(Optimizer):
@@ -146,13 +157,7 @@ class AdamW(Optimizer):
                           "weight_decay": weight_decay},
                          store_param_remainders=store_param_remainders,
                          embedding_min_norm=embedding_min_norm)
-        for gi, group in enumerate(self.param_groups):
-            try:
-                validate_adamw_args(group["betas"], group["eps"], group["weight_decay"],
-                                    self.optimizer_name)
-            except (TypeError, ValueError) as err:
-                raise type(err)(f"parameter group {gi}: {err}") from None
-            group["betas"] = tuple(group["betas"])
+        validate_adamw_groups(self.param_groups, self.optimizer_name)
         self.decoupled_weight_decay = bool(decoupled_weight_decay)
         self.exp_avg_dtype = state_dtype(exp_avg_dtype)
         self.exp_avg_sq_dtype = state_dtype(exp_avg_sq_dtype)

@@ -1,4 +1,4 @@
-"""Global gradient norm and clipping by it (upstream trainer semantics, reference §6).
+"""Global gradient norm and clipping by it (upstream MindFormers trainer semantics).
 
     norm = sqrt(sum_p sum_i g_p,i^2)            in fp32, one norm over every gradient
     coef = max_norm / (norm + 1e-6);  grads *= coef  when coef < 1

@@ -5,7 +5,7 @@ parameter gets an fp32 copy ``Parameter(param.float(), name="main_param.{name}")
 reads and writes only the master, then casts it back into the model parameter after each step.
 fp32 parameters are their own master (the same object, no copy).
 
-``store_param_remainders`` (seed 002, TransformerEngine FusedAdam): for a bf16 parameter the
+``store_param_remainders`` (TransformerEngine FusedAdam): for a bf16 parameter the
 fp32 master is not stored; instead the 16 low bits of its fp32 bit pattern are kept as an int16
 "remainder" next to the bf16 parameter, which holds the 16 high bits rounded half-up on bit 15:
 

@@ -2,7 +2,7 @@
 
 Update at optimizer step t (once per optimizer step, on the accumulated gradient g of the whole
 step; never per micro-batch), for a Muon-routed parameter with fp32 master p, group lr and
-effective weight decay wd (reference §5, DESIGN §5.3):
+effective weight decay wd (upstream MindFormers 2.1):
 
     m <- mu * m + g                                   (fp32 momentum buffer muon_m.{name})
     U  = g + mu * m   (nesterov)   or   U = m         (the buffer itself is never overwritten)
@@ -19,9 +19,11 @@ weights are stacked and orthogonalised in one batched call (bounded by ns_batch_
 Every other parameter (1-D, and 2-D/3-D ones matching `adamw_include`, default
 `*word_embeddings*`, `*output_layer*`) takes AdamW with `adamw_betas`, `adamw_eps`, the bias
 corrections of Muon's own step counter, and lr * `adamw_lr_mult` (the fixed Muon/AdamW lr ratio,
-seed 003: e.g. Muon 2e-2 with AdamW 3e-3 is adamw_lr_mult 0.15) -- the AdamW class's math,
-inherited. `muon_scalar_optimizer: lion` uses Lion for them instead (sign of the interpolated
-momentum, betas `lion_betas`).
+e.g. Muon 2e-2 with AdamW 3e-3 is adamw_lr_mult 0.15): the rule object ``scalar_rule``
+(``update_rules.AdamRule``, the same Adam math as ``AdamW``). `muon_scalar_optimizer: lion`
+uses ``update_rules.lion_step`` for them instead (sign of the interpolated momentum, betas
+`lion_betas`). Muon is an ``Optimizer`` of its own (it holds these rules, it does not inherit
+AdamW), so it allocates Adam moments only for the parameters of its Adam branch.
 
 After all updates, QK-Clip (`qk_clip.qk_clip_step`) rescales the MLA q/k rows of the fp32
 masters of heads whose tracked max logit exceeds `qk_clip_threshold`; then the masters are
@@ -30,18 +32,17 @@ copied to the low-precision model parameters. `last_qk_clip` holds what it did.
 State names are upstream's: `muon_m.{name}` (Muon), `adam_m.{name}` / `adam_v.{name}` (AdamW
 branch only), `main_param.{name}` (fp32 masters of bf16/fp16 params), `global_step`.
 
-Construction checks run in upstream's order with upstream's messages (reference §5): memory
+Construction checks run in upstream's order with upstream's messages: memory
 budgets, swap, model (given, not legacy, MLA), ns schedule, qk_clip_threshold, adamw_include,
 Ascend cube_math_type, split rules, comm_strategy; then our extra knobs. Unlike upstream, a 3-D
 weight that is not a grouped expert weight is rejected here, not at the first step.
 
 Communication: single-card and replicated data parallel need nothing (gradients arrive
-reduced). For sharded weights the `comm_strategy` (allgather: every rank gathers the full U and
-runs NS; allgather_deredundency: one owner rank per weight runs NS and the update goes back)
-plugs in at `_gather_for_ns`, `_run_newton_schulz` and `_scatter_from_ns`; on one card they are
-the identity / the plain batched NS and both strategies give the same update.
-`distributed/zero_muon.py` builds the ZeRO-sharded variant on these internals (`_is_muon`,
-`_rules`, `_chunks`, `_orthogonalize_many`, `_qk_names`, `_muon_update`, `_apply_qk_clip`).
+reduced). Where the update rows live is the ``exchange`` (a :class:`MuonExchange`):
+:class:`LocalExchange` here, ``distributed.zero_muon.ShardedExchange`` for ZeRO-sharded state
+(allgather: every rank gathers the full U and runs NS; allgather_deredundency: one owner rank
+per weight runs NS and the update goes back). ``_muon_update`` is the one momentum / NS /
+scale / decay path for both; on one card both strategies give the same update.
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ from mindspore import Tensor, ops
 
 from ..core.muon_rules import check_memory_budget, check_muon_swap, check_qk_clip_threshold
 from ..core.optimizer_defaults import MUON_DEFAULTS as D
-from .adamw import validate_adamw_args
+from .adamw import validate_adamw_args, validate_adamw_groups
 from .muon_routing import normalize_adamw_include, routes_to_muon
 from .muon_split import SplitRule, merge_pieces, piece_shapes, split_pieces, split_rule_for
 from .newton_schulz import (DEFAULT_NS_COEFFICIENTS, MUON_SCALE_MODES, configure_ns_precision,
@@ -138,7 +139,7 @@ class Muon(Optimizer):
         ns_steps, ns_coefficients, adamw_betas, adamw_eps, qk_clip_enabled, qk_clip_threshold,
         comm_strategy, adamw_include, use_fused_adamw: as upstream MindFormers 2.1.
         muon_split_qkv: False = every Muon 2-D weight is one matrix.
-        muon_scale_mode, muon_extra_scale_factor: seed 002 (update scale and extra factor).
+        muon_scale_mode, muon_extra_scale_factor: update scale mode and extra factor.
         muon_scalar_optimizer: 'adam' | 'lion' for the non-Muon parameters.
         muon_coefficient_type: named NS preset instead of ns_coefficients.
         ns_dtype: None (fp32 on CPU, bf16 on Ascend) | 'float32' | 'bfloat16'.
@@ -189,13 +190,7 @@ class Muon(Optimizer):
                          {"lr": float(lr), "betas": tuple(adamw_betas), "eps": adamw_eps,
                           "weight_decay": weight_decay},
                          embedding_min_norm=embedding_min_norm)
-        for gi, group in enumerate(self.param_groups):
-            try:
-                validate_adamw_args(group["betas"], group["eps"], group["weight_decay"],
-                                    self.optimizer_name)
-            except (TypeError, ValueError) as err:
-                raise type(err)(f"parameter group {gi}: {err}") from None
-            group["betas"] = tuple(group["betas"])
+        validate_adamw_groups(self.param_groups, self.optimizer_name)
         # 2. memory budgets (GB -> bytes)
         for name, value in zip(_MEMORY_BUDGETS, (phase0_batch_memory_gb, ns_batch_memory_gb,
                                                  phase4_batch_memory_gb)):
@@ -238,7 +233,7 @@ class Muon(Optimizer):
             raise ValueError("comm_strategy must be 'allgather' or 'allgather_deredundency', "
                              f"got {comm_strategy!r}.")
         self.comm_strategy = comm_strategy
-        # ours: the seed-002 knobs
+        # this project's knobs (scale mode, extra factor, scalar optimizer, lr ratio)
         self._verify_extras(momentum, matched_adamw_rms, muon_scale_mode, muon_extra_scale_factor,
                             muon_scalar_optimizer, adamw_lr_mult, lion_betas)
         self.momentum = float(momentum)

@@ -1,5 +1,5 @@
 """muP (maximal-update parameterization) learning-rate / eps overrides (Megatron
-`get_mup_config_overrides`, seed 004).
+`get_mup_config_overrides`, Megatron's muP overrides).
 
 Parameter classes (Tensor Programs V):
   - hidden (matrix-like): ndim >= 2 and not the input embedding / output layer; both dims grow

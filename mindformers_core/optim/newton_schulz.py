@@ -52,7 +52,7 @@ __all__ = [
     "orthogonalize", "ns_matmul_flops",
 ]
 
-# Seed 002 `muon_scale_mode`: the factor applied to NS(U) of an (rows x cols) piece.
+# `muon_scale_mode`: the factor applied to NS(U) of an (rows x cols) piece.
 MUON_SCALE_MODES = ("spectral", "shape_scaling", "unit_rms_norm")
 
 

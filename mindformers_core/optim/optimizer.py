@@ -15,7 +15,7 @@ to update a whole group at once. Everything else lives here:
 * state: per-parameter tensors named ``{prefix}.{param name}`` (e.g. ``adam_m.w``), made by
   :meth:`_new_state`; ``state_dict()`` returns numpy arrays, ``load_state_dict`` restores
   them bit for bit.
-* ``embedding_min_norm`` (seed 002): after each update, rows of the input word embedding whose
+* ``embedding_min_norm`` (Megatron): after each update, rows of the input word embedding whose
   L2 norm is non-zero and below the threshold are rescaled to norm ``2 * threshold``.
 """
 from __future__ import annotations
@@ -297,7 +297,7 @@ class Optimizer:
         return float(group["weight_decay"]) * float(group.get("wd_mult", 1.0))
 
     def _apply_embedding_min_norm(self, i: int) -> None:
-        """Rows with 0 < ||row|| < t are rescaled to norm 2t (seed 002, Megatron semantics);
+        """Rows with 0 < ||row|| < t are rescaled to norm 2t (Megatron semantics);
         all-zero rows are left alone. Applied to the master, then written back."""
         master = self._masters.master(i)
         t = float(self.embedding_min_norm)

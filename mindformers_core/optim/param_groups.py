@@ -1,6 +1,6 @@
 """Parameter groups: which lr multiplier, weight decay, eps and update rule each parameter gets.
 
-Megatron `_get_param_groups` semantics (seed 004) on MindFormers-style configs:
+Megatron `_get_param_groups` semantics on MindFormers-style configs:
   1. overrides: `{ParamKey: ParamGroupOverride}`; `None` means "build them from the config":
      standard (weight-decay rules, decoupled LR) + muP + `optimizer.param_overrides` + Muon
      routing. An explicit `{}` means "no overrides at all" (every parameter decays).
@@ -17,7 +17,7 @@ The effective decay is `weight_decay * wd_mult` (Megatron; `Optimizer.group_weig
 `weight_decay` is the override's absolute value or config.weight_decay, `wd_mult` the rules'
 multiplier; a group with wd_mult 0 also has weight_decay 0.0 (as upstream's no-decay group).
 
-Weight decay (MindFormers 2.1 `get_param_groups`, reference §4): include > exclude > defaults.
+Weight decay (MindFormers 2.1 `get_param_groups`): include > exclude > defaults.
 A rule matches a name when `rule == name`, `rule in name` (substring) or `fnmatch(name, rule)`.
 Default no-decay reasons, in order: 1-D shape; name ending in `.bias`; name in
 `model.no_weight_decay()`; a `model.no_weight_decay_keywords()` entry as a substring. Megatron

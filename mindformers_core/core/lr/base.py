@@ -167,7 +167,7 @@ class LRSchedule:
 
     def lr_pair(self, step: int) -> Tuple[float, float]:  # pragma: no cover - abstract
         """``(float64 closed form, upstream float32 value)`` at ``step``; where upstream is
-        not sane (DESIGN.md §5.2) both are our safe value."""
+        not sane (NaN, negative, rising after the final decay) both are our safe value."""
         raise NotImplementedError
 
     def lr_at(self, step: int) -> float:

@@ -11,7 +11,7 @@ returns the closed form unless float32 rounding moved upstream further than half
 (:func:`~.base.pick`). So ``lr_at`` equals MindFormers 2.1.0 within abs 1e-9 or rel 1e-6
 wherever upstream is sane, including where float32 cancellation shows (WSD's last decay steps
 with a large peak, cosines far past ``t_max``, ``1 + cos`` near -1). Where upstream is not sane
-(DESIGN.md §5.2) we never return NaN or a negative lr and never rise after the final decay.
+we never return NaN or a negative lr and never rise after the final decay.
 """
 from __future__ import annotations
 
