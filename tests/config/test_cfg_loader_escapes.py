@@ -34,6 +34,8 @@ CASES = {
     "num_cycles_null": (("lr_scheduler", "num_cycles", None), RESTARTS,
                         r"^lr_scheduler\.num_cycles: must not be null: write a number, or leave "
                         r"num_cycles out for its default \(1\.0\)$"),
+    "hidden_size_1e11": (("model", "hidden_size", 10 ** 11), None,
+                         r"^model\.hidden_size: must be <= 1048576, got 100000000000$"),
     "num_cycles_1e308": (("lr_scheduler", "num_cycles", 1e308), RESTARTS,
                          r"^lr_scheduler\.num_cycles: must be <= 1000000, got 1e\+308$"),
 }
@@ -65,7 +67,8 @@ def test_num_cycles_bound_keeps_the_schedule_finite():
     assert all(0.0 <= sched.lr_at(s) <= 1e-2 for s in range(run.training.steps))
 
 
-@pytest.mark.parametrize("case", ["steps_400_digits", "num_cycles_null", "num_cycles_1e308"])
+@pytest.mark.parametrize("case", ["steps_400_digits", "num_cycles_null", "num_cycles_1e308",
+                                  "hidden_size_1e11"])
 def test_check_exits_2_with_the_field(case, tmp_path):
     path = tmp_path / "x.yaml"
     path.write_text(yaml.safe_dump(_config(case)), encoding="utf-8")
