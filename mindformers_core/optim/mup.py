@@ -107,7 +107,7 @@ def get_mup_config_overrides(config, mup_width_mult: float, optimizer_type: str 
         return is_vector_like(param, name) and not keeps_decoupled_lr(param, name)
 
     if kind in _ADAM_TYPES:
-        base_eps = float(config_value(config, "eps", config_value(config, "adam_eps", 1e-8)))
+        base_eps = float(config_value(config, "eps"))
         key = ParamKey(with_name_predicate=ParamWithNamePredicate(f"mup_hidden_adam(w={w:g})", hidden))
         return {key: ParamGroupOverride(lr_mult=1.0 / w, eps=base_eps / w)}
     if kind == "sgd":

@@ -195,36 +195,36 @@ def _is_number(value) -> bool:
 
 
 # --- reading the optimizer config ------------------------------------------------------------
-# Megatron defaults for the fields that shape groups, used when the config (an OptimizerConfig
-# object or a plain dict) does not carry the field.
-CONFIG_DEFAULTS = {
-    "type": "AdamW",
-    "weight_decay": 0.01,
-    "eps": 1e-8,
-    "weight_decay_include": None,
-    "weight_decay_exclude": None,
-    "decoupled_lr": None,
-    "decoupled_min_lr": None,
-    "rmsnorm_weight_decay_mult": None,
-    "apply_wd_to_qk_layernorm": False,
-    "param_overrides": None,
-    "mup": None,
-    "adamw_include": None,
-}
+def _defaults_of(type_name: Any):
+    """``OptimizerConfig(type=...)``: every field's one default (``core.optimizer_defaults``,
+    type-dependent ``weight_decay``/``eps`` resolved), for a config that does not carry one."""
+    from ..config.optimizer import OPTIMIZER_KEYS, OptimizerConfig
+    if type_name not in _DEFAULT_CONFIGS:
+        known = type_name if type_name in OPTIMIZER_KEYS else "AdamW"
+        _DEFAULT_CONFIGS[type_name] = OptimizerConfig(type=known)
+    return _DEFAULT_CONFIGS[type_name]
+
+
+_DEFAULT_CONFIGS: Dict[Any, Any] = {}
 
 
 def config_value(config, key: str, default=None):
-    """`config[key]` for a dict, `config.key` for an object; CONFIG_DEFAULTS when absent or None
-    (a field explicitly None means 'not set')."""
+    """`config[key]` for a dict, `config.key` for an object; when absent or None (a field
+    explicitly None means 'not set'): ``default``, else the OptimizerConfig default of the
+    config's type."""
     if config is None:
         value = None
     elif isinstance(config, dict):
         value = config.get(key)
     else:
         value = getattr(config, key, None)
-    if value is None:
-        return CONFIG_DEFAULTS.get(key, default) if default is None else default
-    return value
+    if value is not None:
+        return value
+    if default is not None:
+        return default
+    if key == "type":
+        return _defaults_of(None).type
+    return getattr(_defaults_of(config_value(config, "type")), key, None)
 
 
 def optimizer_kind(config) -> str:

@@ -33,8 +33,10 @@ def run_training(cfg, output_dir: str, stream=None) -> int:
     try:
         # the handlers go in before the (slow) build, so an early SIGTERM still exits cleanly
         with StopRequest(log=say) as stop:
-            # the Trainer picks the data-parallel reducer itself under msrun
-            trainer = Trainer(cfg, output_dir, stream=out)
+            # the Trainer picks the data-parallel reducer itself under msrun; the LR schedule
+            # is built once here and handed over
+            trainer = Trainer(cfg, output_dir, stream=out,
+                              lr_scheduler=cfg.build_lr_scheduler())
             trainer.train(stop_request=stop)
     except ConfigError:
         raise
