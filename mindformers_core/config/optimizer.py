@@ -24,7 +24,8 @@ from ..core.optimizer_defaults import (ADAMW_DEFAULTS, DEFAULTS, LION_DEFAULTS, 
                                        SGD_DEFAULTS)
 from ..core.ns_schedule import (MAX_NS_STEPS, NS_COEFFICIENT_PRESETS,
                                  normalize_ns_schedule, preset_schedule)
-from ..core.muon_rules import check_memory_budget, check_muon_swap, check_qk_clip_threshold
+from ..core.muon_rules import (MUON_RANGES, check_memory_budget, check_muon_swap,
+                               check_qk_clip_threshold)
 from ..errors import ConfigError, checked
 from .param_overrides import MupConfig, ParamOverrideConfig, check_betas
 from .schema import Section, check_range, closest, unknown_key_error
@@ -256,8 +257,8 @@ class OptimizerConfig(Section):
 
     def _validate_muon(self, p) -> None:
         checked(p("swap"), check_muon_swap, self.swap)
-        check_range(self.momentum, p("momentum"), lo=0, hi=1, hi_open=True)
-        check_range(self.matched_adamw_rms, p("matched_adamw_rms"), lo=0, lo_open=True)
+        for name in ("momentum", "matched_adamw_rms"):
+            check_range(getattr(self, name), p(name), **MUON_RANGES[name])
         check_range(self.eps, p("eps"), lo=0, lo_open=True)
         check_range(self.adamw_eps, p("adamw_eps"), lo=0, lo_open=True)
         check_betas(self.adamw_betas, p("adamw_betas"))
@@ -291,8 +292,8 @@ class OptimizerConfig(Section):
                 self.qk_clip_threshold)
         if isinstance(self.adamw_include, str):
             self.adamw_include = [self.adamw_include]  # upstream: a bare string is one pattern
-        check_range(self.muon_extra_scale_factor, p("muon_extra_scale_factor"), lo=0, lo_open=True)
-        check_range(self.adamw_lr_mult, p("adamw_lr_mult"), lo=0)
+        for name in ("muon_extra_scale_factor", "adamw_lr_mult"):
+            check_range(getattr(self, name), p(name), **MUON_RANGES[name])
         for name in ("phase0_batch_memory_gb", "ns_batch_memory_gb", "phase4_batch_memory_gb"):
             checked(p(name), check_memory_budget, name, getattr(self, name))
 

@@ -52,7 +52,8 @@ from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from ..core.muon_rules import check_memory_budget, check_muon_swap, check_qk_clip_threshold
+from ..core.muon_rules import (check_memory_budget, check_muon_range, check_muon_swap,
+                               check_qk_clip_threshold)
 from ..core.optimizer_defaults import MUON_DEFAULTS as D
 from .adamw import validate_adamw_args, validate_adamw_groups
 from .muon_routing import normalize_adamw_include, routes_to_muon
@@ -309,19 +310,15 @@ class Muon(Optimizer):
     @staticmethod
     def _verify_extras(momentum, matched_adamw_rms, scale_mode, extra, scalar_opt, adamw_lr_mult,
                        lion_betas) -> None:
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}.")
-        if not matched_adamw_rms > 0:
-            raise ValueError(f"matched_adamw_rms must be positive, got {matched_adamw_rms!r}.")
+        check_muon_range("momentum", momentum)
+        check_muon_range("matched_adamw_rms", matched_adamw_rms)
         if scale_mode not in MUON_SCALE_MODES:
             raise ValueError(f"muon_scale_mode must be one of {list(MUON_SCALE_MODES)}, "
                              f"got {scale_mode!r}.")
-        if not extra > 0:
-            raise ValueError(f"muon_extra_scale_factor must be positive, got {extra!r}.")
+        check_muon_range("muon_extra_scale_factor", extra)
         if scalar_opt not in SCALAR_OPTIMIZERS:
             raise ValueError(f"muon_scalar_optimizer must be 'adam' or 'lion', got {scalar_opt!r}.")
-        if not adamw_lr_mult >= 0:
-            raise ValueError(f"adamw_lr_mult must be >= 0, got {adamw_lr_mult!r}.")
+        check_muon_range("adamw_lr_mult", adamw_lr_mult)
         if len(tuple(lion_betas)) != 2 or not all(0.0 <= b < 1.0 for b in lion_betas):
             raise ValueError(f"lion_betas must be two values in [0, 1), got {lion_betas!r}.")
 
