@@ -32,6 +32,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor
 
+from ..optim.host_views import scale_many_in_place
 from ..optim.main_params import MainParams, MasterSnapshot, is_low_precision
 from .comm import Communicator
 from .shard_layout import ShardLayout
@@ -93,6 +94,12 @@ class ShardedMainParams(MasterSnapshot):
         """:meth:`store` for several parameters."""
         for i, m in zip(indices, masters):
             self.store(i, m)
+
+    def scale_and_store_many(self, indices: Sequence[int], masters: Sequence[Parameter],
+                             factor: float) -> None:
+        """masters *= factor, then :meth:`store_many` (``MainParams`` interface)."""
+        scale_many_in_place(masters, factor)
+        self.store_many(indices, masters)
 
     def end_step(self) -> None:
         self._live.clear()
@@ -348,7 +355,8 @@ def prepare_optimizer(optimizer, cfg, comm: Communicator):
     the data-parallel MAX reduction of QK-Clip's logits. World size 1: unchanged."""
     if comm.world_size == 1:
         return optimizer
-    if hasattr(optimizer, "max_logits_reducer"):
+    from ..optim.muon import Muon
+    if isinstance(optimizer, Muon):
         optimizer.max_logits_reducer = comm.all_reduce_max
     return shard_optimizer_state(optimizer, comm, optimizer_shards(cfg, comm))
 

@@ -203,11 +203,9 @@ class AdamW(Optimizer):
                 if decayed:  # the graph applied the decay (no aliased host views)
                     self._masters.store_many(indices, masters)
                     return
-                scale_and_store = getattr(self._masters, "scale_and_store_many", None)
-                if scale_and_store is not None:  # one blocked pass: decay + write-back
-                    scale_and_store(indices, masters, decay)
-                    return
-                scale_many_in_place(masters, decay)
+                # one blocked pass: decay + write-back (MainParams; the sharded store scales)
+                self._masters.scale_and_store_many(indices, masters, decay)
+                return
             else:  # lr*wd ~ 1: dividing by c would blow up; decay first
                 cell = self._graphs.get(tuple(indices))
                 if cell is not None and cell.decay_in_graph:

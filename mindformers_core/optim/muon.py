@@ -62,7 +62,7 @@ from .newton_schulz import (DEFAULT_NS_COEFFICIENTS, MUON_SCALE_MODES, configure
                             default_ns_dtype, muon_scale_factor, normalize_ns_schedule,
                             orthogonalize, preset_schedule)
 from .optimizer import Optimizer, to_fp32
-from .qk_clip import QKClipStats, qk_clip_step
+from .qk_clip import QKClipModel, QKClipStats, qk_clip_step
 from .update_rules import AdamRule, apply_muon_delta, lion_step, muon_momentum
 
 __all__ = ["Muon", "MuonExchange", "LocalExchange", "COMM_STRATEGIES", "SCALAR_OPTIMIZERS"]
@@ -323,7 +323,7 @@ class Muon(Optimizer):
             raise ValueError(f"lion_betas must be two values in [0, 1), got {lion_betas!r}.")
 
     def _qk_clip_param_names(self) -> Tuple[str, ...]:
-        layout = self.model.qk_clip_layout() if hasattr(self.model, "qk_clip_layout") else []
+        layout = self.model.qk_clip_layout() if isinstance(self.model, QKClipModel) else []
         return tuple(sorted({e[k] for e in layout for k in ("q_param", "kv_param")}))
 
     # -- state ---------------------------------------------------------------------------------

@@ -9,12 +9,15 @@ The trainer checks what a model, an optimizer or a gradient reducer offers with
 * :class:`ExpertBiasModel` MoE models with the aux-loss-free expert-bias update, and
   :class:`MoEStatsModel` those whose expert loads a skipped step must drop;
 * :class:`MaxLogitsModel` models that track max attention logits (QK-Clip input);
-* :class:`QKClipModel` models that name the q/kv weights QK-Clip rescales;
+* :class:`QKClipModel` models that name the q/kv weights QK-Clip rescales (declared in
+  ``optim.qk_clip``, which reads it);
 * :class:`QKClipOptimizer` optimizers that report what QK-Clip did (Muon).
 """
 from __future__ import annotations
 
 from typing import Any, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+
+from ..optim.qk_clip import QKClipModel  # declared where QK-Clip reads it
 
 __all__ = ["GradReducer", "DataParallelReducer", "ExpertBiasModel", "MoEStatsModel",
            "MaxLogitsModel", "QKClipModel", "QKClipOptimizer"]
@@ -64,12 +67,6 @@ class MoEStatsModel(Protocol):
 class MaxLogitsModel(Protocol):
     def reset_max_attention_logits(self) -> None:
         """Drop the max attention logits tracked by a skipped step."""
-
-
-@runtime_checkable
-class QKClipModel(Protocol):
-    def qk_clip_layout(self) -> list:
-        """Per layer: which q/kv weight rows belong to which head."""
 
 
 @runtime_checkable
