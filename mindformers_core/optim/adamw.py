@@ -45,16 +45,14 @@ available on CPU and is not used here.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List
 
-import numpy as np
 import mindspore as ms
-from mindspore import Parameter, Tensor, mutable, ops
+from mindspore import Parameter, Tensor, mutable
 
 from ..core.optimizer_defaults import ADAMW_DEFAULTS as D
 from .fused_adam import FusedAdamGroup
-from .host_views import numpy_view_aliases_storage, scale_in_place, scale_many_in_place
+from .host_views import numpy_view_aliases_storage, scale_many_in_place
 from .optimizer import Optimizer, state_dtype
 from .update_rules import AdamRule
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 
-import mindspore as ms
 from mindspore import Tensor
 
 from ..core.optimizer_defaults import SGD_DEFAULTS as D

@@ -16,7 +16,7 @@ we never return NaN or a negative lr and never rise after the final decay.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict
+from typing import Dict
 
 from ...errors import ConfigError, check_range
 from .base import LRSchedule, WarmupSchedule, canonical_type, register, registered_schedules
