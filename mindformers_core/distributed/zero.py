@@ -174,10 +174,7 @@ class ZeroMixin:
     # -- step ------------------------------------------------------------------------------------
     def step(self, grads: Sequence[Optional[Tensor]]) -> None:
         """Full reduced gradients in; this rank's rows updated; all parameters all-gathered."""
-        grads = list(grads)
-        if len(grads) != len(self.parameters):
-            raise ValueError(f"{self.optimizer_name}.step got {len(grads)} gradients for "
-                             f"{len(self.parameters)} parameters")
+        grads = self.check_grads(grads)
         layout = self._zero_layout
         self.masters.end_step()   # fp32 rows are taken afresh from the current parameters
         local = []

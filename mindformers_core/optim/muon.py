@@ -364,10 +364,7 @@ class Muon(Optimizer):
     def step(self, grads: Sequence[Optional[Tensor]]) -> None:
         """One optimizer update from the accumulated gradients (aligned with `parameters`;
         None = no gradient: the parameter, its decay and its state are left alone)."""
-        grads = list(grads)
-        if len(grads) != len(self.parameters):
-            raise ValueError(f"{self.optimizer_name}.step got {len(grads)} gradients for "
-                             f"{len(self.parameters)} parameters")
+        grads = self.check_grads(grads)
         self.global_step += 1
         muon_jobs = []
         for group, indices in zip(self.param_groups, self._group_indices):
@@ -388,10 +385,7 @@ class Muon(Optimizer):
             self._muon_update(muon_jobs)
         if self.qk_clip_enabled:
             self.last_qk_clip = self._apply_qk_clip()
-        if self.embedding_min_norm is not None:
-            for i in self._embedding_idx:
-                if grads[i] is not None:
-                    self._apply_embedding_min_norm(i)
+        self._embedding_min_norm_step(grads)
 
     def _muon_update(self, jobs) -> None:
         """The one Muon update path (one process or sharded, see ``MuonExchange``):

@@ -265,15 +265,24 @@ class Optimizer:
     def step(self, grads: Sequence[Optional[Tensor]]) -> None:
         """One update. ``grads`` is aligned with ``parameters``; None = no gradient (the
         parameter is skipped entirely, no weight decay either). Any float dtype; used in fp32."""
-        grads = list(grads)
-        if len(grads) != len(self.parameters):
-            raise ValueError(f"{self.optimizer_name}.step got {len(grads)} gradients for "
-                             f"{len(self.parameters)} parameters")
+        grads = self.check_grads(grads)
         self.global_step += 1
         for group, indices in zip(self.param_groups, self._group_indices):
             live = [i for i in indices if grads[i] is not None]
             if live:
                 self._step_group(group, live, [to_fp32(grads[i]) for i in live])
+        self._embedding_min_norm_step(grads)
+
+    def check_grads(self, grads: Sequence[Optional[Tensor]]) -> List[Optional[Tensor]]:
+        """``grads`` as a list, one per parameter (ValueError otherwise)."""
+        grads = list(grads)
+        if len(grads) != len(self.parameters):
+            raise ValueError(f"{self.optimizer_name}.step got {len(grads)} gradients for "
+                             f"{len(self.parameters)} parameters")
+        return grads
+
+    def _embedding_min_norm_step(self, grads) -> None:
+        """``embedding_min_norm`` after an update, for the embeddings that had a gradient."""
         if self.embedding_min_norm is not None:
             for i in self._embedding_idx:
                 if grads[i] is not None:
