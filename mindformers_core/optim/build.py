@@ -112,7 +112,10 @@ def as_optimizer_config(opt_cfg) -> OptimizerConfig:
     the optimizer's own message, as the class would raise it (the ConfigError's cause)."""
     if isinstance(opt_cfg, OptimizerConfig):
         return opt_cfg
-    opt_type = opt_cfg.get("type", "AdamW") if isinstance(opt_cfg, Mapping) else None
+    if not isinstance(opt_cfg, Mapping):
+        raise TypeError(f"build_optimizer takes an OptimizerConfig or a dict, got "
+                        f"{type(opt_cfg).__name__}")
+    opt_type = opt_cfg.get("type", "AdamW")
     if opt_type not in BUILDERS:
         raise NotImplementedError(f"Optimizer type {opt_type} is not implemented yet. "
                                   f"Valid types: {sorted(BUILDERS)}.")

@@ -56,3 +56,20 @@ def test_the_updates_are_not_trivial(results):
         for b in updates:
             if a < b:
                 assert not np.array_equal(updates[a], updates[b]), (a, b)
+
+
+def test_dict_errors_keep_the_optimizer_message_and_configs_get_the_path():
+    """A dict is a programmatic caller: a failed optimizer rule has the class's message; the
+    same section from YAML (OptimizerConfig) names the field."""
+    from mindformers_core.config import ConfigError, OptimizerConfig
+    from mindformers_core.optim.build import as_optimizer_config
+    with pytest.raises(ValueError, match=r"^Muon does not support swap\.$"):
+        as_optimizer_config({"type": "Muon", "swap": True})
+    with pytest.raises(ConfigError, match=r"^optimizer\.swap: Muon does not support swap\.$"):
+        OptimizerConfig.from_dict({"type": "Muon", "swap": True}, "optimizer")
+    with pytest.raises(ConfigError, match=r"^optimizer\.betas: "):     # not a rule: the path
+        as_optimizer_config({"type": "AdamW", "betas": [0.9]})
+    with pytest.raises(TypeError, match="takes an OptimizerConfig or a dict, got list"):
+        as_optimizer_config([("type", "AdamW")])
+    cfg = OptimizerConfig.from_dict({"type": "SGD"}, "optimizer")
+    assert as_optimizer_config(cfg) is cfg
