@@ -21,7 +21,7 @@ Every other parameter (1-D, and 2-D/3-D ones matching `adamw_include`, default
 corrections of Muon's own step counter, and lr * `adamw_lr_mult` (the fixed Muon/AdamW lr ratio,
 e.g. Muon 2e-2 with AdamW 3e-3 is adamw_lr_mult 0.15): the rule object ``scalar_rule``
 (``update_rules.AdamRule``, the same Adam math as ``AdamW``). `muon_scalar_optimizer: lion`
-uses ``update_rules.lion_step`` for them instead (sign of the interpolated momentum, betas
+uses ``update_rules.LionRule`` for them instead (sign of the interpolated momentum, betas
 `lion_betas`). Muon is an ``Optimizer`` of its own (it holds these rules, it does not inherit
 AdamW), so it allocates Adam moments only for the parameters of its Adam branch.
 
@@ -63,7 +63,7 @@ from .newton_schulz import (DEFAULT_NS_COEFFICIENTS, MUON_SCALE_MODES, configure
                             orthogonalize, preset_schedule)
 from .optimizer import Optimizer, to_fp32
 from .qk_clip import QKClipModel, QKClipStats, qk_clip_step
-from .update_rules import AdamRule, apply_muon_delta, lion_step, muon_momentum
+from .update_rules import AdamRule, LionRule, apply_muon_delta, muon_momentum
 
 __all__ = ["Muon", "MuonExchange", "LocalExchange", "COMM_STRATEGIES", "SCALAR_OPTIMIZERS"]
 
@@ -259,17 +259,13 @@ class Muon(Optimizer):
         self._qk_names = self._qk_clip_param_names()
         # 12. the scalar branch's rule, and the state: muon_m for Muon params, adam_m/adam_v
         # (or lion_m) for the others only
-        self.scalar_rule = AdamRule("fused") if self.muon_scalar_optimizer == "adam" else None
+        self.scalar_rule = AdamRule("fused") if self.muon_scalar_optimizer == "adam" \
+            else LionRule(self.lion_betas)
         for prefix in ("muon_m", "adam_m", "adam_v"):
             self._state.setdefault(prefix, [None] * len(self.parameters))
         for i, is_muon in enumerate(self._is_muon):
-            if is_muon:
-                self._new_state("muon_m", i)
-            elif self.muon_scalar_optimizer == "lion":
-                self._new_state("lion_m", i)
-            else:
-                self._new_state("adam_m", i)
-                self._new_state("adam_v", i)
+            for prefix in ("muon_m",) if is_muon else self.scalar_rule.state_prefixes:
+                self._new_state(prefix, i)
         #: where the rows of the update matrices live (``distributed.zero_muon`` shards them)
         self.exchange: MuonExchange = LocalExchange()
 
@@ -457,14 +453,10 @@ class Muon(Optimizer):
     # -- scalar branch ---------------------------------------------------------------------
     def _scalar_update(self, group: Dict[str, Any], i: int, master, g: Tensor) -> None:
         """AdamW (``adamw_betas``, ``adamw_eps``, Muon's step count) or Lion (``lion_betas``)."""
-        wd = self.group_weight_decay(group)
-        if self.scalar_rule is None:
-            lion_step(master, self._get_state("lion_m", i), g, float(group["lr"]),
-                      self.lion_betas, wd)
-        else:
-            self.scalar_rule.update(master, self._state["adam_m"][i], self._state["adam_v"][i],
-                                    g, float(group["lr"]), group["betas"], float(group["eps"]),
-                                    wd, self.global_step)
+        rule = self.scalar_rule
+        rule.branch_update(master, [self.get_state(prefix, i) for prefix in rule.state_prefixes],
+                           g, float(group["lr"]), group, self.group_weight_decay(group),
+                           self.global_step)
 
     # -- QK-Clip -------------------------------------------------------------------------------
     def _apply_qk_clip(self) -> Optional[QKClipStats]:

@@ -22,7 +22,8 @@ from mindspore import Parameter, Tensor, ops
 
 from .host_views import scale_in_place
 
-__all__ = ["apply_decoupled_decay", "AdamRule", "lion_step", "muon_momentum", "apply_muon_delta"]
+__all__ = ["apply_decoupled_decay", "AdamRule", "LionRule", "lion_step", "muon_momentum",
+           "apply_muon_delta"]
 
 
 def apply_decoupled_decay(p: Tensor, lr: float, wd: float) -> Tensor:
@@ -37,6 +38,9 @@ class AdamRule:
     scalars (:meth:`scalars`); 'reference': composed ops in fp32, moments stored in their own
     dtype. ``decoupled``: decoupled weight decay (AdamW) or coupled L2 (``g + wd * p``).
     """
+
+    #: the state tensors of a parameter this rule updates, in :meth:`branch_update` order
+    state_prefixes = ("adam_m", "adam_v")
 
     def __init__(self, impl: str = "fused", decoupled: bool = True):
         self.impl = impl
@@ -99,6 +103,25 @@ class AdamRule:
             self.fused(master, m, v, g, lr, wd, self.scalars(lr, b1, b2, eps, step))
         else:
             self.reference(master, m, v, g, lr, b1, b2, eps, wd, step)
+
+
+    def branch_update(self, master, states, g, lr: float, group, wd: float, step: int) -> None:
+        """As Muon's scalar branch: betas and eps from the parameter's group."""
+        self.update(master, states[0], states[1], g, lr, group["betas"], float(group["eps"]),
+                    wd, step)
+
+
+class LionRule:
+    """Lion as a rule object (Muon's scalar branch under ``muon_scalar_optimizer: lion``)."""
+
+    state_prefixes = ("lion_m",)
+
+    def __init__(self, betas):
+        self.betas = tuple(float(b) for b in betas)
+
+    def branch_update(self, master, states, g, lr: float, group, wd: float,  # noqa: ARG002
+                      step: int) -> None:  # noqa: ARG002 - Lion has no bias correction
+        lion_step(master, states[0], g, lr, self.betas, wd)
 
 
 def lion_step(master: Parameter, m: Parameter, g: Tensor, lr: float, betas,
