@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict
 
-from .errors import ConfigError
-from .schema import Section, type_name
+from ..errors import ConfigError, as_float, to_float
+from .schema import Section
 
 __all__ = ["LrSchedulerConfig"]
 
@@ -54,15 +54,8 @@ class LrSchedulerConfig(Section):
         for key in data:
             if not isinstance(key, str) or key not in accepted:
                 raise unknown_field_error(sched_type, key, sorted(accepted), path)
-        lr = data.get("learning_rate", fields.get("learning_rate", 1e-5))
-        if lr is None or isinstance(lr, bool) or not isinstance(lr, (int, float)):
-            raise ConfigError(f"{path}.learning_rate",
-                              f"expected a number, got {type_name(lr)} ({lr!r})")
-        try:
-            lr = float(lr)
-        except OverflowError:
-            raise ConfigError(f"{path}.learning_rate", f"must be a finite number, got {lr!r}") \
-                from None
+        lr = to_float(data.get("learning_rate", fields.get("learning_rate", 1e-5)),
+                      f"{path}.learning_rate")
         params = {k: v for k, v in fields.items() if k != "learning_rate"}
         params.update({k: v for k, v in data.items() if k not in ("type", "learning_rate")})
         obj = cls(type=sched_type, learning_rate=lr, params=params)
@@ -73,12 +66,7 @@ class LrSchedulerConfig(Section):
     def validate(self, path: str) -> None:
         # the values are checked by core.lr in RunConfig (they need training.steps); here the
         # type-independent rules that need nothing else
-        import math
-        if not math.isfinite(self.learning_rate):
-            raise ConfigError(f"{path}.learning_rate",
-                              f"must be a finite number, got {self.learning_rate!r}")
-        if self.learning_rate < 0:
-            raise ConfigError(f"{path}.learning_rate", f"must be >= 0, got {self.learning_rate!r}")
+        as_float(self.learning_rate, f"{path}.learning_rate", lo=0)
 
     def __getattr__(self, name: str) -> Any:
         # only called when normal lookup fails: expose extension fields as attributes

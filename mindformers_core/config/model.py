@@ -15,6 +15,9 @@ from .moe import validate_moe_routing
 from .schema import Section, check, check_range
 from .upstream_names import check_upstream_only, join_model_section, split_model_section
 
+#: largest hidden / FFN width accepted (an error at --check, not an allocation at build time)
+MAX_WIDTH = 2 ** 20
+
 DType = Literal["float32", "bfloat16", "float16"]
 
 
@@ -105,6 +108,9 @@ class ModelConfig(Section):
                      "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "num_experts_per_tok",
                      "moe_intermediate_size", "q_lora_rank"):
             check_range(getattr(self, name), f"{path}.{name}", lo=1)
+        for name in ("hidden_size", "ffn_hidden_size", "moe_intermediate_size"):
+            # a width beyond 2**20 is a typo, not a model (one such square weight is 4 TiB)
+            check_range(getattr(self, name), f"{path}.{name}", hi=MAX_WIDTH)
         check_range(self.n_shared_experts, f"{path}.n_shared_experts", lo=0)
         check_range(self.initializer_range, f"{path}.initializer_range", lo=0, lo_open=True)
         check_range(self.norm_epsilon, f"{path}.norm_epsilon", lo=0, lo_open=True)

@@ -9,7 +9,7 @@ Type-dependent defaults are resolved at construction: under ``Muon`` ``eps`` is 
 Newton-Schulz normalisation eps) and ``weight_decay`` 0.1 unless written; under the other types
 1e-8 and 0.01. ``betas`` under Muon is an error pointing to ``adamw_betas``.
 
-Validation follows seed 000 (AdamW/Muon tables), the reference §5 messages for Muon
+Validation follows upstream MindFormers 2.1's AdamW/Muon checks and messages for Muon
 (``ns_coefficients``, ``comm_strategy``, ``qk_clip_threshold``, swap) and Megatron's
 ``OptimizerConfig.validate()`` (``embedding_min_norm``, ``rmsnorm_weight_decay_mult``,
 ``min_lr <= lr``).
@@ -20,13 +20,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from ..optim.ns_schedule import (DEFAULT_NS_COEFFICIENTS, MAX_NS_STEPS, NS_COEFFICIENT_PRESETS,
+from ..core.optimizer_defaults import (ADAMW_DEFAULTS, DEFAULTS, LION_DEFAULTS, MUON_DEFAULTS,
+                                       SGD_DEFAULTS)
+from ..core.ns_schedule import (MAX_NS_STEPS, NS_COEFFICIENT_PRESETS,
                                  normalize_ns_schedule, preset_schedule)
-from .errors import ConfigError
+from ..core.muon_rules import (MUON_RANGES, check_memory_budget, check_muon_swap,
+                               check_qk_clip_threshold)
+from ..errors import ConfigError, checked
 from .param_overrides import MupConfig, ParamOverrideConfig, check_betas
 from .schema import Section, check_range, closest, unknown_key_error
 
-__all__ = ["OptimizerConfig", "OPTIMIZER_KEYS", "OPTIMIZER_TYPES", "TYPE_DEFAULTS"]
+__all__ = ["OptimizerConfig", "OPTIMIZER_KEYS", "OPTIMIZER_TYPES"]
 
 # ---------------------------------------------------------------------------------------------
 # Which type accepts which key (the one place this is declared).
@@ -40,7 +44,7 @@ _COMMON = (
 )
 _ADAMW = (
     "betas", "eps", "use_fused", "enable_fused_opt", "swap", "decoupled_weight_decay",
-    "exp_avg_dtype", "exp_avg_sq_dtype", "store_param_remainders",
+    "exp_avg_dtype", "exp_avg_sq_dtype", "store_param_remainders", "enable_cpu_offload",
 )
 _MUON = (
     "momentum", "matched_adamw_rms", "nesterov", "eps", "ns_steps", "ns_coefficients",
@@ -58,13 +62,6 @@ OPTIMIZER_KEYS: Dict[str, frozenset] = {
 }
 OPTIMIZER_TYPES = tuple(OPTIMIZER_KEYS)
 
-#: Defaults that depend on ``type`` (fields declared with default ``None`` below).
-TYPE_DEFAULTS: Dict[str, Dict[str, float]] = {
-    "AdamW": {"eps": 1e-8, "weight_decay": 0.01},
-    "Muon": {"eps": 1e-7, "weight_decay": 0.1},
-    "SGD": {"eps": 1e-8, "weight_decay": 0.01},
-    "Lion": {"eps": 1e-8, "weight_decay": 0.01},
-}
 
 #: Keys that another type accepts: a hint for the user who wrote one under the wrong type.
 _KEY_HINTS = {
@@ -107,7 +104,7 @@ class OptimizerConfig(Section):
     #: muP: width_mult = model.hidden_size / mup.base_hidden_size.
     mup: Optional[MupConfig] = None
     # --- AdamW ------------------------------------------------------------------------------
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    betas: List[float] = field(default_factory=lambda: list(ADAMW_DEFAULTS["betas"]))
     #: AdamW denominator eps (1e-8); under Muon the Newton-Schulz normalisation eps (1e-7).
     eps: float = None  # type: ignore[assignment]  # resolved per type
     use_fused: bool = False
@@ -115,49 +112,53 @@ class OptimizerConfig(Section):
     #: Keep optimizer state in host memory (AdamW only; Muon refuses it).
     swap: bool = False
     #: False: classic Adam with L2 (wd * p added to the gradient) instead of decoupled decay.
-    decoupled_weight_decay: bool = True
-    exp_avg_dtype: Literal["fp32", "bf16"] = "fp32"
-    exp_avg_sq_dtype: Literal["fp32", "bf16"] = "fp32"
+    decoupled_weight_decay: bool = ADAMW_DEFAULTS["decoupled_weight_decay"]
+    exp_avg_dtype: Literal["fp32", "bf16"] = ADAMW_DEFAULTS["exp_avg_dtype"]
+    exp_avg_sq_dtype: Literal["fp32", "bf16"] = ADAMW_DEFAULTS["exp_avg_sq_dtype"]
+    #: Keep optimizer state in host memory (upstream AdamW argument). On CPU the state is in
+    #: host memory already, so True is honoured as it is.
+    enable_cpu_offload: bool = ADAMW_DEFAULTS["enable_cpu_offload"]
     store_param_remainders: bool = True
     # --- Muon -------------------------------------------------------------------------------
-    momentum: float = 0.95
-    matched_adamw_rms: float = 0.2
-    nesterov: bool = True
-    ns_steps: int = 5
+    momentum: float = MUON_DEFAULTS["momentum"]
+    matched_adamw_rms: float = MUON_DEFAULTS["matched_adamw_rms"]
+    nesterov: bool = MUON_DEFAULTS["nesterov"]
+    ns_steps: int = MUON_DEFAULTS["ns_steps"]
     #: Flat [a, b, c] or segmented [[[a, b, c], count], ...].
-    ns_coefficients: Any = field(default_factory=lambda: list(DEFAULT_NS_COEFFICIENTS))
-    adamw_betas: List[float] = field(default_factory=lambda: [0.95, 0.95])
-    adamw_eps: float = 1e-8
-    qk_clip_enabled: bool = True
-    qk_clip_threshold: float = 100.0
-    comm_strategy: Literal["allgather", "allgather_deredundency"] = "allgather"
-    use_fused_adamw: bool = False
+    ns_coefficients: Any = field(default_factory=lambda: list(MUON_DEFAULTS["ns_coefficients"]))
+    adamw_betas: List[float] = field(default_factory=lambda: list(MUON_DEFAULTS["adamw_betas"]))
+    adamw_eps: float = MUON_DEFAULTS["adamw_eps"]
+    qk_clip_enabled: bool = MUON_DEFAULTS["qk_clip_enabled"]
+    qk_clip_threshold: float = MUON_DEFAULTS["qk_clip_threshold"]
+    comm_strategy: Literal["allgather", "allgather_deredundency"] = MUON_DEFAULTS["comm_strategy"]
+    use_fused_adamw: bool = MUON_DEFAULTS["use_fused_adamw"]
     #: Globs of 2-D/3-D params kept on AdamW; None = ["*word_embeddings*", "*output_layer*"].
     adamw_include: Optional[Union[List[str], str]] = None
-    muon_split_qkv: bool = True
+    muon_split_qkv: bool = MUON_DEFAULTS["muon_split_qkv"]
     #: Update scale: spectral = sqrt(max(rows, cols)) (upstream MindFormers, times
     #: matched_adamw_rms), shape_scaling = sqrt(max(1, rows/cols)), unit_rms_norm = sqrt(rows/cols).
-    muon_scale_mode: Literal["spectral", "shape_scaling", "unit_rms_norm"] = "spectral"
-    muon_extra_scale_factor: float = 1.0
-    muon_scalar_optimizer: Literal["adam", "lion"] = "adam"
+    muon_scale_mode: Literal["spectral", "shape_scaling", "unit_rms_norm"] = \
+        MUON_DEFAULTS["muon_scale_mode"]
+    muon_extra_scale_factor: float = MUON_DEFAULTS["muon_extra_scale_factor"]
+    muon_scalar_optimizer: Literal["adam", "lion"] = MUON_DEFAULTS["muon_scalar_optimizer"]
     #: Named Newton-Schulz preset (NS_COEFFICIENT_PRESETS) used instead of ns_coefficients.
     muon_coefficient_type: Optional[str] = None
     #: Newton-Schulz dtype; None = float32 on CPU, bfloat16 on Ascend.
     ns_dtype: Optional[Literal["float32", "bfloat16"]] = None
     #: lr multiplier of Muon's AdamW branch.
-    adamw_lr_mult: float = 1.0
-    phase0_batch_memory_gb: float = 1.0
-    ns_batch_memory_gb: float = 1.0
-    phase4_batch_memory_gb: float = 4.0
+    adamw_lr_mult: float = MUON_DEFAULTS["adamw_lr_mult"]
+    phase0_batch_memory_gb: float = MUON_DEFAULTS["phase0_batch_memory_gb"]
+    ns_batch_memory_gb: float = MUON_DEFAULTS["ns_batch_memory_gb"]
+    phase4_batch_memory_gb: float = MUON_DEFAULTS["phase4_batch_memory_gb"]
     # --- SGD / Lion -------------------------------------------------------------------------
-    sgd_momentum: float = 0.9
-    lion_beta1: float = 0.95
-    lion_beta2: float = 0.98
+    sgd_momentum: float = SGD_DEFAULTS["momentum"]
+    lion_beta1: float = LION_DEFAULTS["betas"][0]
+    lion_beta2: float = LION_DEFAULTS["betas"][1]
 
     def __post_init__(self) -> None:
-        defaults = TYPE_DEFAULTS.get(self.type, TYPE_DEFAULTS["AdamW"])
-        if self.eps is None:
-            self.eps = defaults["eps"]
+        defaults = DEFAULTS.get(self.type, ADAMW_DEFAULTS)
+        if self.eps is None:  # AdamW's denominator eps, or Muon's Newton-Schulz floor
+            self.eps = defaults.get("eps", ADAMW_DEFAULTS["eps"])
         if self.weight_decay is None:
             self.weight_decay = defaults["weight_decay"]
 
@@ -255,10 +256,9 @@ class OptimizerConfig(Section):
                                   f"'muon' groups need optimizer.type Muon, got {self.type}")
 
     def _validate_muon(self, p) -> None:
-        if self.swap:
-            raise ConfigError(p("swap"), "Muon does not support swap.")
-        check_range(self.momentum, p("momentum"), lo=0, hi=1, hi_open=True)
-        check_range(self.matched_adamw_rms, p("matched_adamw_rms"), lo=0, lo_open=True)
+        checked(p("swap"), check_muon_swap, self.swap)
+        for name in ("momentum", "matched_adamw_rms"):
+            check_range(getattr(self, name), p(name), **MUON_RANGES[name])
         check_range(self.eps, p("eps"), lo=0, lo_open=True)
         check_range(self.adamw_eps, p("adamw_eps"), lo=0, lo_open=True)
         check_betas(self.adamw_betas, p("adamw_betas"))
@@ -278,10 +278,8 @@ class OptimizerConfig(Section):
                                   "set either muon_coefficient_type (a named preset) or "
                                   "ns_coefficients, not both")
         else:
-            try:
-                schedule = normalize_ns_schedule(self.ns_coefficients, self.ns_steps)
-            except ValueError as exc:
-                raise ConfigError(p("ns_coefficients"), str(exc)) from None
+            schedule = checked(p("ns_coefficients"), normalize_ns_schedule, self.ns_coefficients,
+                               self.ns_steps)
             if len(schedule) != self.ns_steps:  # segmented form: its counts give the steps
                 if "ns_steps" in self.explicit_keys:
                     # upstream silently replaces ns_steps; we refuse a contradiction
@@ -290,17 +288,14 @@ class OptimizerConfig(Section):
                                       f"match ns_steps ({self.ns_steps}). The segmented form's "
                                       "counts give the steps; remove ns_steps or make it match.")
                 self.ns_steps = len(schedule)
-        if self.qk_clip_enabled and not self.qk_clip_threshold > 0:
-            raise ConfigError(p("qk_clip_threshold"),
-                              f"qk_clip_threshold must be positive, got {self.qk_clip_threshold!r}.")
+        checked(p("qk_clip_threshold"), check_qk_clip_threshold, self.qk_clip_enabled,
+                self.qk_clip_threshold)
         if isinstance(self.adamw_include, str):
             self.adamw_include = [self.adamw_include]  # upstream: a bare string is one pattern
-        check_range(self.muon_extra_scale_factor, p("muon_extra_scale_factor"), lo=0, lo_open=True)
-        check_range(self.adamw_lr_mult, p("adamw_lr_mult"), lo=0)
+        for name in ("muon_extra_scale_factor", "adamw_lr_mult"):
+            check_range(getattr(self, name), p(name), **MUON_RANGES[name])
         for name in ("phase0_batch_memory_gb", "ns_batch_memory_gb", "phase4_batch_memory_gb"):
-            value = getattr(self, name)
-            if not value > 0:
-                raise ConfigError(p(name), f"{name} must be positive, but got {value}.")
+            checked(p(name), check_memory_budget, name, getattr(self, name))
 
     # ------------------------------------------------------------------------------------------
     def ns_schedule(self):

@@ -124,7 +124,7 @@ class ParallelismConfig(Section):
 
     def _env_data_parallel(self) -> Optional[int]:
         """dp of the launcher's world when it divides cleanly (else ``plan()`` reports it)."""
-        from ..distributed.env import env_world_size  # no MindSpore import
+        from ..launch_env import env_world_size  # no MindSpore import
         ws, mp = env_world_size(), self.model_parallel_size()
         if mp > ws or ws % mp != 0:
             return None

@@ -194,7 +194,7 @@ class RunConfig(Section):
 
     def data_parallel(self, world_size: Optional[int] = None) -> int:
         """world_size // (tp * pp * cp); world_size defaults to the launcher's (1 outside msrun)."""
-        from ..distributed.env import env_world_size
+        from ..launch_env import env_world_size
         ws = env_world_size() if world_size is None else int(world_size)
         par = self.parallelism
         tp, pp, cp = par.tensor_parallel, par.pipeline_parallel, par.context_parallel
@@ -215,7 +215,7 @@ class RunConfig(Section):
 
     def plan(self, world_size: Optional[int] = None) -> RunPlan:
         """Derived values; raises ConfigError when they do not work out."""
-        from ..distributed.env import env_world_size
+        from ..launch_env import env_world_size
         ws = env_world_size() if world_size is None else int(world_size)
         dp = self.data_parallel(ws)
         self.parallelism.dp_shard(dp)  # raises ConfigError for a shard size that does not fit

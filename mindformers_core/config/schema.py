@@ -18,67 +18,17 @@ Every error is a :class:`ConfigError` whose message starts with the dotted path 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import typing
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, List, Sequence
 
-from .errors import ConfigError
+from ..errors import (ConfigError, check, check_range, closest, show, to_float, type_name,
+                      unknown_key_error)
 
-__all__ = ["Section", "check", "check_range", "closest", "type_name", "convert_value"]
-
-
-def type_name(value: Any) -> str:
-    """Short YAML-ish name of a value's type for error messages."""
-    if value is None:
-        return "null"
-    return {bool: "bool", int: "int", float: "float", str: "str", list: "list",
-            dict: "mapping", tuple: "list"}.get(type(value), type(value).__name__)
-
-
-def closest(name: str, candidates: Iterable[str]) -> Optional[str]:
-    """The candidate closest to ``name`` (difflib ratio >= 0.6), or None."""
-    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
-    return matches[0] if matches else None
-
-
-def unknown_key_error(path: str, key: str, valid: Sequence[str], what: str = "key") -> ConfigError:
-    """The error for a key that the section (or type) does not declare."""
-    hint = closest(str(key), valid)
-    msg = f"unknown {what}; valid keys: {sorted(valid)}"
-    if hint:
-        msg += f"; did you mean '{hint}'?"
-    return ConfigError(f"{path}.{key}" if path else str(key), msg)
-
-
-def check(condition: bool, path: str, message: str) -> None:
-    """Raise ``ConfigError(path, message)`` unless ``condition``."""
-    if not condition:
-        raise ConfigError(path, message)
-
-
-def check_range(value, path: str, lo=None, hi=None, lo_open: bool = False,
-                hi_open: bool = False) -> None:
-    """Check ``lo <(=) value <(=) hi``; the message states the interval and the value."""
-    if value is None:
-        return
-    ok = True
-    if lo is not None:
-        ok = ok and (value > lo if lo_open else value >= lo)
-    if hi is not None:
-        ok = ok and (value < hi if hi_open else value <= hi)
-    if not ok:
-        left = "(" if lo_open else "["
-        right = ")" if hi_open else "]"
-        lo_s = "-inf" if lo is None else repr(lo)
-        hi_s = "inf" if hi is None else repr(hi)
-        if lo is not None and hi is None:
-            rel = ">" if lo_open else ">="
-            raise ConfigError(path, f"must be {rel} {lo!r}, got {value!r}")
-        if hi is not None and lo is None:
-            rel = "<" if hi_open else "<="
-            raise ConfigError(path, f"must be {rel} {hi!r}, got {value!r}")
-        raise ConfigError(path, f"must be in {left}{lo_s}, {hi_s}{right}, got {value!r}")
+# check, check_range, closest, type_name, unknown_key_error: the shared rules of
+# ``mindformers_core.errors``, importable from here by every section
+__all__ = ["Section", "check", "check_range", "closest", "type_name", "convert_value",
+           "unknown_key_error"]
 
 
 def _is_section(tp) -> bool:
@@ -105,21 +55,21 @@ def convert_value(tp, value: Any, path: str, allow_inf: bool = False) -> Any:
                 errors.append(exc)
         if len(errors) == 1:
             raise errors[0]
-        raise ConfigError(path, f"expected {_describe(tp)}, got {type_name(value)} ({value!r})")
+        raise ConfigError(path, f"expected {_describe(tp)}, got {type_name(value)} ({show(value)})")
     if value is None:
         raise ConfigError(path, f"must not be null (expected {_describe(tp)})")
     if origin is typing.Literal:
         if value not in args or type(value) is bool and not any(a is value for a in args):
-            raise ConfigError(path, f"must be one of {list(args)}, got {value!r}")
+            raise ConfigError(path, f"must be one of {list(args)}, got {show(value)}")
         return value
     if origin in (list, List, tuple, Sequence) or tp in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(path, f"expected a list, got {type_name(value)} ({value!r})")
+            raise ConfigError(path, f"expected a list, got {type_name(value)} ({show(value)})")
         item_tp = args[0] if args else Any
         return [convert_value(item_tp, v, f"{path}[{i}]", allow_inf) for i, v in enumerate(value)]
     if origin in (dict, Dict) or tp is dict:
         if not isinstance(value, dict):
-            raise ConfigError(path, f"expected a mapping, got {type_name(value)} ({value!r})")
+            raise ConfigError(path, f"expected a mapping, got {type_name(value)} ({show(value)})")
         val_tp = args[1] if len(args) == 2 else Any
         out = {}
         for k, v in value.items():
@@ -131,29 +81,19 @@ def convert_value(tp, value: Any, path: str, allow_inf: bool = False) -> Any:
         return tp.from_dict(value, path)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(path, f"expected a bool (True/False), got {type_name(value)} ({value!r})")
+            raise ConfigError(path, f"expected a bool (True/False), got {type_name(value)} ({show(value)})")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer() and math.isfinite(value):
-                raise ConfigError(path, f"expected an int, got float ({value!r}); write {int(value)}")
-            raise ConfigError(path, f"expected an int, got {type_name(value)} ({value!r})")
+                raise ConfigError(path, f"expected an int, got float ({show(value)}); write {int(value)}")
+            raise ConfigError(path, f"expected an int, got {type_name(value)} ({show(value)})")
         return int(value)
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(path, f"expected a number, got {type_name(value)} ({value!r})")
-        try:
-            value = float(value)
-        except OverflowError:  # an int beyond float range (YAML ints are unbounded)
-            raise ConfigError(path, f"must be a finite number, got {value!r}") from None
-        if math.isnan(value):
-            raise ConfigError(path, "must be a finite number, got nan")
-        if math.isinf(value) and not allow_inf:
-            raise ConfigError(path, f"must be a finite number, got {value!r}")
-        return value
+        return to_float(value, path, allow_inf)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(path, f"expected a string, got {type_name(value)} ({value!r})")
+            raise ConfigError(path, f"expected a string, got {type_name(value)} ({show(value)})")
         return value
     raise TypeError(f"unsupported annotation {tp!r} at {path}")  # a bug in a Section, not user input
 

@@ -1,7 +1,7 @@
 """`training:` section: steps, batch sizes, clipping, NaN skipping, seeds.
 
 Fields and defaults follow MindFormers 2.1 ``TrainingConfig``; where upstream accepts unsafe
-values we reject them (DESIGN.md §5.1): ``steps`` must be > 0 and ``max_norm`` > 0 (``null``
+values we reject them: ``steps`` must be > 0 and ``max_norm`` > 0 (``null``
 disables clipping explicitly, since upstream would scale every gradient to 0 with 0 and flip
 it with a negative value).
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from .errors import ConfigError
+from ..errors import MAX_STEPS, ConfigError
 from .schema import Section, check_range
 
 __all__ = ["TrainingConfig"]
@@ -52,6 +52,7 @@ class TrainingConfig(Section):
 
     def validate(self, path: str) -> None:
         check_range(self.steps, f"{path}.steps", lo=0, lo_open=True)
+        check_range(self.steps, f"{path}.steps", hi=MAX_STEPS)
         # upstream checks global_batch_size first
         check_range(self.global_batch_size, f"{path}.global_batch_size", lo=0, lo_open=True)
         check_range(self.local_batch_size, f"{path}.local_batch_size", lo=0, lo_open=True)

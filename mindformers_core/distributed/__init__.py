@@ -1,13 +1,16 @@
 """Data parallelism over msrun: environment, communication, gradient reduction, ZeRO-1.
 
-Importing this package does not import MindSpore (the config layer reads ``env`` for the world
-size); the other modules load on first use:
+Importing this package does not import MindSpore (``env`` re-exports the leaf
+``mindformers_core.launch_env``, which the config layer reads for the world size); the other
+modules load on first use:
 
     comm          init_distributed() (communication init only under msrun with > 1 worker),
                   Communicator (world-group AllReduce / AllGather / Broadcast, byte counters),
                   get_rank(), get_world_size(), barrier()
     grad_reduce   DataParallelGradReducer: the trainer's grad_reducer (token-weighted SUM)
-    zero          shard_optimizer_state(opt, comm, num_shards): ZeRO-1 state sharding
+    zero          ZeroSharding(comm, num_shards) for build_optimizer(..., shard_layout=...):
+                  ZeRO-1 state sharding at construction; shard_optimizer_state(opt, ...)
+                  converts a built optimizer
     zero_muon     Muon's comm_strategy (allgather / allgather_deredundency) on sharded state
     shard_layout  dim-0 shard layout, NS cost and owner assignment (pure)
     setup         setup_data_parallel(cfg): communicator + reducer for a run
@@ -23,7 +26,7 @@ _LAZY = {
     "get_communicator": "comm", "get_rank": "comm", "get_world_size": "comm",
     "is_distributed": "comm", "barrier": "comm",
     "DataParallelGradReducer": "grad_reduce", "plan_buckets": "grad_reduce",
-    "shard_optimizer_state": "zero", "optimizer_state_bytes": "zero",
+    "shard_optimizer_state": "zero", "optimizer_state_bytes": "zero", "ZeroSharding": "zero",
     "ShardLayout": "shard_layout", "assign_owners": "shard_layout", "ns_cost": "shard_layout",
     "ns_flops": "shard_layout", "setup_data_parallel": "setup",
 }

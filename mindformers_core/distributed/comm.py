@@ -1,6 +1,6 @@
 """Communication under msrun: initialisation, rank/world helpers and the world-group collectives.
 
-A single process needs no communication init (DESIGN §6): :func:`init_distributed` only calls
+A single process needs no communication init: :func:`init_distributed` only calls
 ``mindspore.communication.init()`` when the process was started by ``msrun`` with more than one
 worker, and returns a :class:`Communicator` that is the identity on one rank.
 

@@ -1,6 +1,6 @@
 """Data-parallel gradient reduction: the trainer's ``grad_reducer`` for world size > 1.
 
-Token weighting (DESIGN §4, §5.4). Rank r holds micro-batches with loss-token counts
+Token weighting (the loss is the mean over every loss token of the global batch). Rank r holds micro-batches with loss-token counts
 ``n_rj``; the global step has ``T = sum_r sum_j n_rj`` tokens. The trainer asks
 :meth:`DataParallelGradReducer.global_token_count` for T *before* any backward pass and
 back-propagates ``sum_j loss_sum_rj / T`` on every rank, so rank r's accumulated gradient is
@@ -20,7 +20,7 @@ original shapes.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import numpy as np
 
@@ -52,9 +52,9 @@ def plan_buckets(sizes: Sequence[int], bucket_bytes: int, itemsize: int = 4) -> 
 class DataParallelGradReducer:
     """SUM of gradients, token-loss sums and token counts over the data-parallel ranks.
 
-    Implements the trainer's reducer protocol (``trainer/grad_reducer.py``):
-    ``world_size``, ``rank``, ``global_token_count``, ``reduce``, ``broadcast_flag``, plus
-    ``reduce_max`` (QK-Clip's max logits, MAX over ranks).
+    Implements the trainer's ``trainer.protocols.DataParallelReducer``: ``world_size``,
+    ``rank``, ``global_token_count``, ``reduce``, ``broadcast_flag``, ``optimizer_sharding``,
+    ``prepare_optimizer``, ``sync_moe_stats``; plus ``reduce_max`` (MAX over ranks).
     """
 
     def __init__(self, comm: Communicator, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
@@ -115,10 +115,18 @@ class DataParallelGradReducer:
             return bool(flag)
         return bool(self.comm.all_reduce_sum(np.array([1.0 if flag else 0.0], np.float32))[0] > 0)
 
+    def optimizer_sharding(self, cfg):
+        """What ``build_optimizer(..., shard_layout=...)`` takes for this run:
+        ``zero.ZeroSharding`` over ``parallelism.dp_shard`` ranks (None on one rank)."""
+        if self.world_size == 1:
+            return None
+        from .zero import ZeroSharding, optimizer_shards  # MindSpore only when a run needs it
+        return ZeroSharding(self.comm, optimizer_shards(cfg, self.comm))
+
     def prepare_optimizer(self, optimizer, cfg):
-        """ZeRO-1 sharding per ``cfg.parallelism`` and QK-Clip's MAX reduction (``setup``);
+        """ZeRO-1 sharding per ``cfg.parallelism`` and QK-Clip's MAX reduction (``zero.prepare_optimizer``);
         the trainer calls it right after building its optimizer."""
-        from .setup import prepare_optimizer
+        from .zero import prepare_optimizer  # MindSpore only when a run prepares one
         return prepare_optimizer(optimizer, cfg, self.comm)
 
     def sync_moe_stats(self, model) -> None:

@@ -12,6 +12,7 @@ from typing import Optional
 
 from .comm import Communicator, init_distributed
 from .grad_reduce import DataParallelGradReducer
+from .zero import prepare_optimizer
 
 __all__ = ["setup_data_parallel", "prepare_optimizer"]
 
@@ -19,16 +20,3 @@ __all__ = ["setup_data_parallel", "prepare_optimizer"]
 def setup_data_parallel(comm: Optional[Communicator] = None) -> DataParallelGradReducer:
     """The reducer of this process (initialises communication only under msrun)."""
     return DataParallelGradReducer(comm or init_distributed())
-
-
-def prepare_optimizer(optimizer, cfg, comm: Communicator):
-    """Shard the optimizer state over ``dp_shard`` ranks (``cfg.parallelism``) and give Muon
-    the data-parallel MAX reduction of QK-Clip's logits. World size 1: unchanged."""
-    if comm.world_size == 1:
-        return optimizer
-    from .zero import shard_optimizer_state
-    if hasattr(optimizer, "max_logits_reducer"):
-        optimizer.max_logits_reducer = comm.all_reduce_max
-    dp = cfg.data_parallel(comm.world_size)
-    _, shards = cfg.parallelism.dp_shard(dp)
-    return shard_optimizer_state(optimizer, comm, shards)

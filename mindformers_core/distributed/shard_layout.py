@@ -18,8 +18,8 @@ to ``chunk * row_size`` elements (``chunk = ceil(d0 / S)``), so an all-gather of
 buffers has equal sizes on every rank.
 
 Newton-Schulz cost of one piece of shape ``(..., A, B)`` with ``L = max(A, B)``,
-``s = min(A, B)`` and ``batch`` = product of the leading dims (upstream's estimate, reference
-§5, used to balance owners):
+``s = min(A, B)`` and ``batch`` = product of the leading dims (upstream's estimate, used to
+balance owners):
 
     cost  = batch * (ns_steps * (2 * L * s^2 + s^3) + A * B)
     flops = batch * ns_steps * (4 * L * s^2 + 2 * s^3)   (X X^T, (X X^T)^2, N X; 2 flops/MAC)

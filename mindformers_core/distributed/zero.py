@@ -1,10 +1,11 @@
 """ZeRO-1 optimizer-state sharding over data-parallel ranks (``data_parallel_shard`` > 1 or -1).
 
-:func:`shard_optimizer_state` turns any optimizer built on ``optim.optimizer.Optimizer``
-(AdamW, SGD, Lion, Muon and its AdamW branch) into its sharded form in place: the object keeps
-its parameters, groups and hyperparameters; its class becomes a subclass with
-:class:`ZeroMixin` (and ``zero_muon.ZeroMuonMixin`` for Muon) in front. Per rank, with ``S``
-shards (``shard_layout``: dim-0 rows, parameters with fewer rows than shards replicated):
+``build_optimizer(cfg, model, shard_layout=ZeroSharding(comm, num_shards))`` builds the sharded
+optimizer directly: ``Sharded{cls}`` (:class:`ZeroMixin`, and ``zero_muon.ZeroMuonMixin`` for
+Muon, in front of the optimizer class) allocates its state as this rank's rows from the start
+and works through the optimizer's public state-slot API. :func:`shard_optimizer_state` converts
+an optimizer built elsewhere (AdamW, SGD, Lion, Muon). Per rank, with ``S`` shards
+(``shard_layout``: dim-0 rows, parameters with fewer rows than shards replicated):
 
 * moments and other per-parameter state (``adam_m``, ``adam_v``, ``muon_m``, ``lion_m``) hold
   only this rank's rows;
@@ -31,12 +32,13 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor
 
+from ..optim.host_views import scale_many_in_place
 from ..optim.main_params import MainParams, MasterSnapshot, is_low_precision
 from .comm import Communicator
 from .shard_layout import ShardLayout
 
-__all__ = ["ShardedMainParams", "ZeroMixin", "shard_optimizer_state", "optimizer_state_bytes",
-           "sharded_class"]
+__all__ = ["ShardedMainParams", "ZeroMixin", "ZeroSharding", "shard_optimizer_state",
+           "optimizer_state_bytes", "sharded_class", "prepare_optimizer", "optimizer_shards"]
 
 
 def _fp32_numpy(t) -> np.ndarray:
@@ -93,6 +95,12 @@ class ShardedMainParams(MasterSnapshot):
         for i, m in zip(indices, masters):
             self.store(i, m)
 
+    def scale_and_store_many(self, indices: Sequence[int], masters: Sequence[Parameter],
+                             factor: float) -> None:
+        """masters *= factor, then :meth:`store_many` (``MainParams`` interface)."""
+        scale_many_in_place(masters, factor)
+        self.store_many(indices, masters)
+
     def end_step(self) -> None:
         self._live.clear()
 
@@ -124,20 +132,40 @@ class ShardedMainParams(MasterSnapshot):
 class ZeroMixin:
     """Sharded-state behaviour in front of an ``Optimizer`` subclass (see module docstring).
 
-    Set up by :func:`shard_optimizer_state`: ``_zero_comm`` (Communicator),
-    ``_zero_layout`` (ShardLayout), ``_masters`` (ShardedMainParams).
+    Built directly (``ZeroSharding.build``: the state is allocated as this rank's rows from the
+    start) or by :func:`shard_optimizer_state` from a built optimizer. It uses the optimizer's
+    public state-slot API only (``masters``/``set_masters``, ``state_slots``/``set_state``/
+    ``get_state``, ``state_shape``, ``slot_dtype``); its own attributes are ``_zero_comm``
+    (Communicator) and ``_zero_layout`` (ShardLayout).
     """
 
     #: ``state_dict()`` is a collective: every rank must call it (the trainer's save does)
     collective_state_dict = True
 
+    def __init__(self, *args, zero: "ZeroSharding", **kwargs):
+        self._zero_comm = zero.comm
+        self._zero_shards = zero.num_shards
+        super().__init__(*args, **kwargs)
+        self.set_masters(ShardedMainParams(self.parameters, self._layout(), self.masters))
+        self._zero_setup()
+
+    def _layout(self) -> ShardLayout:
+        """The layout of this optimizer's parameters (made on first use: the base class asks
+        for state shapes while it builds its state)."""
+        layout = self.__dict__.get("_zero_layout")
+        if layout is None:
+            comm = self._zero_comm
+            layout = ShardLayout([p.shape for p in self.parameters], self._zero_shards,
+                                 comm.rank, comm.world_size)
+            self._zero_layout = layout
+        return layout
+
+    def _zero_setup(self) -> None:
+        """Hook run once the sharded state is in place (``zero_muon``: the NS owners)."""
+
     # -- state -----------------------------------------------------------------------------------
-    def _new_state(self, prefix: str, i: int, dtype=ms.float32) -> Parameter:
-        slots = self._state.setdefault(prefix, [None] * len(self.parameters))
-        p = self.parameters[i]
-        shape = self._zero_layout.shard_shape(i)
-        slots[i] = _new_param(np.zeros(shape, np.float32), f"{prefix}.{p.name}", dtype)
-        return slots[i]
+    def state_shape(self, i: int) -> tuple:
+        return tuple(self._layout().shard_shape(i))
 
     def optimizer_state_bytes(self) -> int:
         """Persistent optimizer memory of this rank: state tensors + distinct fp32 masters."""
@@ -146,12 +174,9 @@ class ZeroMixin:
     # -- step ------------------------------------------------------------------------------------
     def step(self, grads: Sequence[Optional[Tensor]]) -> None:
         """Full reduced gradients in; this rank's rows updated; all parameters all-gathered."""
-        grads = list(grads)
-        if len(grads) != len(self.parameters):
-            raise ValueError(f"{self.optimizer_name}.step got {len(grads)} gradients for "
-                             f"{len(self.parameters)} parameters")
+        grads = self.check_grads(grads)
         layout = self._zero_layout
-        self._masters.end_step()   # fp32 rows are taken afresh from the current parameters
+        self.masters.end_step()   # fp32 rows are taken afresh from the current parameters
         local = []
         for i, g in enumerate(grads):
             if g is None or not layout.is_sharded(i):
@@ -163,7 +188,7 @@ class ZeroMixin:
             super().step(local)
             self._zero_allgather_params()
         finally:
-            self._masters.end_step()
+            self.masters.end_step()
 
     def _zero_allgather_params(self) -> None:
         """One all-gather of every rank's updated fp32 rows; every parameter rebuilt."""
@@ -171,7 +196,7 @@ class ZeroMixin:
         idx = [i for i in range(len(self.parameters)) if layout.is_sharded(i)]
         if not idx:
             return
-        items = [(i, self._masters.master(i).asnumpy()) for i in idx]
+        items = [(i, self.masters.master(i).asnumpy()) for i in idx]
         fulls = layout.unpack_gathered(self._zero_comm.all_gather(layout.pack(items)), idx)
         for i, arr in zip(idx, fulls):
             p = self.parameters[i]
@@ -194,9 +219,9 @@ class ZeroMixin:
                 sd[key] = arr
 
         for i, p in enumerate(self.parameters):
-            if self._masters.has_distinct_master(i):
-                add(f"main_param.{p.name}", i, self._masters.master(i))
-        for prefix, slots in self._state.items():
+            if self.masters.has_distinct_master(i):
+                add(f"main_param.{p.name}", i, self.masters.master(i))
+        for prefix, slots in self.state_slots.items():
             for i, (p, t) in enumerate(zip(self.parameters, slots)):
                 if t is not None:
                     add(f"{prefix}.{p.name}", i, t)
@@ -204,7 +229,7 @@ class ZeroMixin:
             gathered = self._zero_comm.all_gather(layout.pack(items))
             for key, arr in zip(keys, layout.unpack_gathered(gathered, [i for i, _ in items])):
                 sd[key] = arr
-        self._masters.end_step()
+        self.masters.end_step()
         return sd
 
     def load_state_dict(self, sd: Dict[str, Any]) -> None:
@@ -222,44 +247,36 @@ class ZeroMixin:
             return arr[start:stop] if layout.is_sharded(i) else arr
 
         for i, p in enumerate(self.parameters):
-            if not self._masters.has_distinct_master(i):
+            if not self.masters.has_distinct_master(i):
                 continue
             key = f"main_param.{p.name}"
             if key in sd:
-                self._masters.master(i).set_data(Tensor(rows_of(key, i).copy()))
+                self.masters.master(i).set_data(Tensor(rows_of(key, i).copy()))
             else:
-                self._masters.reload_from_model([i])
-        prefixes = list(self._state) + [q for q in self.state_prefixes() if q not in self._state]
+                self.masters.reload_from_model([i])
+        slots_now = self.state_slots
+        prefixes = list(slots_now) + [q for q in self.state_prefixes() if q not in slots_now]
         for prefix in prefixes:
             for i, p in enumerate(self.parameters):
                 key = f"{prefix}.{p.name}"
                 if key not in sd:
                     continue
-                slots = self._state.get(prefix)
+                slots = self.state_slots.get(prefix)
                 dtype = slots[i].dtype if slots and slots[i] is not None \
-                    else self._state_dtype(prefix)
-                target = self._get_state(prefix, i, dtype)
+                    else self.slot_dtype(prefix)
+                target = self.get_state(prefix, i, dtype)
                 target.set_data(Tensor(rows_of(key, i).copy()).astype(dtype))
         self.global_step = int(sd["global_step"])
-        self._masters.end_step()
+        self.masters.end_step()
 
 
 def optimizer_state_bytes(opt) -> int:
     """Persistent optimizer memory of this rank (any Optimizer, sharded or not): every state
     tensor plus the fp32 masters that are not the parameters themselves."""
     total = 0
-    for slots in opt._state.values():
+    for slots in opt.state_slots.values():
         total += sum(int(t.nbytes) for t in slots if t is not None)
-    masters = opt._masters
-    if isinstance(masters, ShardedMainParams):
-        total += masters.persistent_bytes()
-    else:
-        for i, p in enumerate(masters.params):
-            if masters.uses_remainder(i):
-                total += int(np.asarray(masters._remainders[i]).nbytes)
-            elif masters.has_distinct_master(i):
-                total += int(masters.master(i).nbytes)
-    return total
+    return total + int(opt.masters.persistent_bytes())
 
 
 _CLASSES: Dict[type, type] = {}
@@ -279,31 +296,69 @@ def sharded_class(cls: type) -> type:
     return _CLASSES[cls]
 
 
-def shard_optimizer_state(opt, comm: Communicator, num_shards: Optional[int] = None):
-    """Shard ``opt``'s state over ``num_shards`` data-parallel ranks, in place; returns it.
+class ZeroSharding:
+    """How ``optim.build.build_optimizer(..., shard_layout=...)`` builds an optimizer for
+    data parallelism over ``comm``: its state sharded over ``num_shards`` ranks (None or -1:
+    all; 1: replicated, the plain class) and Muon's QK-Clip logits MAX-reduced over ranks."""
 
-    ``num_shards`` None or -1: all ranks. With one shard (or one rank) the optimizer is
-    returned unchanged (replicated state needs no communication). State already present
-    (a stepped or loaded optimizer) keeps its values.
+    def __init__(self, comm: Communicator, num_shards: Optional[int] = None):
+        world = comm.world_size
+        shards = world if num_shards in (None, -1) else int(num_shards)
+        if shards < 1 or world % shards != 0:
+            raise ValueError(f"number of optimizer-state shards ({shards}) must divide the "
+                             f"world size ({world})")
+        self.comm = comm
+        self.num_shards = shards
+
+    def build(self, cls: type, groups, kwargs: Dict[str, Any]):
+        """``cls(groups, **kwargs)``, sharded when there is more than one shard."""
+        from ..optim.muon import Muon
+        kwargs = dict(kwargs)
+        if issubclass(cls, Muon) and self.comm.world_size > 1:
+            kwargs.setdefault("max_logits_reducer", self.comm.all_reduce_max)
+        if self.num_shards == 1:
+            return cls(groups, **kwargs)
+        return sharded_class(cls)(groups, zero=self, **kwargs)
+
+
+def shard_optimizer_state(opt, comm: Communicator, num_shards: Optional[int] = None):
+    """Shard the state of an optimizer that is already built, in place; returns it.
+
+    ``build_optimizer(..., shard_layout=ZeroSharding(comm, num_shards))`` builds the sharded
+    optimizer directly; this converts one built elsewhere (a stepped or loaded optimizer keeps
+    its values). ``num_shards`` None or -1: all ranks. With one shard (or one rank) the
+    optimizer is returned unchanged (replicated state needs no communication).
     """
-    world = comm.world_size
-    shards = world if num_shards in (None, -1) else int(num_shards)
-    if shards < 1 or world % shards != 0:
-        raise ValueError(f"number of optimizer-state shards ({shards}) must divide the world "
-                         f"size ({world})")
-    if shards == 1 or isinstance(opt, ZeroMixin):
+    sharding = ZeroSharding(comm, num_shards)
+    if sharding.num_shards == 1 or isinstance(opt, ZeroMixin):
         return opt
-    layout = ShardLayout([p.shape for p in opt.parameters], shards, comm.rank, world)
-    masters = ShardedMainParams(opt.parameters, layout, opt._masters)
-    for slots in opt._state.values():
+    layout = ShardLayout([p.shape for p in opt.parameters], sharding.num_shards, comm.rank,
+                         comm.world_size)
+    masters = ShardedMainParams(opt.parameters, layout, opt.masters)
+    for prefix, slots in opt.state_slots.items():
         for i, t in enumerate(slots):
             if t is not None and layout.is_sharded(i):
                 start, stop = layout.rows(i)
-                slots[i] = _new_param(_fp32_numpy(t)[start:stop], t.name, t.dtype)
-    opt._masters = masters
-    opt._zero_comm = comm
-    opt._zero_layout = layout
+                opt.set_state(prefix, i, _new_param(_fp32_numpy(t)[start:stop], t.name, t.dtype))
+    opt.set_masters(masters)
     opt.__class__ = sharded_class(type(opt))
-    if hasattr(opt, "_zero_setup"):
-        opt._zero_setup()
+    opt._zero_comm, opt._zero_shards, opt._zero_layout = comm, sharding.num_shards, layout
+    opt._zero_setup()
     return opt
+
+
+def prepare_optimizer(optimizer, cfg, comm: Communicator):
+    """Shard the optimizer state over ``dp_shard`` ranks (``cfg.parallelism``) and give Muon
+    the data-parallel MAX reduction of QK-Clip's logits. World size 1: unchanged."""
+    if comm.world_size == 1:
+        return optimizer
+    from ..optim.muon import Muon
+    if isinstance(optimizer, Muon):
+        optimizer.max_logits_reducer = comm.all_reduce_max
+    return shard_optimizer_state(optimizer, comm, optimizer_shards(cfg, comm))
+
+
+def optimizer_shards(cfg, comm: Communicator) -> int:
+    """Optimizer-state shards of a run: ``parallelism.dp_shard`` of its data parallelism."""
+    _, shards = cfg.parallelism.dp_shard(cfg.data_parallel(comm.world_size))
+    return shards

@@ -1,4 +1,4 @@
-"""Muon on sharded optimizer state: the two ``comm_strategy`` values (reference §5).
+"""Muon on sharded optimizer state: the two ``comm_strategy`` values of upstream MindFormers 2.1.
 
 Each rank holds the momentum ``muon_m`` (and the master) of its dim-0 rows of every Muon
 weight. The momentum update is element-wise, so each rank computes its rows of
@@ -31,102 +31,82 @@ from typing import Dict, List
 import numpy as np
 from mindspore import Parameter, Tensor
 
-from ..optim.muon_split import merge_pieces, piece_shapes, split_pieces
-from ..optim.newton_schulz import muon_scale_factor
-from ..optim.qk_clip import qk_clip_step
+from ..optim.muon_split import piece_shapes
 from .shard_layout import assign_owners, ns_cost, ns_flops
 
-__all__ = ["ZeroMuonMixin"]
+__all__ = ["ZeroMuonMixin", "ShardedExchange"]
 
 
-class ZeroMuonMixin:
-    """In front of ``ZeroMixin`` and ``Muon`` (see ``zero.sharded_class``)."""
+class ShardedExchange:
+    """``optim.muon.MuonExchange`` over dim-0 row shards (see the module docstring): the one
+    Muon update path of ``Muon._muon_update`` runs unchanged on top of it.
 
-    def _zero_setup(self) -> None:
-        """Owner rank per Muon weight (used by allgather_deredundency) and the counters."""
-        layout = self._zero_layout
-        self._zero_gathered = [bool(m) and layout.is_sharded(i) and len(p.shape) == 2
-                               for i, (p, m) in enumerate(zip(self.parameters, self._is_muon))]
-        self._zero_pieces = [piece_shapes(self._rules[i], p.shape, p.name) if m else []
-                             for i, (p, m) in enumerate(zip(self.parameters, self._is_muon))]
-        costs = [ns_cost(self._zero_pieces[i], self.ns_steps) if g else 0.0
-                 for i, g in enumerate(self._zero_gathered)]
-        idx = [i for i, g in enumerate(self._zero_gathered) if g]
-        owners = assign_owners([costs[i] for i in idx], layout.world_size)
-        self.ns_owner: Dict[int, int] = dict(zip(idx, owners))
-        self.ns_flops_total = 0.0     # NS FLOPs this rank ran since construction
+    ``gathered[i]``: parameter i is a row-sharded 2-D Muon weight (its U is all-gathered);
+    ``owner[i]``: the rank that orthogonalises it under ``allgather_deredundency``."""
 
-    @property
-    def ns_owner_by_name(self) -> Dict[str, int]:
-        return {self.parameters[i].name: r for i, r in self.ns_owner.items()}
+    def __init__(self, layout, comm, strategy: str, gathered: List[bool], owner: Dict[int, int],
+                 shapes: List[tuple]):
+        self.layout, self.comm, self.strategy = layout, comm, strategy
+        self.gathered, self.owner, self.shapes = gathered, owner, shapes
 
-    def _ns_here(self, i: int) -> bool:
-        if not self._zero_gathered[i] or self.comm_strategy == "allgather":
-            return True
-        return self.ns_owner[i] == self._zero_comm.rank
-
-    def _muon_update(self, jobs) -> None:
-        layout, comm = self._zero_layout, self._zero_comm
-        mu = self.momentum
-        us: List[Tensor] = []
-        for _, i, g in jobs:
-            m = self._state["muon_m"][i]
-            m_new = m * mu + g
-            m.set_data(m_new)
-            us.append(g + m_new * mu if self.nesterov else m_new)
-        # phase 1: the full U of every row-sharded 2-D weight (one all-gather)
-        full = list(us)
-        gather_k = [k for k, (_, i, _) in enumerate(jobs) if self._zero_gathered[i]]
-        if gather_k:
-            items = [(jobs[k][1], us[k].asnumpy()) for k in gather_k]
-            fulls = layout.unpack_gathered(comm.all_gather(layout.pack(items)),
+    def _gather_rows(self, items) -> List[np.ndarray]:
+        """Full arrays of ``items`` [(parameter index, this rank's rows)], one all-gather."""
+        return self.layout.unpack_gathered(self.comm.all_gather(self.layout.pack(items)),
                                            [i for i, _ in items])
+
+    def gather(self, jobs, us):
+        """Phase 1: the full U of every row-sharded 2-D weight (one all-gather)."""
+        full = list(us)
+        gather_k = [k for k, (_, i, _) in enumerate(jobs) if self.gathered[i]]
+        if gather_k:
+            fulls = self._gather_rows([(jobs[k][1], us[k].asnumpy()) for k in gather_k])
             for k, arr in zip(gather_k, fulls):
                 full[k] = Tensor(arr)
-        # phase 2: Newton-Schulz here (all, or the owned ones), batched by piece shape
-        mine = [k for k, (_, i, _) in enumerate(jobs) if self._ns_here(i)]
-        pieces: Dict[int, list] = {}
-        buckets: Dict[tuple, list] = {}
-        for k in mine:
-            i = jobs[k][1]
-            pieces[k] = split_pieces(self._rules[i], full[k])
-            for n, piece in enumerate(pieces[k]):
-                buckets.setdefault(tuple(piece.shape[-2:]), []).append((k, n, piece))
-                self.ns_flops_total += ns_flops([piece.shape], self.ns_steps)
-        for items in buckets.values():
-            for chunk in self._chunks(items):
-                for (k, n, _), out in zip(chunk, self._orthogonalize_many([t for _, _, t in chunk])):
-                    pieces[k][n] = out
-        deltas: Dict[int, Tensor] = {}
-        for k in mine:
-            group, i, _ = jobs[k]
-            coef = float(group["lr"]) * self.matched_adamw_rms * self.muon_extra_scale_factor
-            scaled = [x * (coef * muon_scale_factor(x.shape[-2], x.shape[-1], self.muon_scale_mode))
-                      for x in pieces[k]]
-            deltas[k] = merge_pieces(self._rules[i], scaled, tuple(full[k].shape))
-        # phase 3 (deredundency): the owners' updates back to every rank (one all-gather)
-        if self.comm_strategy == "allgather_deredundency" and gather_k:
-            deltas.update(self._zero_return_updates(jobs, gather_k, deltas))
-        # phase 4: apply this rank's rows
-        for k, (group, i, _) in enumerate(jobs):
-            delta = deltas[k]
-            if self._zero_gathered[i]:
-                start, stop = layout.rows(i)
-                delta = delta[start:stop]
-            lr = float(group["lr"])
-            master = self._masters.master(i)
-            decay = 1.0 - lr * self.group_weight_decay(group)
-            master.set_data(master * decay - delta if decay != 1.0 else master - delta)
-            self._masters.store(i, master)
+        return full
 
-    def _zero_return_updates(self, jobs, gather_k, deltas) -> Dict[int, Tensor]:
+    def ns_here(self, i: int) -> bool:
+        """Phase 2: all weights (allgather) or the owned ones (allgather_deredundency)."""
+        if not self.gathered[i] or self.strategy == "allgather":
+            return True
+        return self.owner[i] == self.comm.rank
+
+    def complete(self, jobs, deltas):
+        """Phase 3 (deredundency): the owners' updates back to every rank (one all-gather)."""
+        gather_k = [k for k, (_, i, _) in enumerate(jobs) if self.gathered[i]]
+        if self.strategy == "allgather_deredundency" and gather_k:
+            deltas = dict(deltas)
+            deltas.update(self._return_updates(jobs, gather_k, deltas))
+        return deltas
+
+    def local_rows(self, i: int, delta: Tensor) -> Tensor:
+        """Phase 4: this rank's rows of a gathered weight's update."""
+        if self.gathered[i]:
+            start, stop = self.layout.rows(i)
+            return delta[start:stop]
+        return delta
+
+    def full_masters(self, masters, indices):
+        """QK-Clip scales whole head rows: the full fp32 masters of the row-sharded q/kv
+        weights (one all-gather of their rows), the others as they are."""
+        sharded = [i for i in indices if self.layout.is_sharded(i)]
+        fulls = dict(zip(sharded, self._gather_rows(
+            [(i, masters.master(i).asnumpy()) for i in sharded]))) if sharded else {}
+        return [Parameter(Tensor(fulls[i]), name=f"qk_clip_full.{i}", requires_grad=False)
+                if i in fulls else masters.master(i) for i in indices]
+
+    def keep_rows(self, i: int, full, master) -> None:
+        if self.layout.is_sharded(i):
+            start, stop = self.layout.rows(i)
+            master.set_data(Tensor(full.asnumpy()[start:stop].copy()))
+
+    def _return_updates(self, jobs, gather_k, deltas) -> Dict[int, Tensor]:
         """Every owner's full updates on every rank: rank q contributes its owned updates
         (flat, job order), padded to the largest owner's total."""
-        comm = self._zero_comm
+        comm = self.comm
         by_owner: Dict[int, List[int]] = {q: [] for q in range(comm.world_size)}
         for k in gather_k:
-            by_owner[self.ns_owner[jobs[k][1]]].append(k)
-        sizes = {k: int(np.prod(self.parameters[jobs[k][1]].shape)) for k in gather_k}
+            by_owner[self.owner[jobs[k][1]]].append(k)
+        sizes = {k: int(np.prod(self.shapes[jobs[k][1]])) for k in gather_k}
         width = max(sum(sizes[k] for k in ks) for ks in by_owner.values())
         buf = np.zeros(width, np.float32)
         off = 0
@@ -138,41 +118,38 @@ class ZeroMuonMixin:
         for q, ks in by_owner.items():
             off = 0
             for k in ks:
-                shape = tuple(self.parameters[jobs[k][1]].shape)
-                out[k] = Tensor(gathered[q, off:off + sizes[k]].reshape(shape).copy())
+                out[k] = Tensor(gathered[q, off:off + sizes[k]].reshape(self.shapes[jobs[k][1]])
+                                .copy())
                 off += sizes[k]
         return out
 
-    def _apply_qk_clip(self):
-        """QK-Clip scales whole head rows: run it on full fp32 masters of the q/kv weights
-        (one all-gather of their rows), then keep this rank's rows."""
-        if not self._qk_names:
-            return None
-        layout, comm = self._zero_layout, self._zero_comm
-        index = {p.name: i for i, p in enumerate(self.parameters)}
-        sharded = [n for n in self._qk_names if n in index and layout.is_sharded(index[n])]
-        full_map: Dict[str, Parameter] = {}
-        if sharded:
-            items = [(index[n], self._masters.master(index[n]).asnumpy()) for n in sharded]
-            fulls = layout.unpack_gathered(comm.all_gather(layout.pack(items)),
-                                           [i for i, _ in items])
-            for n, arr in zip(sharded, fulls):
-                full_map[n] = Parameter(Tensor(arr), name=f"qk_clip_full.{n}", requires_grad=False)
-        param_map = {p.name: p for p in self.model.get_parameters()} \
-            if any(n not in index for n in self._qk_names) else {}
-        for n in self._qk_names:
-            if n in index:
-                param_map[n] = full_map[n] if n in full_map else self._masters.master(index[n])
-        stats = qk_clip_step(self.model, self.qk_clip_threshold, param_map,
-                             self.max_logits_reducer)
-        if stats.num_clipped_heads:
-            for n in self._qk_names:
-                if n not in index:
-                    continue
-                i = index[n]
-                master = self._masters.master(i)
-                if n in full_map:
-                    start, stop = layout.rows(i)
-                    master.set_data(Tensor(full_map[n].asnumpy()[start:stop].copy()))
-                self._masters.store(i, master)
-        return stats
+
+class ZeroMuonMixin:
+    """In front of ``ZeroMixin`` and ``Muon`` (see ``zero.sharded_class``): sets up the
+    sharded exchange of Muon's update rows (public Muon API only)."""
+
+    def _zero_setup(self) -> None:
+        """Owner rank per Muon weight (used by allgather_deredundency), the counters and the
+        sharded exchange."""
+        layout = self._zero_layout
+        mask = self.muon_mask
+        self._zero_gathered = [bool(m) and layout.is_sharded(i) and len(p.shape) == 2
+                               for i, (p, m) in enumerate(zip(self.parameters, mask))]
+        self._zero_pieces = [piece_shapes(self.split_rule(i), p.shape, p.name) if m else []
+                             for i, (p, m) in enumerate(zip(self.parameters, mask))]
+        costs = [ns_cost(self._zero_pieces[i], self.ns_steps) if g else 0.0
+                 for i, g in enumerate(self._zero_gathered)]
+        idx = [i for i, g in enumerate(self._zero_gathered) if g]
+        owners = assign_owners([costs[i] for i in idx], layout.world_size)
+        self.ns_owner: Dict[int, int] = dict(zip(idx, owners))
+        self.ns_flops_total = 0.0     # NS FLOPs this rank ran since construction
+        self.exchange = ShardedExchange(layout, self._zero_comm, self.comm_strategy,
+                                        self._zero_gathered, self.ns_owner,
+                                        [tuple(p.shape) for p in self.parameters])
+
+    @property
+    def ns_owner_by_name(self) -> Dict[str, int]:
+        return {self.parameters[i].name: r for i, r in self.ns_owner.items()}
+
+    def on_newton_schulz(self, shapes) -> None:
+        self.ns_flops_total += sum(ns_flops([shape], self.ns_steps) for shape in shapes)

@@ -13,7 +13,7 @@ from mindspore import Parameter, Tensor, mint, nn, ops
 from .precision import Precision
 
 
-def _placeholder(shape, dtype, name, requires_grad=True) -> Parameter:
+def placeholder(shape, dtype, name, requires_grad=True) -> Parameter:
     return Parameter(Tensor(np.zeros(shape, np.float32)).astype(dtype), name=name,
                      requires_grad=requires_grad)
 
@@ -29,7 +29,7 @@ class Linear(nn.Cell):
         self.in_features = in_features
         self.out_features = out_features
         self.precision = precision
-        self.weight = _placeholder((out_features, in_features), precision.param, "weight")
+        self.weight = placeholder((out_features, in_features), precision.param, "weight")
 
     def construct(self, x):
         p = self.precision
@@ -42,7 +42,7 @@ class RMSNorm(nn.Cell):
     def __init__(self, size: int, eps: float, precision: Precision):
         super().__init__()
         self.eps = eps
-        self.weight = _placeholder((size,), precision.param, "weight")
+        self.weight = placeholder((size,), precision.param, "weight")
 
     def construct(self, x):
         x32 = x.astype(ms.float32)
@@ -56,7 +56,7 @@ class WordEmbedding(nn.Cell):
     def __init__(self, vocab_size: int, hidden_size: int, precision: Precision):
         super().__init__()
         self.precision = precision
-        self.weight = _placeholder((vocab_size, hidden_size), precision.param, "weight")
+        self.weight = placeholder((vocab_size, hidden_size), precision.param, "weight")
 
     def construct(self, input_ids):
         # cast the table first: CPU has no bf16 Gather kernel (no-op when dtypes match)

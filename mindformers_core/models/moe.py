@@ -25,7 +25,7 @@ from mindspore import mint, nn, ops
 
 from . import router as rt
 from .dispatch import expert_ffn
-from .layers import _placeholder
+from .layers import placeholder
 from .mlp import MLP
 from .precision import Precision
 
@@ -67,8 +67,8 @@ class Router(nn.Cell):
 
     def __init__(self, hidden_size: int, num_experts: int, precision: Precision):
         super().__init__()
-        self.weight = _placeholder((num_experts, hidden_size), precision.param, "weight")
-        self.expert_bias = _placeholder((num_experts,), ms.float32, "expert_bias",
+        self.weight = placeholder((num_experts, hidden_size), precision.param, "weight")
+        self.expert_bias = placeholder((num_experts,), ms.float32, "expert_bias",
                                         requires_grad=False)
 
     def construct(self, x2d):
@@ -82,8 +82,8 @@ class GroupedExperts(nn.Cell):
         super().__init__()
         self.precision = precision
         self.ffn = ffn
-        self.weight1 = _placeholder((num_experts, hidden_size, 2 * ffn), precision.param, "weight1")
-        self.weight2 = _placeholder((num_experts, ffn, hidden_size), precision.param, "weight2")
+        self.weight1 = placeholder((num_experts, hidden_size, 2 * ffn), precision.param, "weight1")
+        self.weight2 = placeholder((num_experts, ffn, hidden_size), precision.param, "weight2")
 
     def construct(self, x2d, gate_w, topk_idx, capacity_factor=None, drop_policy="probs"):
         p = self.precision

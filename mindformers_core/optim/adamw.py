@@ -45,18 +45,18 @@ available on CPU and is not used here.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List
 
-import numpy as np
 import mindspore as ms
-from mindspore import Parameter, Tensor, mutable, ops
+from mindspore import Parameter, Tensor, mutable
 
+from ..core.optimizer_defaults import ADAMW_DEFAULTS as D
 from .fused_adam import FusedAdamGroup
-from .optimizer import (Optimizer, _numpy_view_aliases_storage, scale_in_place,
-                        scale_many_in_place, state_dtype)
+from .host_views import numpy_view_aliases_storage, scale_many_in_place
+from .optimizer import Optimizer, state_dtype
+from .update_rules import AdamRule
 
-__all__ = ["AdamW", "validate_adamw_args"]
+__all__ = ["AdamW", "validate_adamw_args", "validate_adamw_groups"]
 
 _IMPLS = ("fused", "reference")
 _ACCEPTED_FLAGS = ("use_fused", "enable_fused_opt", "swap", "amsgrad", "maximize")
@@ -96,6 +96,17 @@ def validate_adamw_args(betas, eps, weight_decay, name: str = "AdamW") -> None:
                         f"but got type '{type(weight_decay).__name__}'.")
 
 
+def validate_adamw_groups(groups, name: str = "AdamW") -> None:
+    """:func:`validate_adamw_args` of every group (the message names the group); a group's
+    ``betas`` becomes a tuple."""
+    for gi, group in enumerate(groups):
+        try:
+            validate_adamw_args(group["betas"], group["eps"], group["weight_decay"], name)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"parameter group {gi}: {err}") from None
+        group["betas"] = tuple(group["betas"])
+
+
 class AdamW(Optimizer):
     """AdamW with fp32 masters; see the module docstring for the update and the paths.
 
@@ -112,20 +123,24 @@ class AdamW(Optimizer):
             its kernels from one compiled graph (``fused_adam``); None = never.
         use_fused, enable_fused_opt, swap, amsgrad, maximize: accepted (kernel/offload flags
         of upstream); amsgrad/maximize must be False.
-        enable_cpu_offload: must be False (upstream: "Not support enable_cpu_offload.").
+        enable_cpu_offload: keep the optimizer state in host memory. On CPU it is there
+            already, so True is honoured as it is; on a device it is upstream's error
+            ("Not support enable_cpu_offload.").
     """
 
     optimizer_name = "AdamW"
 
-    def __init__(self, params_or_groups, lr: float = 1e-3, betas=(0.9, 0.95), eps: float = 1e-8,
-                 weight_decay: float = 0.01, *, decoupled_weight_decay: bool = True,
-                 exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32",
+    def __init__(self, params_or_groups, lr: float = D["lr"], betas=D["betas"], eps: float = D["eps"],
+                 weight_decay: float = D["weight_decay"], *,
+                 decoupled_weight_decay: bool = D["decoupled_weight_decay"],
+                 exp_avg_dtype=D["exp_avg_dtype"], exp_avg_sq_dtype=D["exp_avg_sq_dtype"],
                  store_param_remainders: bool = False, embedding_min_norm=None,
                  impl: str = "fused", graph_min_numel=1 << 16,
-                 enable_cpu_offload: bool = False, **flags):
+                 enable_cpu_offload: bool = D["enable_cpu_offload"], **flags):
         validate_adamw_args(betas, eps, weight_decay, self.optimizer_name)
-        if enable_cpu_offload:
+        if enable_cpu_offload and ms.get_context("device_target") != "CPU":
             raise ValueError("Not support enable_cpu_offload.")
+        self.enable_cpu_offload = bool(enable_cpu_offload)
         unknown = sorted(set(flags) - set(_ACCEPTED_FLAGS))
         if unknown:
             raise TypeError(f"{self.optimizer_name} got unexpected keyword arguments {unknown}; "
@@ -140,20 +155,13 @@ class AdamW(Optimizer):
                           "weight_decay": weight_decay},
                          store_param_remainders=store_param_remainders,
                          embedding_min_norm=embedding_min_norm)
-        for gi, group in enumerate(self.param_groups):
-            try:
-                validate_adamw_args(group["betas"], group["eps"], group["weight_decay"],
-                                    self.optimizer_name)
-            except (TypeError, ValueError) as err:
-                raise type(err)(f"parameter group {gi}: {err}") from None
-            group["betas"] = tuple(group["betas"])
+        validate_adamw_groups(self.param_groups, self.optimizer_name)
         self.decoupled_weight_decay = bool(decoupled_weight_decay)
         self.exp_avg_dtype = state_dtype(exp_avg_dtype)
         self.exp_avg_sq_dtype = state_dtype(exp_avg_sq_dtype)
         low_moments = self.exp_avg_dtype != ms.float32 or self.exp_avg_sq_dtype != ms.float32
         self.impl = "reference" if low_moments else impl
-        self._adam = ops.Adam()
-        self._zero = Tensor(0.0, ms.float32)
+        self.rule = AdamRule(self.impl, self.decoupled_weight_decay)
         self.graph_min_numel = graph_min_numel
         self._graphs: Dict[tuple, Any] = {}
         for i in range(len(self.parameters)):
@@ -169,14 +177,11 @@ class AdamW(Optimizer):
     # ------------------------------------------------------------------------------------------
     def _hyper(self, group: Dict[str, Any]):
         b1, b2 = group["betas"]
-        t = self.global_step
-        bc1 = 1.0 - b1 ** t
-        bc2 = 1.0 - b2 ** t
         return float(group["lr"]), float(b1), float(b2), float(group["eps"]), \
-            self.group_weight_decay(group), bc1, bc2
+            self.group_weight_decay(group)
 
     def _step_group(self, group: Dict[str, Any], indices: List[int], grads: List[Tensor]):
-        lr, b1, b2, eps, wd, bc1, bc2 = self._hyper(group)
+        lr, b1, b2, eps, wd = self._hyper(group)
         m_slots, v_slots = self._state["adam_m"], self._state["adam_v"]
         if self.impl == "fused":
             masters = [self._masters.master(i) for i in indices]
@@ -196,11 +201,9 @@ class AdamW(Optimizer):
                 if decayed:  # the graph applied the decay (no aliased host views)
                     self._masters.store_many(indices, masters)
                     return
-                scale_and_store = getattr(self._masters, "scale_and_store_many", None)
-                if scale_and_store is not None:  # one blocked pass: decay + write-back
-                    scale_and_store(indices, masters, decay)
-                    return
-                scale_many_in_place(masters, decay)
+                # one blocked pass: decay + write-back (MainParams; the sharded store scales)
+                self._masters.scale_and_store_many(indices, masters, decay)
+                return
             else:  # lr*wd ~ 1: dividing by c would blow up; decay first
                 cell = self._graphs.get(tuple(indices))
                 if cell is not None and cell.decay_in_graph:
@@ -215,19 +218,15 @@ class AdamW(Optimizer):
         else:
             for i, g in zip(indices, grads):
                 master = self._masters.master(i)
-                self._reference_update(master, m_slots[i], v_slots[i], g,
-                                       lr, b1, b2, eps, wd, bc1, bc2)
+                self.rule.reference(master, m_slots[i], v_slots[i], g,
+                                    lr, b1, b2, eps, wd, self.global_step)
                 self._masters.store(i, master)
 
     def _update(self, group, i, master, grad):
-        """Single-parameter update (used by subclasses that route a subset to AdamW)."""
-        lr, b1, b2, eps, wd, bc1, bc2 = self._hyper(group)
-        m, v = self._state["adam_m"][i], self._state["adam_v"][i]
-        if self.impl == "fused":
-            scalars = self._fused_scalars(lr, b1, b2, eps)
-            self._fused_update(master, m, v, grad, lr, wd, scalars)
-        else:
-            self._reference_update(master, m, v, grad, lr, b1, b2, eps, wd, bc1, bc2)
+        """Single-parameter update."""
+        lr, b1, b2, eps, wd = self._hyper(group)
+        self.rule.update(master, self._state["adam_m"][i], self._state["adam_v"][i], grad,
+                         lr, (b1, b2), eps, wd, self.global_step)
 
     def _graph_for(self, indices: List[int], masters) -> "FusedAdamGroup | None":
         """The compiled whole-group Adam (``fused_adam.FusedAdamGroup``) for a group whose
@@ -251,8 +250,8 @@ class AdamW(Optimizer):
                 and any(key == tuple(g) for g in self._group_indices)):
             bound = (list(masters), [self._state["adam_m"][i] for i in indices],
                      [self._state["adam_v"][i] for i in indices])
-            aliased = (_numpy_view_aliases_storage()
-                       and _numpy_view_aliases_storage(low_precision=True))
+            aliased = (numpy_view_aliases_storage()
+                       and numpy_view_aliases_storage(low_precision=True))
             cell = FusedAdamGroup(*bound, decay_in_graph=not aliased)
             cell.bound = bound
         self._graphs[key] = cell
@@ -265,7 +264,7 @@ class AdamW(Optimizer):
 
         The grads go in as ``mutable(tuple)``: a plain tuple of Tensors is a constant
         of the graph, so every step's new gradients would recompile it."""
-        args = (mutable(tuple(grads)), self._zero, *scalars, Tensor(decay, ms.float32))
+        args = (mutable(tuple(grads)), self.rule.zero, *scalars, Tensor(decay, ms.float32))
         if getattr(cell, "_compiled_ok", False):
             cell(*args)
             return cell.decay_in_graph
@@ -275,56 +274,20 @@ class AdamW(Optimizer):
             self._graphs[tuple(indices)] = None
             m_slots, v_slots = self._state["adam_m"], self._state["adam_v"]
             for i, g in zip(indices, grads):
-                self._adam(self._masters.master(i), m_slots[i], v_slots[i], self._zero,
-                           self._zero, *scalars, g)
+                self.rule.kernel(self._masters.master(i), m_slots[i], v_slots[i],
+                                 self.rule.zero, self.rule.zero, *scalars, g)
             return False
         cell._compiled_ok = True
         return cell.decay_in_graph
 
     def _fused_scalars(self, lr: float, b1: float, b2: float, eps: float):
-        """(lr_t, b1, b2, eps_t) Tensors for ops.Adam at step t = global_step.
-
-        The kernel's EMAs run with the fp32-rounded betas b1', b2' (for b2 = 0.999 the fp32
-        1 - b2' is 1.3e-5 off 1 - b2). Bias correction uses the same b1', b2', so m/bc1 and
-        v/bc2 are normalised weighted averages of the gradients exactly as in torch (weights
-        summing to 1); the bias-corrected update then matches torch to ~1e-7 relative even
-        though the raw v differs by that 1.3e-5 factor.
-        """
-        b1f, b2f = float(np.float32(b1)), float(np.float32(b2))
-        t = self.global_step
-        bc1, bc2 = 1.0 - b1f ** t, 1.0 - b2f ** t
-        sq = math.sqrt(bc2)
-        return (Tensor(lr * sq / bc1, ms.float32), Tensor(b1f, ms.float32),
-                Tensor(b2f, ms.float32), Tensor(eps * sq, ms.float32))
+        """(lr_t, b1, b2, eps_t) for ``ops.Adam`` at step t = global_step
+        (``update_rules.AdamRule.scalars``)."""
+        return self.rule.scalars(lr, b1, b2, eps, self.global_step)
 
     def _fused_update(self, master: Parameter, m: Parameter, v: Parameter, g: Tensor,
                       lr: float, wd: float, scalars) -> None:
-        lr_t, b1, b2, eps_t = scalars
-        if wd != 0.0:
-            if self.decoupled_weight_decay:
-                scale_in_place(master, 1.0 - lr * wd)
-            else:
-                g = g + wd * master
-        # beta powers 0: the kernel's own bias correction is the identity; it is folded in lr_t.
-        self._adam(master, m, v, self._zero, self._zero, lr_t, b1, b2, eps_t, g)
-
-    def _reference_update(self, master, m, v, g, lr, b1, b2, eps, wd, bc1, bc2) -> None:
-        """Plain composed ops, fp32 arithmetic; m/v stored in their own dtype."""
-        p = master * 1.0
-        if wd != 0.0:
-            if self.decoupled_weight_decay:
-                p = p * (1.0 - lr * wd)
-            else:
-                g = g + wd * p
-        m32 = m.astype(ms.float32) if m.dtype != ms.float32 else m
-        v32 = v.astype(ms.float32) if v.dtype != ms.float32 else v
-        m_new = b1 * m32 + (1.0 - b1) * g
-        v_new = b2 * v32 + (1.0 - b2) * (g * g)
-        denom = ops.sqrt(v_new) / math.sqrt(bc2) + eps
-        p = p - (lr / bc1) * (m_new / denom)
-        master.set_data(p)
-        m.set_data(m_new if m.dtype == ms.float32 else m_new.astype(m.dtype))
-        v.set_data(v_new if v.dtype == ms.float32 else v_new.astype(v.dtype))
+        self.rule.fused(master, m, v, g, lr, wd, scalars)
 
 
 def _same_objects(bound, current) -> bool:

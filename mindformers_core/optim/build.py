@@ -1,138 +1,149 @@
-"""``build_optimizer(opt_cfg, model, lr_scheduler=None)`` and the ``OPTIMIZERS`` registry.
+"""``build_optimizer(opt_cfg, model, lr_scheduler=None, shard_layout=None)`` and ``OPTIMIZERS``.
 
-The config (an ``OptimizerConfig`` or a plain dict) chooses the class by ``type``; parameter
-groups come from ``param_groups.get_param_groups(model, opt_cfg)`` (weight-decay rules,
-overrides, muP); the initial lr is ``lr_scheduler.lr_at(0)`` (the trainer sets the group lrs
-before every step anyway). Config ints for float fields are converted to float here (the config
-layer accepts them, DESIGN 5.1); the optimizer classes keep upstream's type checks for direct
-callers.
+One path from the ``optimizer:`` section to an optimizer: a dict goes through
+``OptimizerConfig.from_dict`` (the config layer's types, defaults and checks), and each type
+has one explicit builder below that maps the config's fields to its constructor's arguments.
+No builder holds a default: every field's default is declared once, in
+``core.optimizer_defaults``, which both the config and the constructors read. Parameter groups
+come from ``param_groups.get_param_groups(model, opt_cfg)`` and are the only carrier of
+per-group ``weight_decay``/``eps``/lr; the initial lr is ``lr_scheduler.lr_at(0)`` (the
+trainer sets the group lrs before every step anyway), else the class's default.
+
+``shard_layout`` (an :class:`OptimizerSharding`, e.g. ``distributed.zero.ZeroSharding``) builds
+the sharded optimizer at construction: its state is allocated as this rank's rows from the
+start, and nothing swaps classes afterwards.
 """
 from __future__ import annotations
 
 import importlib
-import inspect
-from typing import Any, Callable, Dict
+from typing import Any, Dict, Mapping, Optional, Protocol
 
-__all__ = ["OPTIMIZERS", "build_optimizer", "register_optimizer"]
+from ..config.optimizer import OPTIMIZER_TYPES, OptimizerConfig
+from ..errors import ConfigError
+
+__all__ = ["OPTIMIZERS", "BUILDERS", "OptimizerSharding", "build_optimizer", "optimizer_kwargs",
+           "as_optimizer_config"]
 
 
-def _adamw_kwargs(get, explicit) -> Dict[str, Any]:
-    kwargs = dict(betas=tuple(float(b) for b in get("betas", (0.9, 0.95))),
-                  eps=float(get("eps", 1e-8)), weight_decay=float(get("weight_decay", 0.01)),
-                  decoupled_weight_decay=bool(get("decoupled_weight_decay", True)),
-                  exp_avg_dtype=get("exp_avg_dtype", "fp32"),
-                  exp_avg_sq_dtype=get("exp_avg_sq_dtype", "fp32"),
-                  embedding_min_norm=get("embedding_min_norm"))
+class OptimizerSharding(Protocol):
+    """Builds an optimizer class over groups with keyword arguments, sharded as it sees fit."""
+
+    def build(self, cls: type, groups, kwargs: Dict[str, Any]) -> Any:
+        ...
+
+
+def _adamw_kwargs(cfg: OptimizerConfig) -> Dict[str, Any]:
+    kwargs = dict(betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
+                  decoupled_weight_decay=cfg.decoupled_weight_decay,
+                  exp_avg_dtype=cfg.exp_avg_dtype, exp_avg_sq_dtype=cfg.exp_avg_sq_dtype,
+                  embedding_min_norm=cfg.embedding_min_norm,
+                  enable_cpu_offload=cfg.enable_cpu_offload,
+                  use_fused=cfg.use_fused, enable_fused_opt=cfg.enable_fused_opt, swap=cfg.swap)
     # Megatron's store_param_remainders defaults to True but only acts with the precision-aware
     # optimizer; here it acts when written explicitly.
-    if "store_param_remainders" in explicit:
-        kwargs["store_param_remainders"] = bool(get("store_param_remainders"))
-    for flag in ("use_fused", "enable_fused_opt", "swap"):
-        if get(flag) is not None:
-            kwargs[flag] = bool(get(flag))
+    if "store_param_remainders" in cfg.explicit_keys:
+        kwargs["store_param_remainders"] = cfg.store_param_remainders
     return kwargs
 
 
-def _sgd_kwargs(get, explicit) -> Dict[str, Any]:
-    return dict(momentum=float(get("sgd_momentum", 0.9)),
-                weight_decay=float(get("weight_decay", 0.0)),
-                embedding_min_norm=get("embedding_min_norm"))
+def _sgd_kwargs(cfg: OptimizerConfig) -> Dict[str, Any]:
+    return dict(momentum=cfg.sgd_momentum, weight_decay=cfg.weight_decay,
+                embedding_min_norm=cfg.embedding_min_norm)
 
 
-def _lion_kwargs(get, explicit) -> Dict[str, Any]:
-    return dict(betas=(float(get("lion_beta1", 0.95)), float(get("lion_beta2", 0.98))),
-                weight_decay=float(get("weight_decay", 0.0)),
-                embedding_min_norm=get("embedding_min_norm"))
+def _lion_kwargs(cfg: OptimizerConfig) -> Dict[str, Any]:
+    return dict(betas=(cfg.lion_beta1, cfg.lion_beta2), weight_decay=cfg.weight_decay,
+                embedding_min_norm=cfg.embedding_min_norm)
 
 
-def _muon_kwargs(get, explicit) -> Dict[str, Any]:
-    """Every config field that names a parameter of ``Muon.__init__`` (the config field
-    names are Muon's argument names), plus ``lion_betas`` from lion_beta1/lion_beta2."""
-    from .muon import Muon
-    names = [n for n in inspect.signature(Muon.__init__).parameters
-             if n not in ("self", "params_or_groups", "model", "lr")]
-    kwargs = {}
-    for name in names:
-        value = get(name, _MISSING)
-        if value is not _MISSING and value is not None:
-            kwargs[name] = value
-    if "lion_betas" in names and get("lion_beta1") is not None:
-        kwargs["lion_betas"] = (float(get("lion_beta1")), float(get("lion_beta2")))
+def _muon_kwargs(cfg: OptimizerConfig) -> Dict[str, Any]:
+    kwargs = dict(
+        weight_decay=cfg.weight_decay, momentum=cfg.momentum, nesterov=cfg.nesterov,
+        matched_adamw_rms=cfg.matched_adamw_rms, eps=cfg.eps, ns_steps=cfg.ns_steps,
+        adamw_betas=tuple(cfg.adamw_betas), adamw_eps=cfg.adamw_eps,
+        qk_clip_enabled=cfg.qk_clip_enabled, qk_clip_threshold=cfg.qk_clip_threshold,
+        comm_strategy=cfg.comm_strategy, adamw_include=cfg.adamw_include,
+        use_fused_adamw=cfg.use_fused_adamw, swap=cfg.swap, muon_split_qkv=cfg.muon_split_qkv,
+        muon_scale_mode=cfg.muon_scale_mode, muon_extra_scale_factor=cfg.muon_extra_scale_factor,
+        muon_scalar_optimizer=cfg.muon_scalar_optimizer,
+        muon_coefficient_type=cfg.muon_coefficient_type, ns_dtype=cfg.ns_dtype,
+        adamw_lr_mult=cfg.adamw_lr_mult, lion_betas=(cfg.lion_beta1, cfg.lion_beta2),
+        phase0_batch_memory_gb=cfg.phase0_batch_memory_gb,
+        ns_batch_memory_gb=cfg.ns_batch_memory_gb,
+        phase4_batch_memory_gb=cfg.phase4_batch_memory_gb,
+        embedding_min_norm=cfg.embedding_min_norm)
+    if cfg.muon_coefficient_type is None:
+        kwargs["ns_coefficients"] = cfg.ns_coefficients
     return kwargs
 
 
-_MISSING = object()
-
-# name -> (module, class name, kwargs builder); classes are imported on first use.
-_REGISTRY: Dict[str, tuple] = {
+#: type -> (module, class name, builder from OptimizerConfig to keyword arguments); the one
+#: table of optimizer types (classes are imported on first use)
+BUILDERS: Mapping[str, tuple] = {
     "AdamW": ("adamw", "AdamW", _adamw_kwargs),
     "SGD": ("sgd", "SGD", _sgd_kwargs),
     "Lion": ("lion", "Lion", _lion_kwargs),
     "Muon": ("muon", "Muon", _muon_kwargs),
 }
+assert set(BUILDERS) == set(OPTIMIZER_TYPES), "optimizer types of config and optim differ"
 
 
-class _Registry(dict):
-    """name -> optimizer class, resolved lazily from ``_REGISTRY``."""
+class _Classes(Mapping):
+    """type name -> optimizer class, imported on first use (read-only)."""
 
-    def __missing__(self, key):
-        if key not in _REGISTRY:
-            raise KeyError(key)
-        module, cls_name, _ = _REGISTRY[key]
-        cls = getattr(importlib.import_module(f".{module}", __package__), cls_name)
-        self[key] = cls
-        return cls
-
-    def __contains__(self, key):
-        return key in _REGISTRY
-
-    def keys(self):
-        return _REGISTRY.keys()
+    def __getitem__(self, key: str) -> type:
+        module, cls_name, _ = BUILDERS[key]
+        return getattr(importlib.import_module(f".{module}", __package__), cls_name)
 
     def __iter__(self):
-        return iter(_REGISTRY)
+        return iter(BUILDERS)
 
-    def __len__(self):
-        return len(_REGISTRY)
-
-
-OPTIMIZERS = _Registry()
+    def __len__(self) -> int:
+        return len(BUILDERS)
 
 
-def register_optimizer(name: str, module: str, cls_name: str,
-                       kwargs_builder: Callable[[Callable, frozenset], Dict[str, Any]]) -> None:
-    """Add a type (e.g. Muon): ``kwargs_builder(get, explicit_keys)`` maps config -> kwargs."""
-    _REGISTRY[name] = (module, cls_name, kwargs_builder)
-    OPTIMIZERS.pop(name, None)
+OPTIMIZERS: Mapping[str, type] = _Classes()
 
 
-def _getter(opt_cfg):
-    if isinstance(opt_cfg, dict):
-        return (lambda k, d=None: opt_cfg.get(k, d)), frozenset(opt_cfg)
-    explicit = getattr(opt_cfg, "explicit_keys", frozenset())
-    explicit = explicit() if callable(explicit) else explicit
-    return (lambda k, d=None: getattr(opt_cfg, k, d)), frozenset(explicit or ())
+def as_optimizer_config(opt_cfg) -> OptimizerConfig:
+    """An ``OptimizerConfig`` from itself or a dict (``OptimizerConfig.from_dict``).
 
-
-def build_optimizer(opt_cfg, model, lr_scheduler=None):
-    """The optimizer named by ``opt_cfg.type`` over ``model``'s parameter groups."""
-    get, explicit = _getter(opt_cfg)
-    opt_type = get("type", "AdamW")
-    if opt_type not in _REGISTRY:
+    For a dict (a programmatic caller, not a YAML file) a failed optimizer rule surfaces with
+    the optimizer's own message, as the class would raise it (the ConfigError's cause)."""
+    if isinstance(opt_cfg, OptimizerConfig):
+        return opt_cfg
+    if not isinstance(opt_cfg, Mapping):
+        raise TypeError(f"build_optimizer takes an OptimizerConfig or a dict, got "
+                        f"{type(opt_cfg).__name__}")
+    opt_type = opt_cfg.get("type", "AdamW")
+    if opt_type not in BUILDERS:
         raise NotImplementedError(f"Optimizer type {opt_type} is not implemented yet. "
-                                  f"Valid types: {sorted(_REGISTRY)}.")
+                                  f"Valid types: {sorted(BUILDERS)}.")
     try:
-        from .param_groups import get_param_groups
-        groups = get_param_groups(model, opt_cfg)
-    except ImportError:  # pragma: no cover - param_groups ships with the package
-        groups = [p for p in model.trainable_params()]
+        return OptimizerConfig.from_dict(dict(opt_cfg), "optimizer")
+    except ConfigError as err:
+        if isinstance(err.__cause__, (TypeError, ValueError)):
+            raise err.__cause__ from None
+        raise
+
+
+def optimizer_kwargs(opt_cfg) -> Dict[str, Any]:
+    """The constructor keyword arguments (without params/model/lr) of ``opt_cfg``'s type."""
+    cfg = as_optimizer_config(opt_cfg)
+    return BUILDERS[cfg.type][2](cfg)
+
+
+def build_optimizer(opt_cfg, model, lr_scheduler=None,
+                    shard_layout: Optional[OptimizerSharding] = None):
+    """The optimizer named by ``opt_cfg.type`` over ``model``'s parameter groups."""
+    from .param_groups import get_param_groups
+    cfg = as_optimizer_config(opt_cfg)
+    kwargs = optimizer_kwargs(cfg)
     if lr_scheduler is not None:
-        lr = float(lr_scheduler.lr_at(0))
-    else:
-        lr = float(get("lr", None) if get("lr", None) is not None else 1e-3)
-    _, _, kwargs_builder = _REGISTRY[opt_type]
-    kwargs = kwargs_builder(get, explicit)
-    cls = OPTIMIZERS[opt_type]
-    if opt_type == "Muon":
-        kwargs.setdefault("model", model)
-    return cls(groups, lr=lr, **kwargs)
+        kwargs["lr"] = float(lr_scheduler.lr_at(0))
+    if cfg.type == "Muon":
+        kwargs["model"] = model
+    groups = get_param_groups(model, cfg)
+    if shard_layout is not None:
+        return shard_layout.build(OPTIMIZERS[cfg.type], groups, kwargs)
+    return OPTIMIZERS[cfg.type](groups, **kwargs)

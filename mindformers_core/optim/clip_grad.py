@@ -1,4 +1,4 @@
-"""Global gradient norm and clipping by it (upstream trainer semantics, reference §6).
+"""Global gradient norm and clipping by it (upstream MindFormers trainer semantics).
 
     norm = sqrt(sum_p sum_i g_p,i^2)            in fp32, one norm over every gradient
     coef = max_norm / (norm + 1e-6);  grads *= coef  when coef < 1
@@ -22,7 +22,8 @@ from typing import List, Optional, Sequence, Tuple
 import mindspore as ms
 from mindspore import Tensor, ops
 
-__all__ = ["global_grad_norm", "clip_by_norm", "clip_grad_by_global_norm", "CLIP_EPS"]
+__all__ = ["global_grad_norm", "clip_coefficient", "clip_by_norm", "clip_grad_by_global_norm",
+           "CLIP_EPS"]
 
 CLIP_EPS = 1e-6
 NORM_BUCKET_NUMEL = 1 << 22   # 4M elements (16 MB fp32) of extra memory at most
@@ -57,16 +58,23 @@ def global_grad_norm(grads: Sequence[Optional[Tensor]]) -> float:
     return float(ops.sqrt(ops.sum(per_grad * per_grad)).asnumpy())
 
 
+def clip_coefficient(norm: float, max_norm: Optional[float]) -> Optional[float]:
+    """``max_norm / (norm + 1e-6)`` when that is < 1 (the gradients are scaled by it), else
+    None: no clipping for ``max_norm=None``, a norm within bounds, or a non-finite norm."""
+    if max_norm is None or not math.isfinite(norm):
+        return None
+    coef = float(max_norm) / (norm + CLIP_EPS)
+    return coef if coef < 1.0 else None
+
+
 def clip_by_norm(grads: Sequence[Optional[Tensor]], norm: float, max_norm: Optional[float]
                  ) -> Tuple[List[Optional[Tensor]], bool]:
     """Scale ``grads`` (whose global norm is ``norm``) by ``coef = max_norm / (norm + 1e-6)``
     when ``coef < 1``; returns (grads, clipped). No clipping for ``max_norm=None`` or a
     non-finite norm. Gradients keep their dtype; None stays None."""
     grads = list(grads)
-    if max_norm is None or not math.isfinite(norm):
-        return grads, False
-    coef = float(max_norm) / (norm + CLIP_EPS)
-    if coef >= 1.0:
+    coef = clip_coefficient(norm, max_norm)
+    if coef is None:
         return grads, False
     c = Tensor(coef, ms.float32)
     # fp32 grads (the trainer's) need no cast back: one kernel per gradient on the hot path

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from mindspore import Parameter, ParameterTuple, Tensor, jit, nn, ops
+from mindspore import Parameter, ParameterTuple, jit, nn, ops
 
 __all__ = ["FusedAdamGroup"]
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 
-from mindspore import Tensor, ops
+from mindspore import Tensor
 
+from ..core.optimizer_defaults import LION_DEFAULTS as D
 from .optimizer import Optimizer
+from .update_rules import lion_step
 
 __all__ = ["Lion"]
 
@@ -20,8 +22,8 @@ __all__ = ["Lion"]
 class Lion(Optimizer):
     optimizer_name = "Lion"
 
-    def __init__(self, params_or_groups, lr: float = 1e-4, betas=(0.95, 0.98),
-                 weight_decay: float = 0.0, *, store_param_remainders: bool = False,
+    def __init__(self, params_or_groups, lr: float = D["lr"], betas=D["betas"],
+                 weight_decay: float = D["weight_decay"], *, store_param_remainders: bool = False,
                  embedding_min_norm=None):
         betas = tuple(betas)
         if len(betas) != 2:
@@ -41,10 +43,5 @@ class Lion(Optimizer):
         return ("lion_m",)
 
     def _update(self, group, i, master, grad: Tensor) -> None:
-        lr, wd = float(group["lr"]), self.group_weight_decay(group)
-        b1, b2 = (float(b) for b in group["betas"])
-        m = self._get_state("lion_m", i)
-        direction = ops.sign(b1 * m + (1.0 - b1) * grad)
-        p = master * (1.0 - lr * wd) if wd != 0.0 else master
-        master.set_data(p - lr * direction)
-        m.set_data(b2 * m + (1.0 - b2) * grad)
+        lion_step(master, self._get_state("lion_m", i), grad, float(group["lr"]),
+                  group["betas"], self.group_weight_decay(group))

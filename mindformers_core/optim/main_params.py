@@ -5,7 +5,7 @@ parameter gets an fp32 copy ``Parameter(param.float(), name="main_param.{name}")
 reads and writes only the master, then casts it back into the model parameter after each step.
 fp32 parameters are their own master (the same object, no copy).
 
-``store_param_remainders`` (seed 002, TransformerEngine FusedAdam): for a bf16 parameter the
+``store_param_remainders`` (TransformerEngine FusedAdam): for a bf16 parameter the
 fp32 master is not stored; instead the 16 low bits of its fp32 bit pattern are kept as an int16
 "remainder" next to the bf16 parameter, which holds the 16 high bits rounded half-up on bit 15:
 
@@ -26,6 +26,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor
+
+from .host_views import aliased_view, numpy_view_aliases_storage, scale_many_in_place
 
 __all__ = ["MainParams", "is_low_precision", "split_fp32_to_bf16_and_remainder",
            "merge_bf16_and_remainder", "fp32_to_bf16_bits", "scale_and_cast_blocked"]
@@ -233,6 +235,16 @@ class MainParams(MasterSnapshot):
     def uses_remainder(self, i: int) -> bool:
         return self._remainders[i] is not None
 
+    def persistent_bytes(self) -> int:
+        """Bytes kept between steps besides the parameters: fp32 masters and remainders."""
+        total = 0
+        for i in range(len(self.params)):
+            if self.uses_remainder(i):
+                total += int(self._remainders[i].nbytes)
+            elif self.has_distinct_master(i):
+                total += int(self.master(i).nbytes)
+        return total
+
     def master(self, i: int) -> Parameter:
         """The fp32 master of params[i] (rebuilt from bf16 + remainder in remainder mode)."""
         if self._remainders[i] is None:
@@ -265,7 +277,6 @@ class MainParams(MasterSnapshot):
         Cast, tested, and ~7x faster than it on CPU).
         """
         # local import: optimizer imports this module
-        from .optimizer import _numpy_view_aliases_storage, aliased_view
         cast = [(i, m) for i, m in zip(indices, masters)
                 if self._remainders[i] is None and m is not self.params[i]]
         for i, m in zip(indices, masters):
@@ -273,7 +284,7 @@ class MainParams(MasterSnapshot):
                 self.store(i, m)
         if not cast:
             return
-        fast = _numpy_view_aliases_storage(low_precision=True)
+        fast = numpy_view_aliases_storage(low_precision=True)
         if fast:
             wait_for_kernels()
         pairs = []
@@ -293,12 +304,11 @@ class MainParams(MasterSnapshot):
         Where ``asnumpy()`` aliases the CPU buffers, the multiply and the fp32 -> bf16/fp16
         write-back run in one cache-blocked pass (:func:`scale_and_cast_blocked`): the master
         is read from memory once instead of twice. Elsewhere (device memory, remainders) the
-        MindSpore-op path: ``optimizer.scale_many_in_place`` then :meth:`store_many`.
+        MindSpore-op path: ``host_views.scale_many_in_place`` then :meth:`store_many`.
         """
-        from .optimizer import _numpy_view_aliases_storage, aliased_view, scale_many_in_place
         if factor == 1.0 and all(m is self.params[i] for i, m in zip(indices, masters)):
             return  # nothing to write: no host sync, the kernels stay asynchronous
-        fast = (_numpy_view_aliases_storage() and _numpy_view_aliases_storage(low_precision=True)
+        fast = (numpy_view_aliases_storage() and numpy_view_aliases_storage(low_precision=True)
                 and not any(self._remainders[i] is not None for i in indices))
         pairs = []
         if fast:

@@ -2,7 +2,7 @@
 
 Update at optimizer step t (once per optimizer step, on the accumulated gradient g of the whole
 step; never per micro-batch), for a Muon-routed parameter with fp32 master p, group lr and
-effective weight decay wd (reference §5, DESIGN §5.3):
+effective weight decay wd (upstream MindFormers 2.1):
 
     m <- mu * m + g                                   (fp32 momentum buffer muon_m.{name})
     U  = g + mu * m   (nesterov)   or   U = m         (the buffer itself is never overwritten)
@@ -19,9 +19,11 @@ weights are stacked and orthogonalised in one batched call (bounded by ns_batch_
 Every other parameter (1-D, and 2-D/3-D ones matching `adamw_include`, default
 `*word_embeddings*`, `*output_layer*`) takes AdamW with `adamw_betas`, `adamw_eps`, the bias
 corrections of Muon's own step counter, and lr * `adamw_lr_mult` (the fixed Muon/AdamW lr ratio,
-seed 003: e.g. Muon 2e-2 with AdamW 3e-3 is adamw_lr_mult 0.15) -- the AdamW class's math,
-inherited. `muon_scalar_optimizer: lion` uses Lion for them instead (sign of the interpolated
-momentum, betas `lion_betas`).
+e.g. Muon 2e-2 with AdamW 3e-3 is adamw_lr_mult 0.15): the rule object ``scalar_rule``
+(``update_rules.AdamRule``, the same Adam math as ``AdamW``). `muon_scalar_optimizer: lion`
+uses ``update_rules.LionRule`` for them instead (sign of the interpolated momentum, betas
+`lion_betas`). Muon is an ``Optimizer`` of its own (it holds these rules, it does not inherit
+AdamW), so it allocates Adam moments only for the parameters of its Adam branch.
 
 After all updates, QK-Clip (`qk_clip.qk_clip_step`) rescales the MLA q/k rows of the fp32
 masters of heads whose tracked max logit exceeds `qk_clip_threshold`; then the masters are
@@ -30,39 +32,40 @@ copied to the low-precision model parameters. `last_qk_clip` holds what it did.
 State names are upstream's: `muon_m.{name}` (Muon), `adam_m.{name}` / `adam_v.{name}` (AdamW
 branch only), `main_param.{name}` (fp32 masters of bf16/fp16 params), `global_step`.
 
-Construction checks run in upstream's order with upstream's messages (reference §5): memory
+Construction checks run in upstream's order with upstream's messages: memory
 budgets, swap, model (given, not legacy, MLA), ns schedule, qk_clip_threshold, adamw_include,
 Ascend cube_math_type, split rules, comm_strategy; then our extra knobs. Unlike upstream, a 3-D
 weight that is not a grouped expert weight is rejected here, not at the first step.
 
 Communication: single-card and replicated data parallel need nothing (gradients arrive
-reduced). For sharded weights the `comm_strategy` (allgather: every rank gathers the full U and
-runs NS; allgather_deredundency: one owner rank per weight runs NS and the update goes back)
-plugs in at `_gather_for_ns`, `_run_newton_schulz` and `_scatter_from_ns`; on one card they are
-the identity / the plain batched NS and both strategies give the same update.
-`distributed/zero_muon.py` builds the ZeRO-sharded variant on these internals (`_is_muon`,
-`_rules`, `_chunks`, `_orthogonalize_many`, `_qk_names`, `_muon_update`, `_apply_qk_clip`).
+reduced). Where the update rows live is the ``exchange`` (a :class:`MuonExchange`):
+:class:`LocalExchange` here, ``distributed.zero_muon.ShardedExchange`` for ZeRO-sharded state
+(allgather: every rank gathers the full U and runs NS; allgather_deredundency: one owner rank
+per weight runs NS and the update goes back). ``_muon_update`` is the one momentum / NS /
+scale / decay path for both; on one card both strategies give the same update.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from .adamw import AdamW
-from .build import register_optimizer
-from .lion import Lion
+from ..core.muon_rules import (check_memory_budget, check_muon_range, check_muon_swap,
+                               check_qk_clip_threshold)
+from ..core.optimizer_defaults import MUON_DEFAULTS as D
+from .adamw import validate_adamw_args, validate_adamw_groups
 from .muon_routing import normalize_adamw_include, routes_to_muon
 from .muon_split import SplitRule, merge_pieces, piece_shapes, split_pieces, split_rule_for
 from .newton_schulz import (DEFAULT_NS_COEFFICIENTS, MUON_SCALE_MODES, configure_ns_precision,
                             default_ns_dtype, muon_scale_factor, normalize_ns_schedule,
                             orthogonalize, preset_schedule)
-from .optimizer import _to_fp32
-from .qk_clip import QKClipStats, qk_clip_step
+from .optimizer import Optimizer, to_fp32
+from .qk_clip import QKClipModel, QKClipStats, qk_clip_step
+from .update_rules import AdamRule, LionRule, apply_muon_delta, muon_momentum
 
-__all__ = ["Muon", "COMM_STRATEGIES", "SCALAR_OPTIMIZERS"]
+__all__ = ["Muon", "MuonExchange", "LocalExchange", "COMM_STRATEGIES", "SCALAR_OPTIMIZERS"]
 
 COMM_STRATEGIES = ("allgather", "allgather_deredundency")
 SCALAR_OPTIMIZERS = ("adam", "lion")
@@ -78,7 +81,54 @@ def _as_float(value):
     return value
 
 
-class Muon(AdamW):
+class MuonExchange(Protocol):
+    """Where the rows of Muon's update matrices live (one process, or sharded over ranks).
+
+    ``Muon._muon_update`` is the one momentum/NS/scale/decay path; an exchange tells it which
+    full matrices to orthogonalise here and how to get this rank's rows back."""
+
+    def gather(self, jobs: list, us: List[Tensor]) -> List[Tensor]:
+        """The full U of every job from this rank's rows ``us``."""
+
+    def ns_here(self, i: int) -> bool:
+        """Whether this rank orthogonalises parameter i."""
+
+    def complete(self, jobs: list, deltas: Dict[int, Tensor]) -> Dict[int, Tensor]:
+        """Every job's full scaled update, from those computed here."""
+
+    def local_rows(self, i: int, delta: Tensor) -> Tensor:
+        """This rank's rows of parameter i's full update."""
+
+    def full_masters(self, masters, indices: List[int]) -> list:
+        """Whole fp32 masters of parameters ``indices`` (QK-Clip scales whole head rows)."""
+
+    def keep_rows(self, i: int, full, master) -> None:
+        """Write this rank's rows of ``full`` (from :meth:`full_masters`) into ``master``."""
+
+
+class LocalExchange:
+    """One process (or replicated data parallel): everything is whole and local."""
+
+    def gather(self, jobs, us):
+        return us
+
+    def ns_here(self, i: int) -> bool:  # noqa: ARG002 - MuonExchange
+        return True
+
+    def complete(self, jobs, deltas):
+        return deltas
+
+    def local_rows(self, i: int, delta: Tensor) -> Tensor:  # noqa: ARG002 - MuonExchange
+        return delta
+
+    def full_masters(self, masters, indices):
+        return [masters.master(i) for i in indices]
+
+    def keep_rows(self, i, full, master) -> None:  # noqa: ARG002 - full is the master
+        return None
+
+
+class Muon(Optimizer):
     """Muon with an AdamW (or Lion) branch; see the module docstring.
 
     Args:
@@ -90,7 +140,7 @@ class Muon(AdamW):
         ns_steps, ns_coefficients, adamw_betas, adamw_eps, qk_clip_enabled, qk_clip_threshold,
         comm_strategy, adamw_include, use_fused_adamw: as upstream MindFormers 2.1.
         muon_split_qkv: False = every Muon 2-D weight is one matrix.
-        muon_scale_mode, muon_extra_scale_factor: seed 002 (update scale and extra factor).
+        muon_scale_mode, muon_extra_scale_factor: update scale mode and extra factor.
         muon_scalar_optimizer: 'adam' | 'lion' for the non-Muon parameters.
         muon_coefficient_type: named NS preset instead of ns_coefficients.
         ns_dtype: None (fp32 on CPU, bf16 on Ascend) | 'float32' | 'bfloat16'.
@@ -105,50 +155,57 @@ class Muon(AdamW):
 
     optimizer_name = "Muon"
 
-    def __init__(self, params_or_groups, model=None, lr: float = 2e-2, weight_decay: float = 0.1,
-                 momentum: float = 0.95, nesterov: bool = True, matched_adamw_rms: float = 0.2,
-                 eps: float = 1e-7, ns_steps: int = 5,
-                 ns_coefficients: Sequence = DEFAULT_NS_COEFFICIENTS,
-                 adamw_betas=(0.95, 0.95), adamw_eps: float = 1e-8,
-                 qk_clip_enabled: bool = True, qk_clip_threshold: float = 100,
-                 comm_strategy: str = "allgather", adamw_include=None,
-                 use_fused_adamw: bool = False, muon_split_qkv: bool = True,
-                 muon_scale_mode: str = "spectral", muon_extra_scale_factor: float = 1.0,
-                 muon_scalar_optimizer: str = "adam", muon_coefficient_type: Optional[str] = None,
-                 ns_dtype=None, adamw_lr_mult: float = 1.0, lion_betas=(0.95, 0.98),
-                 phase0_batch_memory_gb: float = 1, ns_batch_memory_gb: float = 1,
-                 phase4_batch_memory_gb: float = 4, swap: bool = False,
-                 max_logits_reducer=None, embedding_min_norm=None,
+    def __init__(self, params_or_groups, model=None, lr: float = D["lr"],
+                 weight_decay: float = D["weight_decay"], momentum: float = D["momentum"],
+                 nesterov: bool = D["nesterov"], matched_adamw_rms: float = D["matched_adamw_rms"],
+                 eps: float = D["eps"], ns_steps: int = D["ns_steps"],
+                 ns_coefficients: Sequence = D["ns_coefficients"],
+                 adamw_betas=D["adamw_betas"], adamw_eps: float = D["adamw_eps"],
+                 qk_clip_enabled: bool = D["qk_clip_enabled"],
+                 qk_clip_threshold: float = D["qk_clip_threshold"],
+                 comm_strategy: str = D["comm_strategy"], adamw_include=None,
+                 use_fused_adamw: bool = D["use_fused_adamw"],
+                 muon_split_qkv: bool = D["muon_split_qkv"],
+                 muon_scale_mode: str = D["muon_scale_mode"],
+                 muon_extra_scale_factor: float = D["muon_extra_scale_factor"],
+                 muon_scalar_optimizer: str = D["muon_scalar_optimizer"],
+                 muon_coefficient_type: Optional[str] = D["muon_coefficient_type"],
+                 ns_dtype=D["ns_dtype"], adamw_lr_mult: float = D["adamw_lr_mult"],
+                 lion_betas=D["lion_betas"],
+                 phase0_batch_memory_gb: float = D["phase0_batch_memory_gb"],
+                 ns_batch_memory_gb: float = D["ns_batch_memory_gb"],
+                 phase4_batch_memory_gb: float = D["phase4_batch_memory_gb"],
+                 swap: bool = D["swap"], max_logits_reducer=None, embedding_min_norm=None,
                  learning_rate: Optional[float] = None):
         if learning_rate is not None:   # upstream's name for lr
-            if lr != 2e-2 and lr != learning_rate:
+            if lr != D["lr"] and lr != learning_rate:
                 raise ValueError(f"Muon got lr={lr!r} and learning_rate={learning_rate!r}; "
                                  "give one of them")
             lr = learning_rate
-        # 1. base optimizer (groups, fp32 masters, AdamW state for the AdamW branch)
+        # 1. base optimizer (groups, fp32 masters); the AdamW branch's checks and messages
         adamw_betas = tuple(_as_float(b) for b in adamw_betas) \
             if isinstance(adamw_betas, (list, tuple)) else adamw_betas
-        super().__init__(params_or_groups, lr=lr, betas=adamw_betas, eps=_as_float(adamw_eps),
-                         weight_decay=_as_float(weight_decay),
+        adamw_eps, weight_decay = _as_float(adamw_eps), _as_float(weight_decay)
+        validate_adamw_args(adamw_betas, adamw_eps, weight_decay, self.optimizer_name)
+        super().__init__(params_or_groups,
+                         {"lr": float(lr), "betas": tuple(adamw_betas), "eps": adamw_eps,
+                          "weight_decay": weight_decay},
                          embedding_min_norm=embedding_min_norm)
+        validate_adamw_groups(self.param_groups, self.optimizer_name)
         # 2. memory budgets (GB -> bytes)
         for name, value in zip(_MEMORY_BUDGETS, (phase0_batch_memory_gb, ns_batch_memory_gb,
                                                  phase4_batch_memory_gb)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number of GB, but got {type(value).__name__}.")
-            if not value > 0:
-                raise ValueError(f"{name} must be positive, but got {value}.")
+            check_memory_budget(name, value)
             setattr(self, name[:-3] + "_bytes", int(value * 2 ** 30))
         # 3. swap
-        if swap:
-            raise ValueError("Muon does not support swap.")
+        check_muon_swap(swap)
         # 4. model
         self._verify_model(model)
         self.model = model
         # 5. adamw_betas (validated by AdamW above)
         self.adamw_betas = tuple(adamw_betas)
         self.adamw_eps = adamw_eps
-        # 6. Newton-Schulz schedule
+        # 6. Newton-Schulz schedule; flat: ns_steps triples; segmented: the counts give the steps
         if muon_coefficient_type is not None:
             if tuple(ns_coefficients) != tuple(DEFAULT_NS_COEFFICIENTS):
                 raise ValueError("set either muon_coefficient_type (a named preset) or "
@@ -156,10 +213,9 @@ class Muon(AdamW):
             self.ns_schedule = preset_schedule(muon_coefficient_type, ns_steps)
         else:
             self.ns_schedule = normalize_ns_schedule(ns_coefficients, ns_steps)
-        # flat: ns_steps triples; segmented: ns_steps is ignored, the counts give the steps
         self.ns_steps = len(self.ns_schedule)
-        # 7. config
-        self._verify_config(self.ns_steps, qk_clip_enabled, qk_clip_threshold)
+        # 7. QK-Clip threshold
+        check_qk_clip_threshold(qk_clip_enabled, qk_clip_threshold)
         # 8. routing
         patterns = normalize_adamw_include(adamw_include)
         self.adamw_include = patterns
@@ -178,7 +234,7 @@ class Muon(AdamW):
             raise ValueError("comm_strategy must be 'allgather' or 'allgather_deredundency', "
                              f"got {comm_strategy!r}.")
         self.comm_strategy = comm_strategy
-        # ours: the seed-002 knobs
+        # this project's knobs (scale mode, extra factor, scalar optimizer, lr ratio)
         self._verify_extras(momentum, matched_adamw_rms, muon_scale_mode, muon_extra_scale_factor,
                             muon_scalar_optimizer, adamw_lr_mult, lion_betas)
         self.momentum = float(momentum)
@@ -201,16 +257,17 @@ class Muon(AdamW):
         self.max_logits_reducer = max_logits_reducer
         self.last_qk_clip: Optional[QKClipStats] = None
         self._qk_names = self._qk_clip_param_names()
-        # 12. state: muon_m for Muon params; adam_m/adam_v (or lion_m) for the rest only
+        # 12. the scalar branch's rule, and the state: muon_m for Muon params, adam_m/adam_v
+        # (or lion_m) for the others only
+        self.scalar_rule = AdamRule("fused") if self.muon_scalar_optimizer == "adam" \
+            else LionRule(self.lion_betas)
+        for prefix in ("muon_m", "adam_m", "adam_v"):
+            self._state.setdefault(prefix, [None] * len(self.parameters))
         for i, is_muon in enumerate(self._is_muon):
-            if is_muon:
-                self._new_state("muon_m", i)
-            elif self.muon_scalar_optimizer == "lion":
-                self._new_state("lion_m", i)
-            if is_muon or self.muon_scalar_optimizer == "lion":
-                self._state["adam_m"][i] = None
-                self._state["adam_v"][i] = None
-        self._state.setdefault("muon_m", [None] * len(self.parameters))
+            for prefix in ("muon_m",) if is_muon else self.scalar_rule.state_prefixes:
+                self._new_state(prefix, i)
+        #: where the rows of the update matrices live (``distributed.zero_muon`` shards them)
+        self.exchange: MuonExchange = LocalExchange()
 
     # -- construction checks -------------------------------------------------------------------
     @staticmethod
@@ -223,20 +280,6 @@ class Muon(AdamW):
         if not getattr(model.get_gpt_transformer_config(), "multi_latent_attention", False):
             raise ValueError("Current Muon implementation only supports models with "
                              "Multi-Latent Attention enabled.")
-
-    def _verify_config(self, ns_steps, qk_clip_enabled, qk_clip_threshold) -> None:
-        if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps <= 0:
-            raise ValueError(f"ns_steps must be positive, got {ns_steps!r}.")
-        if len(self.ns_schedule) != ns_steps:
-            raise ValueError(f"ns_coefficients schedule length ({len(self.ns_schedule)}) must "
-                             f"match ns_steps ({ns_steps}).")
-        for i, triple in enumerate(self.ns_schedule):
-            if len(triple) != 3:
-                raise ValueError(f"each ns_coefficients entry must have 3 elements, got "
-                                 f"{triple!r} at step {i}.")
-        if qk_clip_enabled and not (isinstance(qk_clip_threshold, (int, float))
-                                    and qk_clip_threshold > 0):
-            raise ValueError(f"qk_clip_threshold must be positive, got {qk_clip_threshold!r}.")
 
     def _route(self, patterns) -> List[bool]:
         """Muon (True) or the AdamW branch (False) per parameter; a group's "optimizer" wins."""
@@ -263,30 +306,40 @@ class Muon(AdamW):
     @staticmethod
     def _verify_extras(momentum, matched_adamw_rms, scale_mode, extra, scalar_opt, adamw_lr_mult,
                        lion_betas) -> None:
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}.")
-        if not matched_adamw_rms > 0:
-            raise ValueError(f"matched_adamw_rms must be positive, got {matched_adamw_rms!r}.")
+        check_muon_range("momentum", momentum)
+        check_muon_range("matched_adamw_rms", matched_adamw_rms)
         if scale_mode not in MUON_SCALE_MODES:
             raise ValueError(f"muon_scale_mode must be one of {list(MUON_SCALE_MODES)}, "
                              f"got {scale_mode!r}.")
-        if not extra > 0:
-            raise ValueError(f"muon_extra_scale_factor must be positive, got {extra!r}.")
+        check_muon_range("muon_extra_scale_factor", extra)
         if scalar_opt not in SCALAR_OPTIMIZERS:
             raise ValueError(f"muon_scalar_optimizer must be 'adam' or 'lion', got {scalar_opt!r}.")
-        if not adamw_lr_mult >= 0:
-            raise ValueError(f"adamw_lr_mult must be >= 0, got {adamw_lr_mult!r}.")
+        check_muon_range("adamw_lr_mult", adamw_lr_mult)
         if len(tuple(lion_betas)) != 2 or not all(0.0 <= b < 1.0 for b in lion_betas):
             raise ValueError(f"lion_betas must be two values in [0, 1), got {lion_betas!r}.")
 
     def _qk_clip_param_names(self) -> Tuple[str, ...]:
-        layout = self.model.qk_clip_layout() if hasattr(self.model, "qk_clip_layout") else []
+        layout = self.model.qk_clip_layout() if isinstance(self.model, QKClipModel) else []
         return tuple(sorted({e[k] for e in layout for k in ("q_param", "kv_param")}))
 
     # -- state ---------------------------------------------------------------------------------
     def state_prefixes(self) -> tuple:
         return ("muon_m", "lion_m") if self.muon_scalar_optimizer == "lion" else \
             ("muon_m", "adam_m", "adam_v")
+
+    @property
+    def muon_mask(self) -> Tuple[bool, ...]:
+        """Per parameter: True when Muon updates it, False for the scalar (AdamW/Lion) branch."""
+        return tuple(self._is_muon)
+
+    def split_rule(self, i: int) -> Optional[SplitRule]:
+        """How parameter i is cut into Newton-Schulz pieces (None: not a Muon parameter)."""
+        return self._rules[i]
+
+    @property
+    def qk_param_names(self) -> Tuple[str, ...]:
+        """Names of the MLA q/kv weights QK-Clip rescales."""
+        return self._qk_names
 
     @property
     def muon_param_names(self) -> Tuple[str, ...]:
@@ -307,10 +360,7 @@ class Muon(AdamW):
     def step(self, grads: Sequence[Optional[Tensor]]) -> None:
         """One optimizer update from the accumulated gradients (aligned with `parameters`;
         None = no gradient: the parameter, its decay and its state are left alone)."""
-        grads = list(grads)
-        if len(grads) != len(self.parameters):
-            raise ValueError(f"{self.optimizer_name}.step got {len(grads)} gradients for "
-                             f"{len(self.parameters)} parameters")
+        grads = self.check_grads(grads)
         self.global_step += 1
         muon_jobs = []
         for group, indices in zip(self.param_groups, self._group_indices):
@@ -318,64 +368,60 @@ class Muon(AdamW):
             for i in indices:
                 if grads[i] is None:
                     continue
-                g = _to_fp32(grads[i])
+                g = to_fp32(grads[i])
                 if self._is_muon[i]:
                     muon_jobs.append((group, i, g))
                     continue
                 if scalar_group is None:
                     scalar_group = dict(group, lr=float(group["lr"]) * self.adamw_lr_mult)
                 master = self._masters.master(i)
-                if self.muon_scalar_optimizer == "lion":
-                    self._lion_update(scalar_group, i, master, g)
-                else:
-                    self._update(scalar_group, i, master, g)  # AdamW math (inherited)
+                self._scalar_update(scalar_group, i, master, g)
                 self._masters.store(i, master)
         if muon_jobs:
             self._muon_update(muon_jobs)
         if self.qk_clip_enabled:
             self.last_qk_clip = self._apply_qk_clip()
-        if self.embedding_min_norm is not None:
-            for i in self._embedding_idx:
-                if grads[i] is not None:
-                    self._apply_embedding_min_norm(i)
+        self._embedding_min_norm_step(grads)
 
     def _muon_update(self, jobs) -> None:
-        mu = self.momentum
-        entries = []                       # (group, i, pieces) with pieces filled in place
-        buckets: Dict[tuple, list] = {}    # (A, B) -> [(entry index, piece index, tensor)]
-        for group, i, g in jobs:
+        """The one Muon update path (one process or sharded, see ``MuonExchange``):
+        momentum on this rank's rows, the full U of each weight, Newton-Schulz of the pieces
+        (batched by shape), scaling, this rank's rows of the update, decay and apply."""
+        ex = self.exchange
+        us = []
+        for _, i, g in jobs:
             m = self._state["muon_m"][i]
-            m_new = m * mu + g
+            m_new, u = muon_momentum(m, g, self.momentum, self.nesterov)
             m.set_data(m_new)
-            u = g + m_new * mu if self.nesterov else m_new
-            u = self._gather_for_ns(i, u)
-            pieces = split_pieces(self._rules[i], u)
-            for k, piece in enumerate(pieces):
-                buckets.setdefault(tuple(piece.shape[-2:]), []).append((len(entries), k, piece))
-            entries.append((group, i, pieces))
-        self._run_newton_schulz(buckets, entries)
-        for group, i, pieces in entries:
-            lr = float(group["lr"])
-            coef = lr * self.matched_adamw_rms * self.muon_extra_scale_factor
-            scaled = [x * (coef * muon_scale_factor(x.shape[-2], x.shape[-1], self.muon_scale_mode))
-                      for x in pieces]
-            delta = self._scatter_from_ns(i, merge_pieces(self._rules[i], scaled,
-                                                          self.parameters[i].shape))
-            master = self._masters.master(i)
-            decay = 1.0 - lr * self.group_weight_decay(group)
-            master.set_data(master * decay - delta if decay != 1.0 else master - delta)
-            self._masters.store(i, master)
-
-    def _run_newton_schulz(self, buckets: Dict[tuple, list], entries: list) -> None:
-        """NS of every piece: `entries[e][2][k]` <- NS(piece) for each (e, k, piece) of each
-        same-shape bucket, batched within the memory budget.
-
-        comm hook: allgather runs all of it on every rank (as here); allgather_deredundency
-        would run only the buckets' pieces this rank owns and broadcast the results."""
+            us.append(u)
+        full = ex.gather(jobs, us)
+        mine = [k for k, (_, i, _) in enumerate(jobs) if ex.ns_here(i)]
+        pieces = {k: split_pieces(self._rules[jobs[k][1]], full[k]) for k in mine}
+        buckets: Dict[tuple, list] = {}    # (A, B) -> [(job, piece index, tensor)]
+        for k in mine:
+            for n, piece in enumerate(pieces[k]):
+                buckets.setdefault(tuple(piece.shape[-2:]), []).append((k, n, piece))
         for items in buckets.values():
             for chunk in self._chunks(items):
-                for (e, k, _), out in zip(chunk, self._orthogonalize_many([t for _, _, t in chunk])):
-                    entries[e][2][k] = out
+                self.on_newton_schulz([t.shape for _, _, t in chunk])
+                for (k, n, _), out in zip(chunk, self._orthogonalize_many([t for _, _, t in chunk])):
+                    pieces[k][n] = out
+        deltas = {}
+        for k in mine:
+            group, i, _ = jobs[k]
+            coef = float(group["lr"]) * self.matched_adamw_rms * self.muon_extra_scale_factor
+            scaled = [x * (coef * muon_scale_factor(x.shape[-2], x.shape[-1], self.muon_scale_mode))
+                      for x in pieces[k]]
+            deltas[k] = merge_pieces(self._rules[i], scaled, tuple(full[k].shape))
+        deltas = ex.complete(jobs, deltas)
+        for k, (group, i, _) in enumerate(jobs):
+            master = self._masters.master(i)
+            apply_muon_delta(master, ex.local_rows(i, deltas[k]), float(group["lr"]),
+                             self.group_weight_decay(group))
+            self._masters.store(i, master)
+
+    def on_newton_schulz(self, shapes) -> None:
+        """Called with the shapes of every batched Newton-Schulz call (FLOP counting)."""
 
     def _chunks(self, items):
         """Split a same-shape bucket so one batched NS holds at most ns_batch_memory bytes."""
@@ -404,69 +450,32 @@ class Muon(AdamW):
                         sizes, 0)
         return [o if t.ndim == 3 else o.squeeze(0) for o, t in zip(out, tensors)]
 
-    # -- communication hooks (data-parallel helper) --------------------------------------------
-    def _gather_for_ns(self, i: int, u: Tensor) -> Tensor:
-        """The full fp32 update matrix of parameter i from this rank's part `u`.
-
-        Single card / replicated DP: `u` is already full. A sharded run replaces this with the
-        `comm_strategy` gather (allgather: all ranks; allgather_deredundency: the owner rank)."""
-        return u
-
-    def _scatter_from_ns(self, i: int, delta: Tensor) -> Tensor:
-        """This rank's part of the full update `delta` of parameter i (identity unsharded)."""
-        return delta
-
-    # -- scalar branch: Lion -------------------------------------------------------------------
-    def _lion_update(self, group: Dict[str, Any], i: int, master, g: Tensor) -> None:
-        """Lion's update (lion.Lion._update, state lion_m.{name}) with `lion_betas`."""
-        Lion._update(self, dict(group, betas=self.lion_betas), i, master, g)
+    # -- scalar branch ---------------------------------------------------------------------
+    def _scalar_update(self, group: Dict[str, Any], i: int, master, g: Tensor) -> None:
+        """AdamW (``adamw_betas``, ``adamw_eps``, Muon's step count) or Lion (``lion_betas``)."""
+        rule = self.scalar_rule
+        rule.branch_update(master, [self.get_state(prefix, i) for prefix in rule.state_prefixes],
+                           g, float(group["lr"]), group, self.group_weight_decay(group),
+                           self.global_step)
 
     # -- QK-Clip -------------------------------------------------------------------------------
     def _apply_qk_clip(self) -> Optional[QKClipStats]:
-        """Clip on the fp32 masters, then copy the rescaled masters to the model parameters."""
+        """Clip on whole fp32 masters (``exchange.full_masters``), keep this rank's rows, then
+        copy the rescaled masters to the model parameters."""
         if not self._qk_names:
             return None
-        index = {self.parameters[i].name: i for i in range(len(self.parameters))}
+        index = {p.name: i for i, p in enumerate(self.parameters)}
+        names = [n for n in self._qk_names if n in index]
+        full = self.exchange.full_masters(self._masters, [index[n] for n in names])
         param_map = {p.name: p for p in self.model.get_parameters()} \
-            if any(n not in index for n in self._qk_names) else {}
-        masters = {}
-        for name in self._qk_names:
-            if name in index:
-                masters[name] = self._masters.master(index[name])
-        param_map.update(masters)
+            if len(names) < len(self._qk_names) else {}
+        param_map.update(zip(names, full))
         stats = qk_clip_step(self.model, self.qk_clip_threshold, param_map,
                              self.max_logits_reducer)
         if stats.num_clipped_heads:
-            for name, master in masters.items():
-                self._masters.store(index[name], master)
+            for name, whole in zip(names, full):
+                i = index[name]
+                master = self._masters.master(i)
+                self.exchange.keep_rows(i, whole, master)
+                self._masters.store(i, master)
         return stats
-
-
-def _muon_kwargs(get, explicit) -> Dict[str, Any]:
-    """`optimizer:` section (OptimizerConfig or dict) -> Muon keyword arguments."""
-    kwargs = dict(
-        weight_decay=float(get("weight_decay", 0.1)), momentum=float(get("momentum", 0.95)),
-        nesterov=bool(get("nesterov", True)), matched_adamw_rms=float(get("matched_adamw_rms", 0.2)),
-        eps=float(get("eps", 1e-7)), ns_steps=int(get("ns_steps", 5)),
-        adamw_betas=tuple(float(b) for b in get("adamw_betas", (0.95, 0.95))),
-        adamw_eps=float(get("adamw_eps", 1e-8)), qk_clip_enabled=bool(get("qk_clip_enabled", True)),
-        qk_clip_threshold=float(get("qk_clip_threshold", 100)),
-        comm_strategy=get("comm_strategy", "allgather"), adamw_include=get("adamw_include"),
-        use_fused_adamw=bool(get("use_fused_adamw", False)), swap=bool(get("swap", False)),
-        muon_split_qkv=bool(get("muon_split_qkv", True)),
-        muon_scale_mode=get("muon_scale_mode", "spectral"),
-        muon_extra_scale_factor=float(get("muon_extra_scale_factor", 1.0)),
-        muon_scalar_optimizer=get("muon_scalar_optimizer", "adam"),
-        muon_coefficient_type=get("muon_coefficient_type"), ns_dtype=get("ns_dtype"),
-        adamw_lr_mult=float(get("adamw_lr_mult", 1.0)),
-        lion_betas=(float(get("lion_beta1", 0.95)), float(get("lion_beta2", 0.98))),
-        embedding_min_norm=get("embedding_min_norm"))
-    if kwargs["muon_coefficient_type"] is None:
-        kwargs["ns_coefficients"] = get("ns_coefficients", list(DEFAULT_NS_COEFFICIENTS))
-    for name in _MEMORY_BUDGETS:
-        if get(name) is not None:
-            kwargs[name] = get(name)
-    return kwargs
-
-
-register_optimizer("Muon", "muon", "Muon", _muon_kwargs)

@@ -1,6 +1,6 @@
 """Which parameters Muon orthogonalises and which fall back to its AdamW branch (pure).
 
-Upstream MindFormers 2.1 `_build_muon_filter` (reference file §5):
+Upstream MindFormers 2.1 `_build_muon_filter`:
   - a parameter whose full name matches a glob of `adamw_include` (fnmatch only, no substring
     rule) goes to AdamW; `adamw_include` defaults to ("*word_embeddings*", "*output_layer*"),
     a bare string is one pattern, and setting it replaces the defaults;

@@ -1,6 +1,6 @@
 """How Muon cuts a weight's update into the matrices it orthogonalises ("pieces").
 
-Upstream MindFormers 2.1 (`make_model_muon_fns` + `muon_utils`, reference §5) orthogonalises
+Upstream MindFormers 2.1 (`make_model_muon_fns` + `muon_utils`) orthogonalises
 fused projections piece by piece, each piece scaled by sqrt(max(A, B)) of its own (A, B). A
 "periodic (a, b)" split of a weight whose rows repeat [a rows | b rows] per head gathers **all**
 a-rows into one piece and all b-rows into another (two pieces, not one per head). Our parameter

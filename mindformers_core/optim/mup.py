@@ -1,5 +1,5 @@
 """muP (maximal-update parameterization) learning-rate / eps overrides (Megatron
-`get_mup_config_overrides`, seed 004).
+`get_mup_config_overrides`, Megatron's muP overrides).
 
 Parameter classes (Tensor Programs V):
   - hidden (matrix-like): ndim >= 2 and not the input embedding / output layer; both dims grow
@@ -22,7 +22,7 @@ import fnmatch
 import math
 from typing import Dict
 
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 from .muon_routing import normalize_adamw_include, routes_to_muon
 from .param_key import (ParamGroupOverride, ParamKey, ParamWithNamePredicate, config_value,
                         is_embedding_or_output)
@@ -107,7 +107,7 @@ def get_mup_config_overrides(config, mup_width_mult: float, optimizer_type: str 
         return is_vector_like(param, name) and not keeps_decoupled_lr(param, name)
 
     if kind in _ADAM_TYPES:
-        base_eps = float(config_value(config, "eps", config_value(config, "adam_eps", 1e-8)))
+        base_eps = float(config_value(config, "eps"))
         key = ParamKey(with_name_predicate=ParamWithNamePredicate(f"mup_hidden_adam(w={w:g})", hidden))
         return {key: ParamGroupOverride(lr_mult=1.0 / w, eps=base_eps / w)}
     if kind == "sgd":

@@ -43,7 +43,7 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 # Re-exported: the schedule forms and named presets live in one pure-Python place.
-from .ns_schedule import (DEFAULT_NS_COEFFICIENTS, NS_COEFFICIENT_PRESETS, normalize_ns_schedule,
+from ..core.ns_schedule import (DEFAULT_NS_COEFFICIENTS, NS_COEFFICIENT_PRESETS, normalize_ns_schedule,
                           preset_schedule)
 
 __all__ = [
@@ -52,7 +52,7 @@ __all__ = [
     "orthogonalize", "ns_matmul_flops",
 ]
 
-# Seed 002 `muon_scale_mode`: the factor applied to NS(U) of an (rows x cols) piece.
+# `muon_scale_mode`: the factor applied to NS(U) of an (rows x cols) piece.
 MUON_SCALE_MODES = ("spectral", "shape_scaling", "unit_rms_norm")
 
 

@@ -15,14 +15,15 @@ to update a whole group at once. Everything else lives here:
 * state: per-parameter tensors named ``{prefix}.{param name}`` (e.g. ``adam_m.w``), made by
   :meth:`_new_state`; ``state_dict()`` returns numpy arrays, ``load_state_dict`` restores
   them bit for bit.
-* ``embedding_min_norm`` (seed 002): after each update, rows of the input word embedding whose
+* ``embedding_min_norm`` (Megatron): after each update, rows of the input word embedding whose
   L2 norm is non-zero and below the threshold are rescaled to norm ``2 * threshold``.
 """
 from __future__ import annotations
 
 import fnmatch
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from types import MappingProxyType
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import mindspore as ms
@@ -30,7 +31,7 @@ from mindspore import Parameter, Tensor, ops
 
 from .main_params import MainParams
 
-__all__ = ["Optimizer", "normalize_param_groups", "EMBEDDING_PATTERNS"]
+__all__ = ["Optimizer", "normalize_param_groups", "EMBEDDING_PATTERNS", "to_fp32", "state_dtype"]
 
 # Input-embedding parameter names (Megatron naming) targeted by embedding_min_norm.
 EMBEDDING_PATTERNS = ("*word_embeddings.weight", "word_embeddings*")
@@ -151,13 +152,51 @@ class Optimizer:
         self._masters.reload_unloaded_from_model()
 
     # -- state ---------------------------------------------------------------------------------
+    # -- state slots: the public API wrappers (``distributed.zero``) use ---------------------
+    @property
+    def masters(self):
+        """The fp32 master store (``main_params.MainParams`` or a sharded one): ``master(i)``,
+        ``store(i, master)``, ``tensors()``, ..."""
+        return self._masters
+
+    def set_masters(self, store) -> None:
+        """Replace the master store (a sharded store of the same parameters)."""
+        self._masters = store
+
+    @property
+    def state_slots(self) -> Mapping[str, List[Optional[Parameter]]]:
+        """``{prefix: [tensor or None per parameter]}``, read-only; :meth:`set_state`
+        replaces one tensor."""
+        return MappingProxyType(self._state)
+
+    def set_state(self, prefix: str, i: int, tensor: Optional[Parameter]) -> None:
+        """Put ``tensor`` in slot ``prefix`` of parameter i."""
+        self._state.setdefault(prefix, [None] * len(self.parameters))[i] = tensor
+
+    def get_state(self, prefix: str, i: int, dtype=None) -> Parameter:
+        """The state tensor ``prefix`` of parameter i, created (zeros) when missing."""
+        return self._get_state(prefix, i, self.slot_dtype(prefix) if dtype is None else dtype)
+
+    def state_shape(self, i: int) -> tuple:
+        """Shape of parameter i's state tensors (the parameter's; a sharded optimizer holds
+        only its rows)."""
+        return tuple(self.parameters[i].shape)
+
+    def slot_dtype(self, prefix: str):
+        """Storage dtype of state ``prefix``."""
+        return self._state_dtype(prefix)
+
+    def index_of(self, name: str) -> int:
+        """Index in ``parameters`` of the parameter called ``name``."""
+        return self._index_of_name(name)
+
     def _new_state(self, prefix: str, i: int, dtype=ms.float32) -> Parameter:
-        """Zeros shaped like parameter i, named ``{prefix}.{name}``, registered for state_dict."""
-        slots = self._state.setdefault(prefix, [None] * len(self.parameters))
+        """Zeros of :meth:`state_shape`, named ``{prefix}.{name}``, registered for state_dict."""
         p = self.parameters[i]
-        slots[i] = Parameter(Tensor(np.zeros(p.shape, np.float32)).astype(dtype),
-                             name=f"{prefix}.{p.name}", requires_grad=False)
-        return slots[i]
+        tensor = Parameter(Tensor(np.zeros(self.state_shape(i), np.float32)).astype(dtype),
+                           name=f"{prefix}.{p.name}", requires_grad=False)
+        self.set_state(prefix, i, tensor)
+        return tensor
 
     def _get_state(self, prefix: str, i: int, dtype=ms.float32) -> Parameter:
         slots = self._state.get(prefix)
@@ -226,15 +265,24 @@ class Optimizer:
     def step(self, grads: Sequence[Optional[Tensor]]) -> None:
         """One update. ``grads`` is aligned with ``parameters``; None = no gradient (the
         parameter is skipped entirely, no weight decay either). Any float dtype; used in fp32."""
-        grads = list(grads)
-        if len(grads) != len(self.parameters):
-            raise ValueError(f"{self.optimizer_name}.step got {len(grads)} gradients for "
-                             f"{len(self.parameters)} parameters")
+        grads = self.check_grads(grads)
         self.global_step += 1
         for group, indices in zip(self.param_groups, self._group_indices):
             live = [i for i in indices if grads[i] is not None]
             if live:
-                self._step_group(group, live, [_to_fp32(grads[i]) for i in live])
+                self._step_group(group, live, [to_fp32(grads[i]) for i in live])
+        self._embedding_min_norm_step(grads)
+
+    def check_grads(self, grads: Sequence[Optional[Tensor]]) -> List[Optional[Tensor]]:
+        """``grads`` as a list, one per parameter (ValueError otherwise)."""
+        grads = list(grads)
+        if len(grads) != len(self.parameters):
+            raise ValueError(f"{self.optimizer_name}.step got {len(grads)} gradients for "
+                             f"{len(self.parameters)} parameters")
+        return grads
+
+    def _embedding_min_norm_step(self, grads) -> None:
+        """``embedding_min_norm`` after an update, for the embeddings that had a gradient."""
         if self.embedding_min_norm is not None:
             for i in self._embedding_idx:
                 if grads[i] is not None:
@@ -258,7 +306,7 @@ class Optimizer:
         return float(group["weight_decay"]) * float(group.get("wd_mult", 1.0))
 
     def _apply_embedding_min_norm(self, i: int) -> None:
-        """Rows with 0 < ||row|| < t are rescaled to norm 2t (seed 002, Megatron semantics);
+        """Rows with 0 < ||row|| < t are rescaled to norm 2t (Megatron semantics);
         all-zero rows are left alone. Applied to the master, then written back."""
         master = self._masters.master(i)
         t = float(self.embedding_min_norm)
@@ -270,80 +318,8 @@ class Optimizer:
         self._masters.store(i, master)
 
 
-def _to_fp32(grad) -> Tensor:
+def to_fp32(grad) -> Tensor:
+    """A gradient as an fp32 Tensor (numpy arrays and other float dtypes are converted)."""
     if not isinstance(grad, Tensor):
         grad = Tensor(np.asarray(grad, dtype=np.float32))
     return grad if grad.dtype == ms.float32 else grad.astype(ms.float32)
-
-
-def scale_many_in_place(masters: Sequence[Parameter], factor: float) -> None:
-    """Each master *= factor, in place; on CPU one host sync for the whole list.
-
-    ``asnumpy()`` waits for pending kernels (a thread hand-off that can cost milliseconds on a
-    busy machine), so all views are taken first (the first call drains the queue, the rest
-    are then immediate) and the numpy multiplies run afterwards, before any new kernel is
-    launched on these masters.
-    """
-    if factor == 1.0:
-        return
-    views = [aliased_view(m) for m in masters] if _numpy_view_aliases_storage() \
-        else [None] * len(masters)
-    f32 = np.float32(factor)
-    for m, view in zip(masters, views):
-        if view is not None:
-            np.multiply(view, f32, out=view)
-        else:
-            m.set_data(m * factor)
-
-
-def aliased_view(param: Parameter) -> Optional[np.ndarray]:
-    """``param.asnumpy()`` when it is a writable view of the Parameter's buffer, else None.
-
-    Two calls returning the same data pointer while the first array is alive means no fresh
-    host copy was made; together with the process-wide probe (writes visible to kernels) this
-    makes in-place numpy writes safe.
-    """
-    first = param.asnumpy()
-    if not first.flags.writeable or first.size == 0:
-        return None
-    again = param.asnumpy()
-    if first.__array_interface__["data"][0] != again.__array_interface__["data"][0]:
-        return None
-    return first
-
-
-def scale_in_place(master: Parameter, factor: float) -> None:
-    """master *= factor, in place.
-
-    On CPU ``asnumpy()`` of a Parameter is a view of its buffer, so a numpy in-place multiply
-    costs one read and one write (~0.3 ns/param) with no MindSpore kernel or allocation.
-    Where it is not a view (device memory) the result is written by ``set_data``.
-    """
-    if factor == 1.0:
-        return
-    scale_many_in_place([master], factor)
-
-
-_ALIASES: Dict[str, bool] = {}
-
-
-def _numpy_view_aliases_storage(low_precision: bool = False) -> bool:
-    """Probe once per process whether ``Parameter.asnumpy()`` aliases the Parameter's
-    storage (true on CPU): a write through the view must be visible to later kernels.
-    ``low_precision`` probes bf16 and fp16 Parameters (MindSpore registers a numpy bfloat16)."""
-    key = "low" if low_precision else "fp32"
-    if key not in _ALIASES:
-        dtypes = (ms.bfloat16, ms.float16) if low_precision else (ms.float32,)
-        ok = True
-        for dtype in dtypes:
-            try:
-                probe = Parameter(Tensor(np.zeros(4, np.float32)).astype(dtype), name="probe")
-                view = probe.asnumpy()
-                ok = ok and bool(view.flags.writeable)
-                if ok:
-                    view[0] = 1.0
-                    ok = bool((probe * 1).astype(ms.float32).asnumpy()[0] == 1.0)
-            except (TypeError, ValueError, RuntimeError):
-                ok = False
-        _ALIASES[key] = ok
-    return _ALIASES[key]

@@ -1,6 +1,6 @@
 """Parameter groups: which lr multiplier, weight decay, eps and update rule each parameter gets.
 
-Megatron `_get_param_groups` semantics (seed 004) on MindFormers-style configs:
+Megatron `_get_param_groups` semantics on MindFormers-style configs:
   1. overrides: `{ParamKey: ParamGroupOverride}`; `None` means "build them from the config":
      standard (weight-decay rules, decoupled LR) + muP + `optimizer.param_overrides` + Muon
      routing. An explicit `{}` means "no overrides at all" (every parameter decays).
@@ -17,7 +17,7 @@ The effective decay is `weight_decay * wd_mult` (Megatron; `Optimizer.group_weig
 `weight_decay` is the override's absolute value or config.weight_decay, `wd_mult` the rules'
 multiplier; a group with wd_mult 0 also has weight_decay 0.0 (as upstream's no-decay group).
 
-Weight decay (MindFormers 2.1 `get_param_groups`, reference §4): include > exclude > defaults.
+Weight decay (MindFormers 2.1 `get_param_groups`): include > exclude > defaults.
 A rule matches a name when `rule == name`, `rule in name` (substring) or `fnmatch(name, rule)`.
 Default no-decay reasons, in order: 1-D shape; name ending in `.bias`; name in
 `model.no_weight_decay()`; a `model.no_weight_decay_keywords()` entry as a substring. Megatron
@@ -31,12 +31,12 @@ import math
 import warnings
 from typing import Dict, List, Optional, Tuple
 
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 from .mup import get_mup_config_overrides, mup_width_mult, model_hidden_size
 from .muon_routing import DEFAULT_ADAMW_INCLUDE, muon_routing, normalize_adamw_include, routes_to_muon
 from .param_key import (ALLOWED_GROUP_OPTIMIZERS, EMBEDDING_OR_OUTPUT_GLOBS, OVERRIDE_FIELDS,
                         ParamGroupOverride, ParamKey, ParamPredicate, ParamWithNamePredicate,
-                        _as_tuple, check_override_values, config_value,
+                        as_tuple, check_override_values, config_value,
                         merge_overrides, optimizer_kind)
 
 __all__ = [
@@ -316,7 +316,7 @@ def _warn_unmatched(config, names: List[str], params_by_name, from_config_overri
                 warnings.warn(f"optimizer.{field_name}: pattern {rule!r} matches no trainable parameter.",
                               UserWarning, stacklevel=3)
     for key in from_config_overrides:
-        for pred in _as_tuple(key.with_name_predicate):
+        for pred in as_tuple(key.with_name_predicate):
             if pred.name.startswith("param_overrides[") and not any(
                     pred(params_by_name[n], n) for n in names):
                 warnings.warn(f"optimizer.{pred.name} matches no trainable parameter.", UserWarning, stacklevel=3)

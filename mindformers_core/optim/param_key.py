@@ -41,7 +41,7 @@ class ParamWithNamePredicate:
         return bool(self.fn(param, name))
 
 
-def _as_tuple(value) -> tuple:
+def as_tuple(value) -> tuple:
     if isinstance(value, (str, ParamPredicate, ParamWithNamePredicate)):
         return (value,)
     return tuple(value)
@@ -65,16 +65,16 @@ class ParamKey:
 
     def matches(self, param, param_name: str) -> bool:
         """True if `param` (full name `param_name`) matches this key."""
-        for pattern in _as_tuple(self.name):
+        for pattern in as_tuple(self.name):
             if fnmatch.fnmatchcase(param_name, pattern):
                 return True
-        for attr in _as_tuple(self.attr):
+        for attr in as_tuple(self.attr):
             if getattr(param, attr, False):
                 return True
-        for pred in _as_tuple(self.predicate):
+        for pred in as_tuple(self.predicate):
             if pred(param):
                 return True
-        for pred in _as_tuple(self.with_name_predicate):
+        for pred in as_tuple(self.with_name_predicate):
             if pred(param, param_name):
                 return True
         return False
@@ -82,15 +82,15 @@ class ParamKey:
     def describe(self) -> str:
         """Short readable form used in error messages and logs."""
         parts = []
-        if _as_tuple(self.name):
-            parts.append(f"name={list(_as_tuple(self.name))}")
-        if _as_tuple(self.attr):
-            parts.append(f"attr={list(_as_tuple(self.attr))}")
-        if _as_tuple(self.predicate):
-            parts.append("predicate=[" + ", ".join(p.name for p in _as_tuple(self.predicate)) + "]")
-        if _as_tuple(self.with_name_predicate):
+        if as_tuple(self.name):
+            parts.append(f"name={list(as_tuple(self.name))}")
+        if as_tuple(self.attr):
+            parts.append(f"attr={list(as_tuple(self.attr))}")
+        if as_tuple(self.predicate):
+            parts.append("predicate=[" + ", ".join(p.name for p in as_tuple(self.predicate)) + "]")
+        if as_tuple(self.with_name_predicate):
             parts.append("with_name_predicate=["
-                         + ", ".join(p.name for p in _as_tuple(self.with_name_predicate)) + "]")
+                         + ", ".join(p.name for p in as_tuple(self.with_name_predicate)) + "]")
         return "ParamKey(" + ", ".join(parts) + ")"
 
     __str__ = describe
@@ -195,36 +195,36 @@ def _is_number(value) -> bool:
 
 
 # --- reading the optimizer config ------------------------------------------------------------
-# Megatron defaults for the fields that shape groups, used when the config (an OptimizerConfig
-# object or a plain dict) does not carry the field.
-CONFIG_DEFAULTS = {
-    "type": "AdamW",
-    "weight_decay": 0.01,
-    "eps": 1e-8,
-    "weight_decay_include": None,
-    "weight_decay_exclude": None,
-    "decoupled_lr": None,
-    "decoupled_min_lr": None,
-    "rmsnorm_weight_decay_mult": None,
-    "apply_wd_to_qk_layernorm": False,
-    "param_overrides": None,
-    "mup": None,
-    "adamw_include": None,
-}
+def _defaults_of(type_name: Any):
+    """``OptimizerConfig(type=...)``: every field's one default (``core.optimizer_defaults``,
+    type-dependent ``weight_decay``/``eps`` resolved), for a config that does not carry one."""
+    from ..config.optimizer import OPTIMIZER_KEYS, OptimizerConfig
+    if type_name not in _DEFAULT_CONFIGS:
+        known = type_name if type_name in OPTIMIZER_KEYS else "AdamW"
+        _DEFAULT_CONFIGS[type_name] = OptimizerConfig(type=known)
+    return _DEFAULT_CONFIGS[type_name]
+
+
+_DEFAULT_CONFIGS: Dict[Any, Any] = {}
 
 
 def config_value(config, key: str, default=None):
-    """`config[key]` for a dict, `config.key` for an object; CONFIG_DEFAULTS when absent or None
-    (a field explicitly None means 'not set')."""
+    """`config[key]` for a dict, `config.key` for an object; when absent or None (a field
+    explicitly None means 'not set'): ``default``, else the OptimizerConfig default of the
+    config's type."""
     if config is None:
         value = None
     elif isinstance(config, dict):
         value = config.get(key)
     else:
         value = getattr(config, key, None)
-    if value is None:
-        return CONFIG_DEFAULTS.get(key, default) if default is None else default
-    return value
+    if value is not None:
+        return value
+    if default is not None:
+        return default
+    if key == "type":
+        return _defaults_of(None).type
+    return getattr(_defaults_of(config_value(config, "type")), key, None)
 
 
 def optimizer_kind(config) -> str:

@@ -23,11 +23,19 @@ all-reduces with MAX over the dp x cp group). `reduce_max_logits`, when given, m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["QKClipStats", "qk_clip_step"]
+__all__ = ["QKClipStats", "QKClipModel", "qk_clip_step"]
+
+
+@runtime_checkable
+class QKClipModel(Protocol):
+    """A model that names the q/kv weights QK-Clip rescales (``models/qk_clip.py``)."""
+
+    def qk_clip_layout(self) -> list:
+        """Per layer: which q/kv weight rows belong to which head."""
 
 
 @dataclass(frozen=True)

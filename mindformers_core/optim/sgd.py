@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 
-import mindspore as ms
 from mindspore import Tensor
 
+from ..core.optimizer_defaults import SGD_DEFAULTS as D
 from .optimizer import Optimizer
 
 __all__ = ["SGD"]
@@ -21,8 +21,8 @@ __all__ = ["SGD"]
 class SGD(Optimizer):
     optimizer_name = "SGD"
 
-    def __init__(self, params_or_groups, lr: float = 1e-3, momentum: float = 0.9,
-                 weight_decay: float = 0.0, nesterov: bool = False, *,
+    def __init__(self, params_or_groups, lr: float = D["lr"], momentum: float = D["momentum"],
+                 weight_decay: float = D["weight_decay"], nesterov: bool = D["nesterov"], *,
                  store_param_remainders: bool = False, embedding_min_norm=None):
         if not (isinstance(momentum, (int, float)) and math.isfinite(momentum)
                 and 0.0 <= momentum < 1.0):

@@ -15,7 +15,7 @@ One optimizer step (DESIGN.md §1, reference §6, with the documented difference
 7. per-group lr ``group_lrs(sched, opt.param_groups, k)`` with ``k`` the number of updates
    applied so far (a skipped step does not advance the lr); the lr logged for step k is the
    lr applied at step k (upstream logs the next one);
-8. ``opt.step(grads)``, then ``opt.post_step(model)`` (QK-Clip) and
+8. ``opt.step(grads)`` (Muon runs QK-Clip in it) and
    ``model.update_expert_bias()`` when they exist;
 9. log, checkpoint every ``save_interleaved_steps``; stop requests (SIGTERM/SIGINT) and
    ``training.stop_at_step`` end the run after a complete step with a checkpoint.
@@ -44,7 +44,10 @@ from .moe_metrics import log_due, moe_step_stats
 from .profiler import StepProfiler
 from .rampup import build_batch_ramp
 from .rng import capture_rng_state, restore_rng_state, seed_everything
+from .protocols import (DataParallelReducer, ExpertBiasModel, MaxLogitsModel, MoEStatsModel,
+                        QKClipOptimizer)
 from .signals import StopRequest
+from .step_decision import NONFINITE, OVERFLOW, SKIP_LIMIT, THRESHOLD, decide_step
 from .train_state import TrainState
 
 __all__ = ["Trainer", "SKIP_WARNING", "SKIP_LIMIT_ERROR", "NONFINITE_ERROR"]
@@ -110,7 +113,7 @@ class Trainer:
                  eval_dataset=None,
                  world_size: Optional[int] = None, rank: Optional[int] = None,
                  pynative_synchronize: Optional[bool] = None):
-        from .run import choose_pynative_synchronize, apply_pynative_synchronize
+        from .pynative import choose_pynative_synchronize, apply_pynative_synchronize
         apply_pynative_synchronize(choose_pynative_synchronize(cfg)
                                    if pynative_synchronize is None else pynative_synchronize)
         self.cfg = cfg
@@ -149,13 +152,15 @@ class Trainer:
         if lr_scheduler is None:
             lr_scheduler = cfg.build_lr_scheduler()
         self.lr_scheduler = lr_scheduler
+        # data parallel: ZeRO-1 sharding (parallelism.data_parallel_shard), QK-Clip MAX;
+        # before any optimizer state is loaded
+        dp = self.grad_reducer if isinstance(self.grad_reducer, DataParallelReducer) else None
         if optimizer is None:
             from ..optim import build_optimizer
-            optimizer = build_optimizer(cfg.optimizer, self.model, lr_scheduler=lr_scheduler)
-        if hasattr(self.grad_reducer, "prepare_optimizer"):
-            # data parallel: ZeRO-1 sharding (parallelism.data_parallel_shard), QK-Clip MAX;
-            # before any optimizer state is loaded
-            optimizer = self.grad_reducer.prepare_optimizer(optimizer, cfg)
+            optimizer = build_optimizer(cfg.optimizer, self.model, lr_scheduler=lr_scheduler,
+                                        shard_layout=dp.optimizer_sharding(cfg) if dp else None)
+        elif dp is not None:
+            optimizer = dp.prepare_optimizer(optimizer, cfg)
         self.optimizer = optimizer
         self.monitor = TrainStateMonitor(cfg.monitor.train_state,
                                          [p.name for p in self.optimizer.parameters])
@@ -342,30 +347,31 @@ class Trainer:
         norm = float(global_grad_norm(grads))
         finite = math.isfinite(norm)
 
-        skipped = clipped = False
-        threshold = getattr(self.cfg.optimizer, "grad_norm_skip_threshold", math.inf)
-        if not finite and self.dynamic_loss_scaling:
-            skipped = True   # fp16 overflow: the scaler lowers its scale; a normal event
+        clipped = False
+        threshold = self.cfg.optimizer.grad_norm_skip_threshold
+        decision = decide_step(norm, max_norm=tr.max_norm, skip_threshold=threshold,
+                               dynamic_loss_scaling=self.dynamic_loss_scaling,
+                               use_skip_step_on_nan=tr.use_skip_step_on_nan,
+                               consecutive_skipped=self.state.consecutive_skipped,
+                               max_consecutive_skipped=tr.max_consecutive_skipped_steps)
+        skipped = decision.skip is not None
+        if decision.error == NONFINITE:
+            raise FloatingPointError(NONFINITE_ERROR.format(norm=norm, step=step_number))
+        if skipped:
+            self._count_skip(overflow=not decision.counts)
+        if decision.skip == OVERFLOW:   # fp16: the scaler lowers its scale; a normal event
             self.log(f"[LossScaler] gradient overflow at step {step_number} (norm {norm}); "
                      f"skipping the update, loss scale {scale:g} -> "
                      f"{self._update_scaler(True):g}")
-            self._count_skip(overflow=True)
-        elif not finite:
-            if not tr.use_skip_step_on_nan:
-                raise FloatingPointError(NONFINITE_ERROR.format(norm=norm, step=step_number))
-            skipped = True
-            self._count_skip()
+        elif decision.skip == NONFINITE:
             self.log(SKIP_WARNING % (norm, step_number, self.state.consecutive_skipped,
                                      self.state.total_skipped))
-            limit = tr.max_consecutive_skipped_steps
-            if limit > 0 and self.state.consecutive_skipped >= limit:
-                raise RuntimeError(SKIP_LIMIT_ERROR.format(n=self.state.consecutive_skipped,
-                                                           m=limit))
-        elif norm > threshold:
-            skipped = True
-            self._count_skip()
+        elif decision.skip == THRESHOLD:
             self.log(THRESHOLD_WARNING % (norm, threshold, step_number,
                                           self.state.consecutive_skipped, self.state.total_skipped))
+        if decision.error == SKIP_LIMIT:
+            raise RuntimeError(SKIP_LIMIT_ERROR.format(n=self.state.consecutive_skipped,
+                                                       m=tr.max_consecutive_skipped_steps))
 
         lrs = [float(x) for x in group_lrs(self.lr_scheduler, self.optimizer.param_groups,
                                            self.state.applied_steps)]
@@ -379,10 +385,11 @@ class Trainer:
                 num_zeros = int(sum(int((g == 0).sum().asnumpy()) for g in grads))
             self.optimizer.set_group_lrs(lrs)
             self.optimizer.step(grads)
-            qk_stats = getattr(self.optimizer, "last_qk_clip", None)
-            if hasattr(self.optimizer, "post_step"):
-                self.optimizer.post_step(self.model)
-            if hasattr(self.model, "update_expert_bias"):
+            qk_stats = self.optimizer.last_qk_clip \
+                if isinstance(self.optimizer, QKClipOptimizer) else None
+            if isinstance(self.model, ExpertBiasModel):
+                # expert loads were summed over micro-batches and DP ranks once this step
+                # (moe_step_stats, after the gradient reduction)
                 self.model.update_expert_bias()
             self.state.applied_steps += 1
             self.state.consecutive_skipped = 0
@@ -393,9 +400,10 @@ class Trainer:
                 self._update_scaler(not finite)   # a static scale stays; kept for symmetry
             # statistics gathered in this step's forward passes must not leak into the next
             # step's expert-bias update / QK-Clip (the update they belong to was skipped)
-            for name in ("reset_moe_stats", "reset_max_attention_logits"):
-                if hasattr(self.model, name):
-                    getattr(self.model, name)()
+            if isinstance(self.model, MoEStatsModel):
+                self.model.reset_moe_stats()
+            if isinstance(self.model, MaxLogitsModel):
+                self.model.reset_max_attention_logits()
 
         self.state.step = step_number
         self.state.consumed_samples += global_batch

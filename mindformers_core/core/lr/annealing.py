@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ...config.errors import ConfigError
+from ...errors import ConfigError
 from .base import LRSchedule, register
 from .float32 import EXACT_STEPS, PI32, f32, f32_const, half_one_plus_cos32, s32
 

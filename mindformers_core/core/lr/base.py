@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, Optional, Tuple
 
-from ...config.errors import ConfigError
-from ...config.schema import unknown_key_error
+from ...errors import MAX_STEPS, ConfigError, check_range, show
+from ...errors import unknown_key_error
 from .fields import as_float, as_int, resolve_steps
 from .float32 import f32, f32_const
 
@@ -41,12 +41,27 @@ def pick(exact: float, upstream32: float) -> float:
         return exact
     return upstream32
 
-__all__ = ["LRSchedule", "WarmupSchedule", "SCHEDULE_CLASSES", "ALIASES", "register", "pick"]
+__all__ = ["LRSchedule", "WarmupSchedule", "SCHEDULE_CLASSES", "ALIASES", "register", "pick",
+           "canonical_type", "registered_schedules"]
 
 #: canonical class name -> class (filled by :func:`register`)
 SCHEDULE_CLASSES: Dict[str, type] = {}
 #: alias -> canonical class name
 ALIASES: Dict[str, str] = {}
+
+
+def canonical_type(name: Any) -> str:
+    """The class name for ``name`` (a class name or an alias); KeyError when unknown."""
+    if name in SCHEDULE_CLASSES:
+        return name
+    return ALIASES[name]
+
+
+def registered_schedules() -> Dict[str, type]:
+    """Every registered ``type`` name (class names and aliases) -> class. The schedules
+    register when ``core.lr`` is imported (its ``__init__`` imports every schedule module)."""
+    return {**SCHEDULE_CLASSES, **{a: SCHEDULE_CLASSES[c] for a, c in ALIASES.items()}}
+
 
 #: (schedule type, key) -> advice, for keys upstream accepts and silently ignores
 _IGNORED_UPSTREAM = {
@@ -115,7 +130,8 @@ class LRSchedule:
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
             raise ConfigError("training.steps",
                               f"total_steps of the LR schedule comes from training.steps and "
-                              f"must be an int >= 1, got {total_steps!r}")
+                              f"must be an int >= 1, got {show(total_steps)}")
+        check_range(total_steps, "training.steps", hi=MAX_STEPS)
         self.total_steps = total_steps
         self._path = path
         self._params: Dict[str, Any] = {}
@@ -126,13 +142,23 @@ class LRSchedule:
     def _p(self, key: str) -> str:
         return f"{self._path}.{key}"
 
+    def _given(self, values: dict, key: str, required: bool = False) -> Any:
+        """``values[key]``; null is refused for a field whose default is a value (null would
+        not mean "the default", and the schedule math needs a number). A required field
+        reports itself as required."""
+        value = values[key]
+        if value is None and not required and self.FIELDS.get(key) is not None:
+            raise ConfigError(self._p(key), f"must not be null: write a number, or leave {key} "
+                                            f"out for its default ({self.FIELDS[key]!r})")
+        return value
+
     def _float(self, values: dict, key: str, **kw) -> Optional[float]:
-        v = as_float(values[key], self._p(key), **kw)
+        v = as_float(self._given(values, key, kw.get("required", False)), self._p(key), **kw)
         self._params[key] = v
         return v
 
     def _int(self, values: dict, key: str, **kw) -> Optional[int]:
-        v = as_int(values[key], self._p(key), **kw)
+        v = as_int(self._given(values, key, kw.get("required", False)), self._p(key), **kw)
         self._params[key] = v
         return v
 
@@ -141,7 +167,7 @@ class LRSchedule:
 
     def lr_pair(self, step: int) -> Tuple[float, float]:  # pragma: no cover - abstract
         """``(float64 closed form, upstream float32 value)`` at ``step``; where upstream is
-        not sane (DESIGN.md §5.2) both are our safe value."""
+        not sane (NaN, negative, rising after the final decay) both are our safe value."""
         raise NotImplementedError
 
     def lr_at(self, step: int) -> float:

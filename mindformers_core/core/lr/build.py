@@ -10,10 +10,9 @@ from __future__ import annotations
 import difflib
 from typing import Any, Dict, List, Mapping, Sequence
 
-from ...config.errors import ConfigError
-from ...config.schema import type_name
-from .base import LRSchedule
-from .lr_schedule import LR_SCHEDULERS, canonical_type
+from ...errors import ConfigError
+from ...errors import type_name
+from .base import LRSchedule, canonical_type, registered_schedules
 
 __all__ = ["build_lr_scheduler", "scheduler_fields", "group_lrs", "schedule_class"]
 
@@ -30,7 +29,7 @@ _MINDSPORE_BUILTINS = {
 
 
 def _valid_names() -> List[str]:
-    return sorted(LR_SCHEDULERS)
+    return sorted(registered_schedules())
 
 
 def schedule_class(type_name_: Any, path: str = "lr_scheduler") -> type:
@@ -42,7 +41,7 @@ def schedule_class(type_name_: Any, path: str = "lr_scheduler") -> type:
         raise ConfigError(f"{path}.type", f"expected a string, got {type_name(type_name_)} "
                                           f"({type_name_!r}); one of {names}")
     try:
-        return LR_SCHEDULERS[canonical_type(type_name_)]
+        return registered_schedules()[canonical_type(type_name_)]
     except KeyError:
         pass
     msg = f"unknown scheduler {type_name_!r}; valid: {names}"

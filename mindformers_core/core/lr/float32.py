@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import struct
 
-from ...config.errors import ConfigError
+from ...errors import ConfigError
 
 __all__ = ["f32", "f32_exact", "f32_const", "F32_MAX", "PI32", "EXACT_STEPS", "s32",
            "half_one_plus_cos32"]

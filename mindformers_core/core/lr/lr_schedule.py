@@ -11,15 +11,15 @@ returns the closed form unless float32 rounding moved upstream further than half
 (:func:`~.base.pick`). So ``lr_at`` equals MindFormers 2.1.0 within abs 1e-9 or rel 1e-6
 wherever upstream is sane, including where float32 cancellation shows (WSD's last decay steps
 with a large peak, cosines far past ``t_max``, ``1 + cos`` near -1). Where upstream is not sane
-(DESIGN.md §5.2) we never return NaN or a negative lr and never rise after the final decay.
+we never return NaN or a negative lr and never rise after the final decay.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Dict
+from typing import Dict
 
-from ...config.errors import ConfigError
-from .base import ALIASES, SCHEDULE_CLASSES, LRSchedule, WarmupSchedule, register
+from ...errors import ConfigError, check_range
+from .base import LRSchedule, WarmupSchedule, canonical_type, register, registered_schedules
 from .fields import as_choice, as_float, resolve_steps
 from .float32 import PI32, f32, f32_const, half_one_plus_cos32, s32
 
@@ -31,6 +31,9 @@ __all__ = [
 ]
 
 _PI = math.pi
+#: largest num_cycles: the phase frac(num_cycles * p) keeps ~10 significant digits in float64
+#: only while num_cycles <= 1e6 (1e308 overflows to inf and the cosine is undefined)
+MAX_NUM_CYCLES = 1e6
 _TWO_PI = 2.0 * math.pi
 _PI32 = PI32
 _cos = math.cos
@@ -118,6 +121,7 @@ class _CosineBase(WarmupSchedule):
         self.lr_end = self._float(values, "lr_end")
         self._check_floor("lr_end", self.lr_end)
         self.c = self._float(values, "num_cycles", lo_open=cycles_lo_open)
+        check_range(self.c, self._p("num_cycles"), hi=MAX_NUM_CYCLES)
         self.D = _decay_cutoff(self, values, allow_ratio)
         self._len = float(max(1, self.total_steps - self.W))
         self.cut = min(self.D, self.W + int(self._len))
@@ -396,6 +400,7 @@ class ConstantWithCoolDownLR(WarmupSchedule):
         self.K = self._int(values, "keep_steps")
         self.F = self._int(values, "final_steps")
         self.c = self._float(values, "num_cycles")
+        check_range(self.c, self._p("num_cycles"), hi=MAX_NUM_CYCLES)
         self.e1 = self._float(values, "lr_end1")
         self._check_floor("lr_end1", self.e1)
         e2 = self._float(values, "lr_end2")
@@ -495,7 +500,7 @@ class LearningRateWiseLayer(LRSchedule):
             raise ConfigError(self._p("base_lr"), "required: the wrapped schedule section, "
                                                   "e.g. {type: CosineWithWarmUpLR, ...}")
         if not isinstance(base, LRSchedule):
-            from .build import build_lr_scheduler  # build imports this module
+            from .build import build_lr_scheduler  # build imports base only: one way
             base = build_lr_scheduler(base, self.total_steps, path=self._p("base_lr"))
         self.base = base
         self._params["base_lr"] = base.to_dict()
@@ -529,12 +534,4 @@ class LearningRateWiseLayer(LRSchedule):
 from .annealing import CosineAnnealingLR, CosineAnnealingWarmRestarts  # noqa: E402
 
 #: every accepted ``type`` name (class names and aliases) -> class
-LR_SCHEDULERS: Dict[str, type] = {**SCHEDULE_CLASSES,
-                                  **{a: SCHEDULE_CLASSES[c] for a, c in ALIASES.items()}}
-
-
-def canonical_type(name: Any) -> str:
-    """The class name for ``name`` (a class name or an alias); KeyError when unknown."""
-    if name in SCHEDULE_CLASSES:
-        return name
-    return ALIASES[name]
+LR_SCHEDULERS: Dict[str, type] = registered_schedules()

@@ -1,0 +1,75 @@
+"""The interfaces the trainer calls, declared as ``typing.Protocol``s.
+
+The trainer checks what a model, an optimizer or a gradient reducer offers with
+``isinstance(obj, Protocol)`` against these declarations instead of probing attribute names:
+
+* :class:`GradReducer` every reducer (``trainer.grad_reducer.IdentityGradReducer``);
+  :class:`DataParallelReducer` the data-parallel one (``distributed.grad_reduce``): it also
+  builds the optimizer for the ranks (ZeRO sharding, QK-Clip MAX) and SUMs MoE loads;
+* :class:`ExpertBiasModel` MoE models with the aux-loss-free expert-bias update, and
+  :class:`MoEStatsModel` those whose expert loads a skipped step must drop;
+* :class:`MaxLogitsModel` models that track max attention logits (QK-Clip input);
+* :class:`QKClipModel` models that name the q/kv weights QK-Clip rescales (declared in
+  ``optim.qk_clip``, which reads it);
+* :class:`QKClipOptimizer` optimizers that report what QK-Clip did (Muon).
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+
+from ..optim.qk_clip import QKClipModel  # declared where QK-Clip reads it
+
+__all__ = ["GradReducer", "DataParallelReducer", "ExpertBiasModel", "MoEStatsModel",
+           "MaxLogitsModel", "QKClipModel", "QKClipOptimizer"]
+
+
+@runtime_checkable
+class GradReducer(Protocol):
+    world_size: int
+    rank: int
+
+    def global_token_count(self, local_tokens: float) -> float:
+        """Loss tokens of the whole global step (before any backward pass)."""
+
+    def reduce(self, grads: Sequence, loss_sum: float,
+               n_tokens: float) -> Tuple[List, float, float]:
+        """SUM of gradients, token-loss sums and token counts over the ranks."""
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        """True on every rank when any rank raised ``flag``."""
+
+
+@runtime_checkable
+class DataParallelReducer(GradReducer, Protocol):
+    def optimizer_sharding(self, cfg) -> Optional[Any]:
+        """What ``build_optimizer(..., shard_layout=...)`` takes for this run (None: plain)."""
+
+    def prepare_optimizer(self, optimizer, cfg):
+        """The same for an optimizer built by the caller (converted in place)."""
+
+    def sync_moe_stats(self, model) -> None:
+        """SUM the MoE token-per-expert counts over ranks before the expert-bias update."""
+
+
+@runtime_checkable
+class ExpertBiasModel(Protocol):
+    def update_expert_bias(self) -> None:
+        """Aux-loss-free expert-bias update, after the optimizer step."""
+
+
+@runtime_checkable
+class MoEStatsModel(Protocol):
+    def reset_moe_stats(self) -> None:
+        """Drop the expert loads gathered by a skipped step."""
+
+
+@runtime_checkable
+class MaxLogitsModel(Protocol):
+    def reset_max_attention_logits(self) -> None:
+        """Drop the max attention logits tracked by a skipped step."""
+
+
+@runtime_checkable
+class QKClipOptimizer(Protocol):
+    #: what the last step's QK-Clip did (None before the first step or when off)
+    last_qk_clip: Any

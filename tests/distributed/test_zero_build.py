@@ -1,0 +1,64 @@
+"""Sharding at construction (build_optimizer(..., shard_layout=ZeroSharding)): the same
+sharded state as converting a built optimizer, with no class swap; set-up only (a step needs
+the other ranks: tests/distributed/test_dp_msrun.py)."""
+import numpy as np
+import pytest
+import mindspore as ms
+
+from mindformers_core.distributed.comm import Communicator
+from mindformers_core.distributed.zero import (ShardedMainParams, ZeroMixin, ZeroSharding,
+                                               optimizer_state_bytes, shard_optimizer_state)
+from mindformers_core.models.build import build_model
+from mindformers_core.optim.build import build_optimizer
+
+TINY = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "num_layers": 2,
+        "num_attention_heads": 2, "q_lora_rank": 8, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4, "v_head_dim": 8, "ffn_hidden_size": 64, "n_routed_experts": 2,
+        "num_experts_per_tok": 1, "moe_intermediate_size": 16, "seq_length": 8,
+        "params_dtype": "bfloat16"}
+
+
+def _state(opt):
+    return {f"{prefix}.{i}": t.astype(ms.float32).asnumpy()
+            for prefix, slots in opt.state_slots.items() for i, t in enumerate(slots)
+            if t is not None}
+
+
+@pytest.mark.parametrize("opt_type", ["AdamW", "Muon"])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_built_sharded_equals_converted(opt_type, rank):
+    section = {"type": opt_type}
+    comm = Communicator(rank, 2)
+    built = build_optimizer(section, build_model(dict(TINY), seed=0),
+                            shard_layout=ZeroSharding(comm, -1))
+    converted = shard_optimizer_state(build_optimizer(section, build_model(dict(TINY), seed=0)),
+                                      comm, -1)
+    assert type(built) is type(converted) and type(built).__name__ == f"Sharded{opt_type}"
+    assert isinstance(built, ZeroMixin) and isinstance(built.masters, ShardedMainParams)
+    a, b = _state(built), _state(converted)
+    assert a.keys() == b.keys() and a
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    for x, y in zip(built.main_params, converted.main_params):
+        np.testing.assert_array_equal(x.asnumpy(), y.asnumpy())
+    assert optimizer_state_bytes(built) == optimizer_state_bytes(converted)
+    plain = build_optimizer(section, build_model(dict(TINY), seed=0))
+    assert optimizer_state_bytes(built) < 0.6 * optimizer_state_bytes(plain)
+    # this rank's rows from the start: a sharded moment is not the parameter's shape
+    shapes = [tuple(t.shape) for slots in built.state_slots.values() for t in slots
+              if t is not None]
+    full = [tuple(p.shape) for p in built.parameters]
+    assert any(s not in full for s in shapes)
+
+
+def test_one_shard_builds_the_plain_class_with_the_dp_max_reduction():
+    comm = Communicator(0, 2)
+    opt = build_optimizer({"type": "Muon"}, build_model(dict(TINY), seed=0),
+                          shard_layout=ZeroSharding(comm, 1))
+    assert type(opt).__name__ == "Muon" and opt.max_logits_reducer == comm.all_reduce_max
+
+
+def test_shards_must_divide_the_world():
+    with pytest.raises(ValueError, match=r"number of optimizer-state shards \(3\) must divide "
+                                         r"the world size \(2\)"):
+        ZeroSharding(Communicator(0, 2), 3)
