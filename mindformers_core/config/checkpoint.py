@@ -72,7 +72,7 @@ class CheckpointConfig(Section):
                                ("load_worker_number", (1,)), ("reshard_worker_num", (1,))):
             require_noop(f"{path}.{name}", getattr(self, name), accepted,
                          "parallel checkpoint loading")
-        from ..distributed.env import env_world_size  # no MindSpore import
+        from ..launch_env import env_world_size  # no MindSpore import
         if env_world_size() > 1:
             for name in ("remove_redundancy", "load_balanced"):
                 require_noop(f"{path}.{name}", getattr(self, name), (False,),
