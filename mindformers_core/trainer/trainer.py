@@ -39,7 +39,10 @@ from .config_diff import config_changes
 from .grad_reducer import IdentityGradReducer
 from .metrics import MetricsWriter, StepMetrics
 from .rampup import build_batch_ramp
+from .resume_checks import (check_train_payload, check_weight, lr_jump_warning,
+                            optimizer_tensor_names)
 from .rng import capture_rng_state, restore_rng_state, seed_everything
+from .run_dir import claim_run_dir, new_run_id
 from .signals import StopRequest
 from .train_state import TrainState
 
@@ -104,7 +107,7 @@ class Trainer:
     def __init__(self, cfg, output_dir: Optional[str] = None, *, model=None, optimizer=None,
                  dataset=None, lr_scheduler=None, grad_reducer=None, stream=None,
                  world_size: Optional[int] = None, rank: Optional[int] = None,
-                 pynative_synchronize: Optional[bool] = None):
+                 pynative_synchronize: Optional[bool] = None, overwrite: bool = False):
         from .run import choose_pynative_synchronize, apply_pynative_synchronize
         apply_pynative_synchronize(choose_pynative_synchronize(cfg)
                                    if pynative_synchronize is None else pynative_synchronize)
@@ -128,6 +131,13 @@ class Trainer:
 
         seed_everything(tr.seed, tr.deterministic)
         loaded = self._resolve_resume()
+        if loaded is not None:
+            check_train_payload(loaded, self.total_steps)
+        # the run lineage: kept by a resume, new for a run from scratch (trainer/run_dir.py)
+        self.run_id = (loaded.run_id if loaded is not None and loaded.run_id else new_run_id())
+        self.writer.run_id = self.run_id
+        if self.rank == 0:
+            claim_run_dir(output_dir, self.save_dir, self.run_id, loaded is not None, overwrite)
 
         # muP: the model's half (hidden init std / sqrt(w), logits x 1/w); the optimizer's half
         # (per-group lr / eps) comes from optimizer.mup in build_optimizer
@@ -214,14 +224,14 @@ class Trainer:
                                   f"{missing[:10]}, unexpected {unexpected[:10]}")
         for name, param in params.items():
             arr = saved[name]
-            if tuple(arr.shape) != tuple(param.shape):
-                raise CheckpointError(f"checkpoint {data.path}: parameter {name} has shape "
-                                      f"{tuple(arr.shape)}, the model has {tuple(param.shape)}")
+            check_weight(data, name, arr, param.shape, "float32" if param.dtype == ms.bfloat16
+                         else str(np.dtype(ms.dtype_to_nptype(param.dtype))))
             param.set_data(ms.Tensor(arr).astype(param.dtype))
 
     def _load_rest(self, data: CheckpointData) -> None:
         st = data.state
         self.state = TrainState.from_dict(st["train_state"])
+        self.writer.last_lr = st.get("last_lr")
         if not self.ckpt_cfg.no_load_optim:
             if not st.get("has_optimizer", False):
                 raise CheckpointError(
@@ -236,8 +246,18 @@ class Trainer:
         if st.get("data") is not None:
             self.dataset.load_state_dict(st["data"])
         rng_arrays = {k[len("rng."):]: v for k, v in data.tensors.items() if k.startswith("rng.")}
-        restore_rng_state(st["rng"], rng_arrays)
+        try:
+            restore_rng_state(st["rng"], rng_arrays)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise CheckpointError(f"checkpoint {data.path}: unusable rng state ({exc!r:.200})") \
+                from None
         self.resumed_from = data.path
+        from ..core.lr import group_lrs
+        jump = lr_jump_warning(st.get("last_lr"), float(group_lrs(
+            self.lr_scheduler, self.optimizer.param_groups, self.state.applied_steps)[0]),
+            self.state.step)
+        if jump:
+            self.log(jump)
         self.log(f"resumed from {data.path}: step {self.state.step}, consumed samples "
                  f"{self.state.consumed_samples}"
                  + (" (optimizer state not loaded)" if self.ckpt_cfg.no_load_optim else ""))
@@ -262,7 +282,9 @@ class Trainer:
                 else:
                     scalars[key] = _jsonable(value)
             state["optimizer_scalars"] = scalars
+            state["optimizer_tensors"] = optimizer_tensor_names(tensors)
             state["has_optimizer"] = True
+        state["last_lr"] = self.writer.last_lr
         rng_json, rng_arrays = capture_rng_state()
         state["rng"] = rng_json
         tensors.update({f"rng.{k}": v for k, v in rng_arrays.items()})
@@ -282,8 +304,10 @@ class Trainer:
         if self.rank != 0:
             return None
         path = save_checkpoint(self.save_dir, self.ckpt_cfg.prefix, self.state.step, tensors,
-                               state, self.cfg.to_dict(), dtypes, write_hook=write_hook)
-        prune_checkpoints(self.save_dir, self.ckpt_cfg.prefix, self.ckpt_cfg.save_max)
+                               state, self.cfg.to_dict(), dtypes, write_hook=write_hook,
+                               run_id=self.run_id)
+        prune_checkpoints(self.save_dir, self.ckpt_cfg.prefix, self.ckpt_cfg.save_max,
+                          run_id=self.run_id)
         self.log(f"saved checkpoint {path}")
         return path
 
