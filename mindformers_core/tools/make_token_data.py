@@ -9,8 +9,8 @@ the separator id ``--eos-id`` (default 0, the NUL byte, which text files do not 
 vocabulary stays 256). ``--no-eos`` joins them without a separator.
 
 Outputs, from prefix ``P``:
-* ``P.bin``: raw little-endian ``--dtype`` (uint16 default) token stream, for ``type: TokenFile``
-  with ``dtype`` set accordingly;
+* ``P.bin``: raw little-endian ``--dtype`` (uint16 default) token stream, for ``type: TokenFile``,
+  with its sidecar ``P.bin.meta.json`` (dtype, vocabulary, length) that the loader checks;
 * ``P.npy``: the same stream as a 1-D ``.npy`` array;
 * ``P.mindrecord`` (+ ``P.mindrecord.db``): one row per window of ``seq-length + 1`` tokens
   (stride ``seq-length``, as TokenFile reads them) with columns ``input_ids`` (window[:-1]),
@@ -25,6 +25,8 @@ import sys
 from typing import Dict, Iterable, List, Sequence
 
 import numpy as np
+
+from ..data.token_meta import write_token_meta
 
 __all__ = ["ByteTokenizer", "tokenize_files", "write_token_file", "write_mindrecord", "main"]
 
@@ -77,8 +79,10 @@ def tokenize_files(paths: Sequence[str], eos_id=0) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
-def write_token_file(tokens: np.ndarray, path: str, dtype: str = "uint16") -> str:
-    """Write a ``.bin`` (raw) or ``.npy`` token file; checks ids fit ``dtype``."""
+def write_token_file(tokens: np.ndarray, path: str, dtype: str = "uint16",
+                     vocab_size: int = ByteTokenizer.vocab_size, tokenizer: str = "byte") -> str:
+    """Write a ``.bin`` (raw) or ``.npy`` token file and its sidecar ``path.meta.json``
+    (dtype, vocabulary, length: ``data/token_meta.py``); checks ids fit ``dtype``."""
     np_dtype = _DTYPES[dtype]
     tokens = np.asarray(tokens)
     if tokens.size and (tokens.min() < 0 or tokens.max() > np.iinfo(np_dtype).max):
@@ -90,6 +94,7 @@ def write_token_file(tokens: np.ndarray, path: str, dtype: str = "uint16") -> st
         arr.tofile(path)
     else:
         raise ValueError(f"token file must end in .bin or .npy, got {path!r}")
+    write_token_meta(path, dtype, vocab_size, arr.size, tokenizer)
     return path
 
 
