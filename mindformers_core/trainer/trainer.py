@@ -32,6 +32,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ..config.checkpoint import CheckpointConfig
+from ..config.errors import ConfigError
 from .accumulate import accumulate_gradients, count_loss_tokens, make_grad_fn
 from .checkpoint import (CheckpointData, CheckpointError, list_checkpoints, prune_checkpoints,
                          resolve_checkpoint, save_checkpoint)
@@ -50,7 +51,7 @@ __all__ = ["Trainer", "SKIP_WARNING", "SKIP_LIMIT_ERROR", "NONFINITE_ERROR"]
 
 SKIP_WARNING = ("[SkipStepOnNaN] Global gradient norm is %s at step %d, skipping the optimizer "
                 "update (consecutive skipped: %d, total skipped: %d).")
-SKIP_LIMIT_ERROR = ("[SkipStepOnNaN] The global gradient norm has been NaN/Inf for {n} "
+SKIP_LIMIT_ERROR = ("[SkipStepOnNaN] The global gradient norm has been {what} for {n} "
                     "consecutive steps, which reaches training.max_consecutive_skipped_steps={m}. "
                     "Training is making no progress; check the data, the learning rate and the "
                     "model configuration.")
@@ -186,6 +187,10 @@ class Trainer:
                              getattr(self.cfg.model, "compute_dtype", ""))
         if getattr(opt_cfg, "loss_scale", None) is None and not fp16:
             return None
+        from ..optim.loss_scale_bound import loss_scale_problem
+        problem = loss_scale_problem(opt_cfg, self.cfg.model)
+        if problem is not None:
+            raise ConfigError(*problem)
         from ..optim.loss_scaler import build_loss_scaler
         return build_loss_scaler(opt_cfg)
 
@@ -357,23 +362,20 @@ class Trainer:
             self.log(f"[LossScaler] gradient overflow at step {step_number} (norm {norm}); "
                      f"skipping the update, loss scale {scale:g} -> "
                      f"{self._update_scaler(True):g}")
-            self._count_skip(overflow=True)
+            self._count_skip("overflowing the loss scale")
         elif not finite:
             if not tr.use_skip_step_on_nan:
                 raise FloatingPointError(NONFINITE_ERROR.format(norm=norm, step=step_number))
             skipped = True
-            self._count_skip()
-            self.log(SKIP_WARNING % (norm, step_number, self.state.consecutive_skipped,
-                                     self.state.total_skipped))
-            limit = tr.max_consecutive_skipped_steps
-            if limit > 0 and self.state.consecutive_skipped >= limit:
-                raise RuntimeError(SKIP_LIMIT_ERROR.format(n=self.state.consecutive_skipped,
-                                                           m=limit))
+            self.log(SKIP_WARNING % (norm, step_number, self.state.consecutive_skipped + 1,
+                                     self.state.total_skipped + 1))
+            self._count_skip("NaN/Inf")
         elif norm > threshold:
             skipped = True
-            self._count_skip()
             self.log(THRESHOLD_WARNING % (norm, threshold, step_number,
-                                          self.state.consecutive_skipped, self.state.total_skipped))
+                                          self.state.consecutive_skipped + 1,
+                                          self.state.total_skipped + 1))
+            self._count_skip(f"above optimizer.grad_norm_skip_threshold={threshold:g}")
 
         lrs = [float(x) for x in group_lrs(self.lr_scheduler, self.optimizer.param_groups,
                                            self.state.applied_steps)]
@@ -424,10 +426,15 @@ class Trainer:
             qk_clipped_heads=qk_stats.num_clipped_heads if qk_stats is not None else None,
             max_attention_logit=qk_stats.max_logit if qk_stats is not None else None)
 
-    def _count_skip(self, overflow: bool = False) -> None:
+    def _count_skip(self, what: str) -> None:
+        """Count a skipped update; every kind of skip (non-finite norm, norm over the skip
+        threshold, loss-scale overflow) counts toward max_consecutive_skipped_steps."""
         self.state.total_skipped += 1
-        if not overflow:
-            self.state.consecutive_skipped += 1
+        self.state.consecutive_skipped += 1
+        limit = self.cfg.training.max_consecutive_skipped_steps
+        if limit > 0 and self.state.consecutive_skipped >= limit:
+            raise RuntimeError(SKIP_LIMIT_ERROR.format(what=what, m=limit,
+                                                       n=self.state.consecutive_skipped))
 
     def _update_scaler(self, found_inf: bool) -> float:
         self.loss_scaler.update(found_inf)
