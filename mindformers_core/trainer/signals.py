@@ -41,8 +41,9 @@ class StopRequest:
                       "saving a checkpoint and exiting")
 
     def __enter__(self) -> "StopRequest":
+        from ..distributed.env import is_msrun_scheduler
         # Signal handlers can only be installed from the main thread.
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread() and not is_msrun_scheduler():
             for sig in self.SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
