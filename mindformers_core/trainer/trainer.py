@@ -40,6 +40,7 @@ from .config_diff import config_changes
 from .grad_reducer import IdentityGradReducer
 from .metrics import MetricsWriter, StepMetrics
 from .rampup import build_batch_ramp
+from .preflight import estimate_checkpoint_bytes, preflight_run_dirs
 from .resume_checks import (check_train_payload, check_weight, lr_jump_warning,
                             optimizer_tensor_names)
 from .rng import capture_rng_state, restore_rng_state, seed_everything
@@ -164,6 +165,11 @@ class Trainer:
             optimizer = self.grad_reducer.prepare_optimizer(optimizer, cfg)
         self.optimizer = optimizer
         self.loss_scaler = self._build_loss_scaler()
+        if self.rank == 0:   # writable directories and room for one checkpoint, before step 1
+            preflight_run_dirs(output_dir, self.save_dir, bool(self.ckpt_cfg.save_path),
+                               estimate_checkpoint_bytes(
+                                   (int(np.prod(p.shape)) for p in self.model.get_parameters()),
+                                   not self.ckpt_cfg.no_save_optim), self.ckpt_cfg.enable_save)
         if dataset is None:
             from ..data import build_dataset
             dataset = build_dataset(cfg.train_dataset, cfg.model, tr.seed, self.rank,
