@@ -43,12 +43,15 @@ def apply_pynative_synchronize(enabled: bool) -> None:
         _LAUNCH_BLOCKING = True
 
 
-def run_training(cfg, output_dir: str, stream=None) -> int:
+def run_training(cfg, output_dir: str, stream=None, overwrite: bool = False,
+                 err_stream=None) -> int:
     """Train ``cfg`` (a RunConfig), writing metrics and checkpoints under ``output_dir``.
 
     Exit codes: 0 finished, stopped at ``training.stop_at_step`` or stopped by SIGTERM/SIGINT
     after saving; 1 the run failed (non-finite gradients, too many skipped steps, an unusable
-    checkpoint); configuration errors propagate as ``ConfigError`` (the CLI maps them to 2).
+    checkpoint; ``ERROR: ...`` on ``err_stream``, default stderr); configuration errors
+    propagate as ``ConfigError`` (the CLI maps them to 2). ``overwrite``: see
+    ``trainer/run_dir.py``.
     """
     import mindspore as ms
     from ..config.errors import ConfigError
@@ -60,6 +63,7 @@ def run_training(cfg, output_dir: str, stream=None) -> int:
     # before any op runs: launch_blocking only takes full effect when set first
     apply_pynative_synchronize(choose_pynative_synchronize(cfg))
     out = stream or sys.stdout
+    err = err_stream or (stream if stream is not None else sys.stderr)
 
     def say(text):
         out.write(text + "\n")
@@ -69,18 +73,18 @@ def run_training(cfg, output_dir: str, stream=None) -> int:
         # the handlers go in before the (slow) build, so an early SIGTERM still exits cleanly
         with StopRequest(log=say) as stop:
             # the Trainer picks the data-parallel reducer itself under msrun
-            trainer = Trainer(cfg, output_dir, stream=out)
+            trainer = Trainer(cfg, output_dir, stream=out, overwrite=overwrite)
             trainer.train(stop_request=stop)
     except ConfigError:
         raise
     except (CheckpointError, FloatingPointError) as exc:
-        out.write(f"ERROR: {exc}\n")
-        out.flush()
+        err.write(f"ERROR: {exc}\n")
+        err.flush()
         return 1
     except RuntimeError as exc:
         if not str(exc).startswith("[SkipStepOnNaN]"):
             raise
-        out.write(f"ERROR: {exc}\n")
-        out.flush()
+        err.write(f"ERROR: {exc}\n")
+        err.flush()
         return 1
     return 0

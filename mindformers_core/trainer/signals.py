@@ -5,6 +5,14 @@ of a step would lose it or leave half-accumulated gradients; so the handler only
 request and the training loop checks :attr:`StopRequest.requested` between steps. A second
 signal of the same kind while already stopping restores the default behaviour, so a user who
 presses Ctrl-C twice still gets out at once.
+
+msrun's scheduler process runs the same command but trains nothing; it keeps the default
+handlers, so the launcher can end it at once when a worker dies (a graceful-stop handler there
+would hold the job until the cluster timeout).
+
+MindSpore's runtime installs a C-level SIGINT handler of its own while it executes ops, and that
+handler re-sends the signal as SIGTERM; a Ctrl-C that lands inside an op is therefore reported
+as SIGTERM. The stop behaves the same either way.
 """
 from __future__ import annotations
 

@@ -1,0 +1,45 @@
+"""What ``--check`` says about the training data: the files exist, are readable, and their ids
+fit the model's vocabulary. Raises ``ConfigError`` naming ``train_dataset.data_path`` (exit 2)
+for a missing or unusable file; never imports MindSpore.
+"""
+from __future__ import annotations
+
+import os
+
+from ..config.errors import ConfigError
+from .token_file import TokenFile
+from .token_meta import meta_path
+
+__all__ = ["describe_data"]
+
+FIELD = "train_dataset.data_path"
+
+
+def _readable(path: str, what: str) -> None:
+    if not os.path.isfile(path):
+        raise ConfigError(FIELD, f"{what} not found: {path!r}")
+    try:
+        with open(path, "rb") as fh:
+            fh.read(1)
+    except OSError as exc:
+        raise ConfigError(FIELD, f"{what} {path!r} is not readable: {exc.strerror or exc}") \
+            from None
+
+
+def describe_data(ds_cfg, model_cfg) -> str:
+    """One line for the plan: the source, and for files what was verified."""
+    kind = ds_cfg.type
+    if kind == "SyntheticMarkov":
+        return "data             : SyntheticMarkov (built in, no files)"
+    path = ds_cfg.data_path
+    if kind == "TokenFile":
+        tf = TokenFile(path, model_cfg.seq_length, ds_cfg.dtype, model_cfg.vocab_size, FIELD)
+        source = f"sidecar {os.path.basename(meta_path(path))}" if tf.meta is not None else \
+            ("the .npy header" if path.lower().endswith(".npy") else "train_dataset.dtype")
+        return (f"data             : TokenFile {path}: {tf.tokens.shape[0]:,} tokens "
+                f"({tf.tokens.dtype.name}, from {source}), {tf.num_samples:,} samples, every id "
+                f"< model.vocab_size {model_cfg.vocab_size} (verified)")
+    _readable(path, "MindRecord file")
+    _readable(path + ".db", "MindRecord index file")
+    return (f"data             : MindDataset {path} (+ .db): readable; row lengths and ids are "
+            "verified at start (reading MindRecord needs MindSpore)")
