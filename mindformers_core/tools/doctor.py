@@ -162,7 +162,9 @@ def check_warmup(cfg, plan, pretraining: bool) -> Verdict:
     if warm >= need:
         return Verdict("warmup", "PASS", f"warmup {warm} steps >= max(1000, 2% of {total}) = "
                                          f"{need}")
-    status = "FAIL" if warm == 0 else "WARN"
+    # Muon's orthogonalised updates have a fixed RMS, so it tolerates no warmup (docs/muon.md):
+    # a missing warmup is only a WARN there, a FAIL (``--check`` exits 1) for the others
+    status = "FAIL" if warm == 0 and cfg.optimizer.type != "Muon" else "WARN"
     reason = (f"warmup {warm} steps < max(1000, 2% of {total} steps) = {need}: pretraining "
               "from scratch with a short warmup risks early loss spikes / divergence")
     if warm == 0:
