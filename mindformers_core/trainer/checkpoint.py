@@ -153,15 +153,17 @@ def save_checkpoint(directory: str, prefix: str, step: int, tensors: Dict[str, n
 
 
 def prune_checkpoints(directory: str, prefix: str, keep: int,
-                      run_id: Optional[str] = None) -> List[str]:
+                      run_id: Optional[str] = None, protect=()) -> List[str]:
     """Delete all but the newest ``keep`` checkpoints of ``prefix`` and stale temp files.
 
     With ``run_id``, only checkpoints written by that run lineage count (and are removed):
-    another run's files in the same directory are never touched. Returns the removed paths.
+    another run's files in the same directory are never touched. Steps in ``protect``
+    (``checkpoint.keep_steps``) are neither counted nor removed. Returns the removed paths.
     """
     removed = []
+    protect = set(protect or ())
     mine = [(s, p) for s, p in list_checkpoints(directory)
-            if _NAME_RE.match(os.path.basename(p)).group("prefix") == prefix
+            if _NAME_RE.match(os.path.basename(p)).group("prefix") == prefix and s not in protect
             and (run_id is None or checkpoint_run_id(p) == run_id)]
     for _, path in mine[:-keep] if keep > 0 else mine:
         os.remove(path)

@@ -318,7 +318,7 @@ class Trainer:
                                state, self.cfg.to_dict(), dtypes, write_hook=write_hook,
                                run_id=self.run_id)
         prune_checkpoints(self.save_dir, self.ckpt_cfg.prefix, self.ckpt_cfg.save_max,
-                          run_id=self.run_id)
+                          run_id=self.run_id, protect=self.ckpt_cfg.keep_steps)
         self.log(f"saved checkpoint {path}")
         return path
 
@@ -450,7 +450,8 @@ class Trainer:
     def _should_save(self, step: int, end: int) -> bool:
         if not self.ckpt_cfg.enable_save:
             return False
-        return step % self.ckpt_cfg.save_interleaved_steps == 0 or step == end
+        return (step % self.ckpt_cfg.save_interleaved_steps == 0 or step == end
+                or step in (self.ckpt_cfg.keep_steps or ()))
 
     def train(self, stop_request: Optional[StopRequest] = None) -> str:
         """Run to ``training.steps`` (or ``stop_at_step``, or a stop signal).
