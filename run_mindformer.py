@@ -83,7 +83,7 @@ def _check(cfg, args) -> int:
     ``--strict``/``--groups``, so a plain ``--check`` stays fast."""
     from mindformers_core.tools.doctor import (doctor_from_args, format_doctor_report,
                                                verdicts_to_json)
-    from mindformers_core.data.check import describe_data
+    from mindformers_core.tools.data_check import describe_data
     plan = cfg.plan()
     data = describe_data(cfg.train_dataset, cfg.model)   # a missing file: ConfigError, exit 2
     verdicts = doctor_from_args(cfg, args, inspect_model=args.strict or args.groups)

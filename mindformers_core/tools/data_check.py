@@ -1,5 +1,5 @@
 """What ``--check`` says about the training data: the files exist, are readable, and their ids
-fit the model's vocabulary. Raises ``ConfigError`` naming ``train_dataset.data_path`` (exit 2)
+fit the model's vocabulary (``data/token_file.py`` does the checking). Raises ``ConfigError`` naming ``train_dataset.data_path`` (exit 2)
 for a missing or unusable file; never imports MindSpore.
 """
 from __future__ import annotations
@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 
 from ..config.errors import ConfigError
-from .token_file import TokenFile
-from .token_meta import meta_path
 
 __all__ = ["describe_data"]
 
@@ -33,6 +31,9 @@ def describe_data(ds_cfg, model_cfg) -> str:
         return "data             : SyntheticMarkov (built in, no files)"
     path = ds_cfg.data_path
     if kind == "TokenFile":
+        # imported here: the data package needs numpy, which a plain --check does not load
+        from ..data.token_file import TokenFile
+        from ..data.token_meta import meta_path
         tf = TokenFile(path, model_cfg.seq_length, ds_cfg.dtype, model_cfg.vocab_size, FIELD)
         source = f"sidecar {os.path.basename(meta_path(path))}" if tf.meta is not None else \
             ("the .npy header" if path.lower().endswith(".npy") else "train_dataset.dtype")
