@@ -12,19 +12,17 @@ from mindformers_core.config import load_config
 from mindformers_core.trainer import Trainer, run_training
 from mindformers_core.trainer.checkpoint import (CheckpointError, load_checkpoint,
                                                  save_checkpoint)
+from tests.trainer.tiny_run import tiny_run_cfg
+
+
+COSINE = {"type": "CosineWithWarmUpLR", "learning_rate": 1.e-3, "warmup_steps": 2,
+          "lr_end": 1.e-5}
 
 
 def cfg(steps, **checkpoint):
     ck = {"enable_save": True, "save_interleaved_steps": 2, "save_max": 5}
     ck.update(checkpoint)
-    return load_config({
-        "training": {"steps": steps, "local_batch_size": 2, "global_batch_size": 2, "seed": 3},
-        "optimizer": {"type": "AdamW"},
-        "lr_scheduler": {"type": "CosineWithWarmUpLR", "learning_rate": 1.e-3,
-                         "warmup_steps": 2, "lr_end": 1.e-5},
-        "model": {"model_type": "gpt", "vocab_size": 16, "hidden_size": 8, "num_layers": 1,
-                  "num_attention_heads": 2, "seq_length": 4},
-        "checkpoint": ck})
+    return tiny_run_cfg(steps, lr=COSINE, checkpoint=ck)
 
 
 @pytest.fixture(scope="module")

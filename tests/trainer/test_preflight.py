@@ -7,24 +7,19 @@ import os
 import numpy as np
 import pytest
 
-from mindformers_core.config import ConfigError, load_config
+from mindformers_core.config import ConfigError
 from mindformers_core.trainer import Trainer
 from mindformers_core.trainer.checkpoint import (CheckpointError, list_checkpoints,
                                                  load_checkpoint, save_checkpoint)
 from mindformers_core.trainer.preflight import (check_free_space, estimate_checkpoint_bytes,
                                                 preflight_run_dirs)
+from tests.trainer.tiny_run import tiny_run_cfg
 
 
 def cfg(**checkpoint):
     ck = {"enable_save": True, "save_interleaved_steps": 1}
     ck.update(checkpoint)
-    return load_config({
-        "training": {"steps": 2, "local_batch_size": 2, "global_batch_size": 2},
-        "optimizer": {"type": "AdamW"},
-        "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": 1.e-3, "warmup_steps": 0},
-        "model": {"model_type": "gpt", "vocab_size": 16, "hidden_size": 8, "num_layers": 1,
-                  "num_attention_heads": 2, "seq_length": 4},
-        "checkpoint": ck})
+    return tiny_run_cfg(2, checkpoint=ck)
 
 
 def test_save_path_that_cannot_be_created_fails_before_step_1(tmp_path):

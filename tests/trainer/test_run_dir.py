@@ -8,24 +8,19 @@ import os
 import numpy as np
 import pytest
 
-from mindformers_core.config import ConfigError, load_config
+from mindformers_core.config import ConfigError
 from mindformers_core.trainer import Trainer
 from mindformers_core.trainer.checkpoint import (checkpoint_run_id, list_checkpoints,
                                                  load_checkpoint, prune_checkpoints,
                                                  save_checkpoint)
 from mindformers_core.trainer.run_dir import SUPERSEDED_DIR, metrics_run_id
+from tests.trainer.tiny_run import tiny_run_cfg
 
 
 def cfg(steps, **checkpoint):
     ck = {"enable_save": True, "save_interleaved_steps": 2, "save_max": 2}
     ck.update(checkpoint)
-    return load_config({
-        "training": {"steps": steps, "local_batch_size": 2, "global_batch_size": 2, "seed": 3},
-        "optimizer": {"type": "AdamW"},
-        "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": 1.e-3, "warmup_steps": 0},
-        "model": {"model_type": "gpt", "vocab_size": 16, "hidden_size": 8, "num_layers": 1,
-                  "num_attention_heads": 2, "seq_length": 4},
-        "checkpoint": ck})
+    return tiny_run_cfg(steps, checkpoint=ck)
 
 
 def train(c, out, **kw):

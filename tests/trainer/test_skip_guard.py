@@ -5,21 +5,12 @@ import os
 
 import pytest
 
-from mindformers_core.config import load_config
 from mindformers_core.trainer import Trainer, run_training
+from tests.trainer.tiny_run import tiny_run_cfg
 
 
 def cfg(steps=4, training=None, optimizer=None, model=None):
-    tr = {"steps": steps, "local_batch_size": 2, "global_batch_size": 2, "seed": 3}
-    tr.update(training or {})
-    opt = {"type": "AdamW"}
-    opt.update(optimizer or {})
-    mdl = {"model_type": "gpt", "vocab_size": 16, "hidden_size": 8, "num_layers": 1,
-           "num_attention_heads": 2, "seq_length": 4}
-    mdl.update(model or {})
-    return load_config({"training": tr, "optimizer": opt, "model": mdl,
-                        "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": 1.e-3,
-                                         "warmup_steps": 0}})
+    return tiny_run_cfg(steps, training=training, optimizer=optimizer, model=model)
 
 
 GUARD = {"use_skip_step_on_nan": True, "max_consecutive_skipped_steps": 2}

@@ -5,22 +5,19 @@ import io
 import json
 import os
 
-from mindformers_core.config import load_config
 from mindformers_core.trainer import Trainer
 from mindformers_core.trainer.checkpoint import list_checkpoints
+from tests.trainer.tiny_run import tiny_run_cfg
+
+
+WSD = {"type": "WarmUpStableDecayLR", "learning_rate": 1.e-2, "warmup_steps": 2,
+       "decay_start_ratio": 0.5, "lr_end": 1.e-5}
 
 
 def wsd(out, steps, **checkpoint):
     ck = {"enable_save": True, "save_interleaved_steps": 100, "save_max": 1, "keep_steps": [5]}
     ck.update(checkpoint)
-    return load_config({
-        "training": {"steps": steps, "local_batch_size": 2, "global_batch_size": 2, "seed": 1},
-        "optimizer": {"type": "AdamW"},
-        "lr_scheduler": {"type": "WarmUpStableDecayLR", "learning_rate": 1.e-2, "warmup_steps": 2,
-                         "decay_start_ratio": 0.5, "lr_end": 1.e-5},
-        "model": {"model_type": "gpt", "vocab_size": 16, "hidden_size": 8, "num_layers": 1,
-                  "num_attention_heads": 2, "seq_length": 4},
-        "checkpoint": ck})
+    return tiny_run_cfg(steps, training={"seed": 1}, lr=WSD, checkpoint=ck)
 
 
 def rows(out):
