@@ -240,6 +240,17 @@ class Trainer:
             param.set_data(ms.Tensor(arr).astype(param.dtype))
 
     def _load_rest(self, data: CheckpointData) -> None:
+        try:
+            self._restore_state(data)
+        except ConfigError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            # a state the digest vouches for but this run cannot take (a crafted or foreign
+            # file): one clear line instead of a traceback from deep inside a load_state_dict
+            raise CheckpointError(f"checkpoint {data.path} cannot be resumed: "
+                                  f"{type(exc).__name__}: {str(exc)[:300]}") from None
+
+    def _restore_state(self, data: CheckpointData) -> None:
         st = data.state
         self.state = TrainState.from_dict(st["train_state"])
         self.writer.last_lr = st.get("last_lr")
@@ -257,11 +268,7 @@ class Trainer:
         if st.get("data") is not None:
             self.dataset.load_state_dict(st["data"])
         rng_arrays = {k[len("rng."):]: v for k, v in data.tensors.items() if k.startswith("rng.")}
-        try:
-            restore_rng_state(st["rng"], rng_arrays)
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise CheckpointError(f"checkpoint {data.path}: unusable rng state ({exc!r:.200})") \
-                from None
+        restore_rng_state(st["rng"], rng_arrays)
         self.resumed_from = data.path
         from ..core.lr import group_lrs
         jump = lr_jump_warning(st.get("last_lr"), float(group_lrs(

@@ -124,3 +124,18 @@ def test_lr_jump_at_resume_is_reported(trained, tmp_path):
     quiet = io.StringIO()
     Trainer(cfg(6, load_path=trained), str(tmp_path / "q"), stream=quiet)
     assert "learning rate jumps" not in quiet.getvalue()
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda st: st.update(optimizer_scalars={}), r"cannot be resumed: KeyError: .*global_step"),
+    (lambda st: st["data"].update(kind="TokenFile"), r"cannot be resumed: ValueError: dataset "
+                                                      r"state was saved with kind='TokenFile'"),
+    (lambda st: st["rng"]["numpy"].pop("pos"), r"cannot be resumed: KeyError: 'pos'"),
+])
+def test_inconsistent_states_are_one_line_checkpoint_errors(trained, tmp_path, edit, message):
+    d = load_checkpoint(trained)
+    state = json.loads(json.dumps(d.state))
+    edit(state)
+    path = resave(trained, tmp_path / "ck", state=state)
+    with pytest.raises(CheckpointError, match=message):
+        resume(path, tmp_path)
