@@ -121,12 +121,14 @@ report_failure() {
     pid=$(echo "$line" | sed -E 's/.*Worker process ([0-9]+) exit.*/\1/')
     code=$(echo "$line" | sed -nE 's/.*Error code: (-?[0-9]+).*/\1/p')
     how="exit code ${code:-?}"
+    local what="ended with $how"
     WORKER_CODE=$code
     if [ -n "$code" ] && [ "$code" -lt 0 ]; then
-      how="killed by signal $(( -code )) (SIG$(kill -l $(( -code )) 2>/dev/null || echo '?'))"
+      how="killed by signal $(( -code ))"
+      what="was $how (SIG$(kill -l $(( -code )) 2>/dev/null || echo '?'))"
       WORKER_CODE=$(( 128 - code ))
     fi
-    echo "msrun_launcher: the job failed: a worker ended with $how." >&2
+    echo "msrun_launcher: the job failed: a worker $what." >&2
     rank=$(sed -n "s/^$pid //p" "$WORKERS_FILE" 2>/dev/null | head -n 1)
     if [ -z "$rank" ]; then
       for f in "$LOG_DIR"/worker_*.log; do
