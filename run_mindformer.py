@@ -158,6 +158,10 @@ def _run(args) -> int:
             return _check(cfg, args)
         if args.groups:
             _print_groups(cfg, args.groups_out)
+        # Ctrl-C to a watcher thread, before numpy's and MindSpore's threads exist
+        # (trainer/signals.py): MindSpore's runtime would re-send it as SIGTERM
+        from mindformers_core.trainer.signals import route_sigint_to_a_thread
+        route_sigint_to_a_thread()
         from mindformers_core.trainer import run_training
         return int(run_training(cfg, args.output_dir, overwrite=args.overwrite) or 0)
     except ConfigError as exc:
