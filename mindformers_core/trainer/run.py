@@ -53,13 +53,10 @@ def run_training(cfg, output_dir: str, stream=None, overwrite: bool = False,
     propagate as ``ConfigError`` (the CLI maps them to 2). ``overwrite``: see
     ``trainer/run_dir.py``.
     """
-    from .signals import StopRequest, route_sigint_to_a_thread
-    # before MindSpore starts its threads (the CLI does it earlier, before numpy's): its
-    # runtime would re-send Ctrl-C as SIGTERM
-    route_sigint_to_a_thread()
     import mindspore as ms
     from ..config.errors import ConfigError
     from .checkpoint import CheckpointError
+    from .signals import StopRequest
     from .trainer import Trainer
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
