@@ -28,8 +28,33 @@ def estimate_checkpoint_bytes(param_sizes: Iterable[int], with_optimizer: bool) 
     return 4 * n * (1 + (OPTIMIZER_STATE_FACTOR if with_optimizer else 0)) + (1 << 20)
 
 
+def _read_only_reason(path: str) -> Optional[str]:
+    """Why ``path`` (or, when missing, its nearest existing ancestor) is read-only, else None.
+
+    Looks at the permission bits and the mount flags, not only at what this process may do:
+    root can write into a ``chmod a-w`` directory, but its owner marked it read-only."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    try:
+        mode = os.stat(probe).st_mode
+        readonly_mount = bool(os.statvfs(probe).f_flag & getattr(os, "ST_RDONLY", 0))
+    except OSError:
+        return None
+    if readonly_mount:
+        return f"{probe!r} is on a read-only filesystem"
+    if os.path.isdir(probe) and not mode & 0o222:
+        return f"{probe!r} is read-only (mode {oct(mode & 0o777)})"
+    return None
+
+
 def check_writable_dir(path: str, field: str) -> None:
-    """Create ``path`` if needed and write (then remove) a probe file in it."""
+    """Create ``path`` if needed and write (then remove) a probe file in it; a directory
+    marked read-only (no write bit, read-only mount) is refused even when root could write."""
+    reason = _read_only_reason(path)
+    if reason is not None:
+        raise ConfigError(field, f"cannot write to {path!r}: {reason}; choose a writable "
+                                 "directory")
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-probe-") as fh:

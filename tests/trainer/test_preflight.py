@@ -34,13 +34,22 @@ def test_save_path_that_cannot_be_created_fails_before_step_1(tmp_path):
         Trainer(cfg(), str(blocker), stream=io.StringIO())
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
 def test_read_only_save_path_fails_before_step_1(tmp_path):
+    """Also as root, who could write there: the directory is marked read-only."""
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o555)
-    with pytest.raises(ConfigError, match=r"^checkpoint.save_path: cannot write to .*ro"):
-        Trainer(cfg(save_path=str(ro)), str(tmp_path / "out"), stream=io.StringIO())
+    try:
+        with pytest.raises(ConfigError, match=r"^checkpoint.save_path: cannot write to .*ro'?: "
+                                              r".*is read-only \(mode 0o555\)"):
+            Trainer(cfg(save_path=str(ro)), str(tmp_path / "out"), stream=io.StringIO())
+        # a missing save path below a read-only directory
+        with pytest.raises(ConfigError, match=r"is read-only \(mode 0o555\)"):
+            Trainer(cfg(save_path=str(ro / "a" / "b")), str(tmp_path / "out"),
+                    stream=io.StringIO())
+        assert os.listdir(ro) == [] and not (tmp_path / "out" / "metrics.jsonl").exists()
+    finally:
+        ro.chmod(0o755)
 
 
 def test_too_little_free_space_is_an_error_at_start(tmp_path):
