@@ -324,4 +324,5 @@ if [ "$status" -ne 0 ] && { [ "$JOIN" = True ] || [ "$JOIN" = true ]; }; then
   report_failure "$status"
   [ -n "$WORKER_CODE" ] && [ "$WORKER_CODE" -gt 0 ] && status=$WORKER_CODE
 fi
+rm -f "$WORKERS_FILE"
 exit "$status"
