@@ -306,6 +306,7 @@ MSRUN_PID=$!
 WORKERS_FILE="$LOG_DIR/.workers"
 : > "$WORKERS_FILE"
 record_workers "$MSRUN_PID" &
+RECORDER_PID=$!
 trap 'forward_stop TERM' TERM
 trap 'forward_stop INT' INT
 while :; do
@@ -318,7 +319,7 @@ if [ "$status" -gt 128 ]; then   # the last wait may have been the interrupted o
   [ "$s2" -ne 127 ] && status=$s2
 fi
 trap - TERM INT
-wait "$READER_PID" 2>/dev/null
+wait "$READER_PID" "$RECORDER_PID" 2>/dev/null
 rm -f "$FIFO"
 if [ "$status" -ne 0 ] && { [ "$JOIN" = True ] || [ "$JOIN" = true ]; }; then
   report_failure "$status"
