@@ -86,3 +86,18 @@ def test_run_errors_go_to_stderr_and_second_run_needs_overwrite(tmp_path):
             "--set", f"checkpoint.load_path={bad}", *short)
     assert r.returncode == 1
     assert "ERROR: checkpoint" in r.stderr and "ERROR" not in r.stdout
+
+
+def test_check_verifies_mindrecord_rows(tmp_path):
+    from mindformers_core.tools.make_token_data import write_mindrecord
+    ids = np.random.default_rng(0).integers(0, 32, 400)
+    path = str(tmp_path / "d.mindrecord")
+    write_mindrecord(ids, path, 32)
+    base = ["--config", QUICK, "--mode", "1", "--check", "--set", "train_dataset.type=MindDataset",
+            "--set", f"train_dataset.data_path={path}"]
+    r = run(*base)
+    assert r.returncode == 0, r.stderr
+    assert f"MindDataset {path} (+ .db): 12 rows of seq_length 32, every id < model.vocab_size " \
+           "32" in r.stdout
+    r = run(*base, "--set", "model.vocab_size=8")
+    assert r.returncode == 2 and "is outside [0, model.vocab_size=8)" in r.stderr, r.stderr
