@@ -27,20 +27,16 @@ if ROOT not in sys.path:
 
 CONFIGS = ["configs/quickstart.yaml", "configs/muon_deepseek_v3_tiny.yaml",
            "configs/npu/deepseek_v3_muon.yaml"]
-#: the NPU recipe's dataset is not on a development machine, and --check verifies data files
-#: (a missing one exits 2): measure it with the built-in corpus instead
-NO_DATA = ["--set", "train_dataset.type=SyntheticMarkov", "--set", "train_dataset.data_path=null"]
+_PROBE = ("import sys, run_mindformer; code = run_mindformer.main(sys.argv[1:]); "
+          "print('MINDSPORE_IMPORTED=' + str('mindspore' in sys.modules)); sys.exit(code)")
 
 
 def _check_args(path: str) -> list:
-    from mindformers_core.config.yaml_io import load_yaml_text
-    with open(os.path.join(ROOT, path), encoding="utf-8") as fh:
-        data_path = ((load_yaml_text(fh.read()) or {}).get("train_dataset") or {}).get(
-            "data_path")
-    missing = data_path and not os.path.exists(os.path.join(ROOT, data_path))
-    return ["--config", path, "--mode", "1", "--check"] + (NO_DATA if missing else [])
-_PROBE = ("import sys, run_mindformer; code = run_mindformer.main(sys.argv[1:]); "
-          "print('MINDSPORE_IMPORTED=' + str('mindspore' in sys.modules)); sys.exit(code)")
+    """--check of ``path``; the NPU recipe's dataset is not on a development machine, so it is
+    measured with the built-in corpus."""
+    from mindformers_core.tools.data_check import missing_data_overrides
+    return (["--config", path, "--mode", "1", "--check"]
+            + missing_data_overrides(os.path.join(ROOT, path), ROOT))
 
 
 def _wall(cmd) -> float:

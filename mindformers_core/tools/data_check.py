@@ -49,3 +49,20 @@ def describe_data(ds_cfg, model_cfg) -> str:
     return (f"data             : MindDataset {path} (+ .db): {md.num_samples:,} rows of "
             f"seq_length {model_cfg.seq_length}, every id < model.vocab_size "
             f"{model_cfg.vocab_size} and every loss_mask finite and >= 0 (verified)")
+
+
+#: ``--set`` overrides that replace a config's data with the built-in corpus
+BUILTIN_DATA_OVERRIDES = ("train_dataset.type=SyntheticMarkov", "train_dataset.data_path=null")
+
+
+def missing_data_overrides(config_path: str, root: str = ".") -> list:
+    """``["--set", ...]`` swapping in the built-in corpus when the config's data file (relative
+    to ``root``) is not on this machine (a production recipe checked on a development box);
+    ``[]`` otherwise. ``--check`` itself refuses a missing file (exit 2)."""
+    from ..config.yaml_io import load_yaml_text
+    with open(config_path, encoding="utf-8") as fh:
+        data = load_yaml_text(fh.read()) or {}
+    data_path = (data.get("train_dataset") or {}).get("data_path")
+    if not data_path or os.path.exists(os.path.join(root, data_path)):
+        return []
+    return [arg for item in BUILTIN_DATA_OVERRIDES for arg in ("--set", item)]
