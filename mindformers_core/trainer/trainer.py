@@ -39,8 +39,8 @@ from .checkpoint import (CheckpointData, CheckpointError, list_checkpoints, prun
 from .config_diff import config_changes
 from .grad_reducer import IdentityGradReducer
 from .metrics import MetricsWriter, StepMetrics
-from .rampup import build_batch_ramp
 from .preflight import estimate_checkpoint_bytes, preflight_run_dirs
+from .rampup import build_batch_ramp
 from .resume_checks import (check_train_payload, check_weight, lr_jump_warning,
                             optimizer_tensor_names)
 from .rng import capture_rng_state, restore_rng_state, seed_everything
