@@ -5,20 +5,24 @@
                              [--output_dir ./output] [--check [--json] [--strict]]
                              [--groups [--groups-out FILE]] [--plot-lr OUT.png]
 
-Exit codes: 0 ok; 2 invalid configuration (one line ``field.path: message``, no traceback);
-1 with ``--strict`` when the launch doctor reports WARN/FAIL; otherwise the trainer's code.
-Only PyNative (``--mode 1``) is supported. ``--check`` never imports MindSpore.
+Exit codes: 0 ok; 2 invalid configuration or missing data file (one line
+``error: field.path: message`` on stderr, no traceback); 1 when ``--check``'s launch doctor
+reports FAIL (WARN too with ``--strict``) or the run failed (``ERROR: ...`` on stderr);
+otherwise the trainer's code. Only PyNative (``--mode 1``) is supported. ``--check`` never
+imports MindSpore.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import os
 import sys
 import warnings
 from typing import List, Optional
 
 EXIT_OK, EXIT_VERDICT, EXIT_CONFIG = 0, 1, 2
+EXIT_SIGPIPE = 128 + 13   # what a process killed by SIGPIPE reports
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,11 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a field, value parsed as YAML (repeatable), "
                         "e.g. --set training.steps=20 --set optimizer.betas=[0.9,0.99]")
     p.add_argument("--output_dir", default="./output", help="run directory (metrics, checkpoints)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start a new run in a directory holding another run's files: move them "
+                        "into superseded/ (nothing is deleted)")
     p.add_argument("--check", action="store_true",
                    help="validate the config, print the resolved plan and exit (0 valid, 2 invalid)")
     p.add_argument("--json", action="store_true", help="with --check: print the plan as JSON")
     p.add_argument("--strict", action="store_true",
-                   help="with --check: run the launch doctor; exit 1 on any WARN/FAIL verdict")
+                   help="with --check: also build the model for the doctor's group checks, and "
+                        "exit 1 on WARN verdicts too (FAIL always exits 1)")
     p.add_argument("--groups", action="store_true",
                    help="with --check: build the model and print the parameter-group table")
     p.add_argument("--groups-out", dest="groups_out", default=None, metavar="FILE",
@@ -75,20 +83,24 @@ def _check(cfg, args) -> int:
     ``--strict``/``--groups``, so a plain ``--check`` stays fast."""
     from mindformers_core.tools.doctor import (doctor_from_args, format_doctor_report,
                                                verdicts_to_json)
+    from mindformers_core.tools.data_check import describe_data
     plan = cfg.plan()
+    data = describe_data(cfg.train_dataset, cfg.model)   # a missing file: ConfigError, exit 2
     verdicts = doctor_from_args(cfg, args, inspect_model=args.strict or args.groups)
     if args.json:
-        out = {"plan": plan.to_dict(), "config": cfg.to_dict(),
+        out = {"plan": plan.to_dict(), "config": cfg.to_dict(), "data": data,
                "verdicts": verdicts_to_json(verdicts)}
         print(json.dumps(out, indent=2, default=str))
     else:
         print(f"config OK: {args.config}")
         print(plan.format())
+        print(data)
         print()
         print(format_doctor_report(cfg, verdicts))
     if args.groups:
         _print_groups(cfg, args.groups_out)
-    if args.strict and any(v.status in ("WARN", "FAIL") for v in verdicts):
+    failing = ("WARN", "FAIL") if args.strict else ("FAIL",)
+    if any(v.status in failing for v in verdicts):
         return EXIT_VERDICT
     return EXIT_OK
 
@@ -116,6 +128,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     warnings.formatwarning = _one_line_warning  # warnings reach the user as one line too
     try:
         return _run(args)
+    except BrokenPipeError:
+        # the reader went away (`--check | head`): stop quietly, as Unix tools do on SIGPIPE
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_SIGPIPE
     finally:
         warnings.formatwarning = previous
 
@@ -141,8 +158,12 @@ def _run(args) -> int:
             return _check(cfg, args)
         if args.groups:
             _print_groups(cfg, args.groups_out)
+        # Ctrl-C to a watcher thread, before numpy's and MindSpore's threads exist
+        # (trainer/signals.py): MindSpore's runtime would re-send it as SIGTERM
+        from mindformers_core.trainer.signals import route_sigint_to_a_thread
+        route_sigint_to_a_thread()
         from mindformers_core.trainer import run_training
-        return int(run_training(cfg, args.output_dir) or 0)
+        return int(run_training(cfg, args.output_dir, overwrite=args.overwrite) or 0)
     except ConfigError as exc:
         return _fail(str(exc), EXIT_CONFIG)
     except ValueError as exc:

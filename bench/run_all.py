@@ -3,13 +3,15 @@
     python -m bench                 # quick mode (well under 10 minutes on 2 cores)
     python -m bench --full          # each script's default (longer) settings
     python -m bench --only train,check
+    python -m bench --save          # record the results in the tracked bench/results/
     python bench/run_all.py --list
 
 Each ``bench/bench_*.py`` runs in its own interpreter (MindSpore's context and synchronous
-dispatch are process-wide), writes its own ``bench/results/<name>.json``, and is summarised
+dispatch are process-wide), writes its own ``<results>/<name>.json``, and is summarised
 here into rows ``bench | case | metric | value``. The table is also written to
-``bench/results/summary.json`` with the date, the machine and each script's wall time and exit
-code. A script that fails or times out is reported in the table; the others still run.
+``<results>/summary.json`` with the date, the machine and each script's wall time and exit
+code. ``<results>`` is ``output/bench/`` (untracked, so a run never changes the repository),
+``bench/results/`` (the tracked record the docs quote) with ``--save``, or ``--results DIR``. A script that fails or times out is reported in the table; the others still run.
 Scripts without an entry in ``QUICK_ARGS`` get ``--quick`` when their ``--help`` offers it.
 """
 from __future__ import annotations
@@ -26,7 +28,9 @@ from typing import Callable, Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_DIR = os.path.join(ROOT, "bench")
-RESULTS = os.path.join(BENCH_DIR, "results")
+SAVED_RESULTS = os.path.join(BENCH_DIR, "results")          # tracked: written with --save only
+SCRATCH_RESULTS = os.path.join(ROOT, "output", "bench")     # untracked (.gitignore: output/)
+RESULTS = SCRATCH_RESULTS
 
 #: quick-mode arguments per script (what keeps the whole run under 10 minutes on 2 cores)
 QUICK_ARGS: Dict[str, List[str]] = {
@@ -290,9 +294,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     ap.add_argument("--from-summary", action="store_true",
                     help="run nothing: print bench/results/summary.json as a Markdown table")
-    ap.add_argument("--results", default=RESULTS, help="directory of the JSON results")
+    ap.add_argument("--save", action="store_true",
+                    help="write the results into the tracked bench/results/ (default: "
+                         "output/bench/, untracked)")
+    ap.add_argument("--results", default=None, help="directory of the JSON results (overrides "
+                                                     "--save)")
     args = ap.parse_args(argv)
-    RESULTS = os.path.abspath(args.results)
+    saved = args.save or args.from_summary
+    RESULTS = os.path.abspath(args.results or (SAVED_RESULTS if saved else SCRATCH_RESULTS))
     if args.from_summary:
         return print_summary_markdown()
     scripts = discover()

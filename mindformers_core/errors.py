@@ -16,7 +16,7 @@ import math
 from typing import Any, Iterable, Optional, Sequence
 
 __all__ = ["ConfigError", "type_name", "show", "closest", "unknown_key_error", "check",
-           "check_range", "checked", "to_float", "as_float", "as_int", "as_choice", "MAX_REPR", "MAX_STEPS"]
+           "check_range", "checked", "truncate_message", "MAX_MESSAGE_CHARS", "to_float", "as_float", "as_int", "as_choice", "MAX_REPR", "MAX_STEPS"]
 
 #: largest step count: steps and step ratios are resolved in float64, which holds every int
 #: up to 2**53 exactly
@@ -24,6 +24,18 @@ MAX_STEPS = 2 ** 53
 
 #: longest value representation put into a message (a huge YAML value stays one short line)
 MAX_REPR = 80
+
+#: longest message kept; a longer one (a huge value repr()'d into it) is cut in the middle
+MAX_MESSAGE_CHARS = 2000
+
+
+def truncate_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` if it is at most ``limit`` characters, else its head and tail around a
+    ``... [N characters cut] ...`` marker (the result stays within ``limit`` + 40)."""
+    if len(text) <= limit:
+        return text
+    head, tail = text[:limit * 3 // 4], text[-(limit // 4):]
+    return f"{head} ... [{len(text) - len(head) - len(tail)} characters cut] ... {tail}"
 
 
 class ConfigError(ValueError):
@@ -35,8 +47,8 @@ class ConfigError(ValueError):
 
     def __init__(self, path: str, message: str):
         self.path = path
-        self.detail = message
-        super().__init__(f"{path}: {message}" if path else message)
+        self.detail = truncate_message(message)
+        super().__init__(f"{path}: {self.detail}" if path else self.detail)
 
 
 def type_name(value: Any) -> str:

@@ -7,10 +7,12 @@ Sources (``type``):
   Each context has ``markov_branching`` likely next tokens weighted by a
   Dirichlet(``markov_concentration``) draw, mixed with a uniform distribution of weight
   ``markov_smoothing`` (which keeps the chain ergodic). Its exact entropy rate is the loss floor.
-* ``TokenFile``: a flat stream of token ids in ``data_path`` (``.bin`` raw, element type
-  ``dtype``; or ``.npy``), cut into windows of ``model.seq_length + 1`` tokens.
+* ``TokenFile``: a flat stream of token ids in ``data_path`` (``.bin`` raw, element type from
+  its sidecar ``<data_path>.meta.json``, or ``dtype`` for a file without one; or ``.npy``),
+  cut into windows of ``model.seq_length + 1`` tokens.
 * ``MindDataset``: a MindRecord file ``data_path`` with ``input_ids``, ``labels``,
-  ``loss_mask``, ``position_ids`` columns (as written by ``tools/make_token_data.py``).
+  ``loss_mask``, ``position_ids`` columns (as written by
+  ``python -m mindformers_core.tools.make_token_data``).
 * ``PydocText``: real English text every Python has (``pydoc_data.topics``, see
   ``data/text_corpus.py``), tokenized at start-up with the ``tokenizer:`` section (byte-level
   when absent) and cut into windows like a TokenFile.
@@ -58,7 +60,9 @@ class DatasetConfig(Section):
     type: Literal["SyntheticMarkov", "TokenFile", "MindDataset", "PydocText",
                   "IndexedDataset"] = "SyntheticMarkov"
     data_path: Optional[str] = None
-    dtype: Literal["uint16", "uint32"] = "uint16"   # element type of a raw .bin token file
+    # element type of a raw .bin token file; null = the file's sidecar (<file>.meta.json,
+    # written by tools/make_token_data) decides, and a .bin without one is an error
+    dtype: Optional[Literal["uint16", "uint32"]] = None
     shuffle: bool = True                 # epoch-wise permutation (files; synthetic samples are i.i.d.)
     seed: Optional[int] = None           # None = training.seed
     loss_mask_mode: Literal["all", "random_prefix"] = "all"

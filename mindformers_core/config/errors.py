@@ -2,4 +2,6 @@
 so that the LR schedules and the optimizers raise it without importing the config layer)."""
 from ..errors import ConfigError
 
-__all__ = ["ConfigError"]
+from ..errors import MAX_MESSAGE_CHARS, truncate_message
+
+__all__ = ["ConfigError", "MAX_MESSAGE_CHARS", "truncate_message"]

@@ -80,6 +80,20 @@ class MindDataset:
                     raise ConfigError(self._field, (
                         f"row {row_idx} of {self.path!r}: {col} has length {n}, but "
                         f"{layout} must have {want} for model.seq_length {self.seq_length}"))
+            for col in ("input_ids", "labels"):
+                if col in row and np.asarray(row[col]).dtype.kind not in "iu":
+                    raise ConfigError(self._field, (
+                        f"row {row_idx} of {self.path!r}: {col} holds "
+                        f"{np.asarray(row[col]).dtype} values; token ids must be integers "
+                        "(a float id would be truncated silently)"))
+            if "loss_mask" in row:
+                mask = np.asarray(row["loss_mask"], dtype=np.float64)
+                bad = np.flatnonzero(~np.isfinite(mask) | (mask < 0))
+                if bad.size:
+                    raise ConfigError(self._field, (
+                        f"row {row_idx} of {self.path!r}: loss_mask[{int(bad[0])}] is "
+                        f"{mask[bad[0]]!r}; a loss mask must be finite and >= 0 (it weights "
+                        "each label token's loss)"))
             if self.vocab_size is not None:
                 for col in ("input_ids", "labels"):
                     if col in row:

@@ -22,6 +22,7 @@ Each :class:`Verdict` names a checklist ``item``, a ``status`` (PASS | WARN | FA
     group_lr_ratios       per-group lr multipliers (muP, decoupled lr, Muon vs AdamW branch)
     optimizer_state       checkpoints keep the optimizer state; a resume keeps it too
     muon_prerequisites    Muon: MLA enabled, no swap, QK-Clip on
+    loss_scale            the loss scale fits the dtype (optim/loss_scale_bound.py): FAIL beyond
 
 ``format_doctor_report(cfg, verdicts)`` adds the lr at the key steps of the schedule.
 """
@@ -161,7 +162,9 @@ def check_warmup(cfg, plan, pretraining: bool) -> Verdict:
     if warm >= need:
         return Verdict("warmup", "PASS", f"warmup {warm} steps >= max(1000, 2% of {total}) = "
                                          f"{need}")
-    status = "FAIL" if warm == 0 else "WARN"
+    # Muon's orthogonalised updates have a fixed RMS, so it tolerates no warmup (docs/muon.md):
+    # a missing warmup is only a WARN there, a FAIL (``--check`` exits 1) for the others
+    status = "FAIL" if warm == 0 and cfg.optimizer.type != "Muon" else "WARN"
     reason = (f"warmup {warm} steps < max(1000, 2% of {total} steps) = {need}: pretraining "
               "from scratch with a short warmup risks early loss spikes / divergence")
     if warm == 0:
@@ -421,6 +424,18 @@ def check_muon_prerequisites(cfg) -> Verdict:
                    f"{opt.qk_clip_threshold:g}")
 
 
+def check_loss_scale(cfg) -> Verdict:
+    from ..optim.loss_scale_bound import loss_scale_problem
+    problem = loss_scale_problem(cfg.optimizer, cfg.model)
+    if problem is not None:
+        field, message = problem
+        return Verdict("loss_scale", "FAIL", f"{field}: {message}",
+                       f"{field}: {2.0 ** 16:g} (or null for dynamic scaling)")
+    static = cfg.optimizer.loss_scale
+    return Verdict("loss_scale", "PASS", f"static loss scale {static:g}" if static is not None
+                   else "no static loss scale (dynamic under float16, none otherwise)")
+
+
 # ----------------------------------------------------------------------------------------------
 def _shrunk_twin_config(model_cfg):
     """Same structure (names, ranks, layer kinds), tiny sizes: for group checks of big models."""
@@ -478,7 +493,8 @@ def run_doctor(cfg, reference_batch: Optional[float] = None,
     ]
     if inspect_model:
         verdicts.append(check_group_lr_ratios(cfg, sched, groups))
-    verdicts += [check_optimizer_state(cfg), check_muon_prerequisites(cfg)]
+    verdicts += [check_optimizer_state(cfg), check_muon_prerequisites(cfg),
+                 check_loss_scale(cfg)]
     return verdicts
 
 

@@ -14,8 +14,8 @@ Outputs, from prefix ``P``:
 * ``P.idx`` (``idx``, with ``P.bin``): Megatron's document-indexed format (one sequence per
   document, ``data/indexed.py``), for ``type: IndexedDataset`` and for Megatron. Its ``P.bin``
   is byte for byte the raw stream of ``bin``, so one ``P.bin`` serves both readers;
-* ``P.bin``: raw little-endian ``--dtype`` (uint16 default) token stream, for ``type: TokenFile``
-  with ``dtype`` set accordingly;
+* ``P.bin``: raw little-endian ``--dtype`` (uint16 default) token stream, for ``type: TokenFile``,
+  with its sidecar ``P.bin.meta.json`` (dtype, vocabulary, length) that the loader checks;
 * ``P.npy``: the same stream as a 1-D ``.npy`` array;
 * ``P.mindrecord`` (+ ``P.mindrecord.db``): one row per window of ``seq-length + 1`` tokens
   (stride ``seq-length``, as TokenFile reads them) with columns ``input_ids`` (window[:-1]),
@@ -32,6 +32,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
+from ..data.token_meta import write_token_meta
 from ..data.tokenizer import ByteTokenizer
 
 __all__ = ["ByteTokenizer", "expand_inputs", "tokenize_files", "write_token_file",
@@ -69,8 +70,10 @@ def tokenize_files(paths: Sequence[str], eos_id=0) -> np.ndarray:
     return np.concatenate(docs) if docs else np.zeros(0, np.int64)
 
 
-def write_token_file(tokens: np.ndarray, path: str, dtype: str = "uint16") -> str:
-    """Write a ``.bin`` (raw) or ``.npy`` token file; checks ids fit ``dtype``."""
+def write_token_file(tokens: np.ndarray, path: str, dtype: str = "uint16",
+                     vocab_size: int = ByteTokenizer.vocab_size, tokenizer: str = "byte") -> str:
+    """Write a ``.bin`` (raw) or ``.npy`` token file and its sidecar ``path.meta.json``
+    (dtype, vocabulary, length: ``data/token_meta.py``); checks ids fit ``dtype``."""
     np_dtype = _DTYPES[dtype]
     tokens = np.asarray(tokens)
     if tokens.size and (tokens.min() < 0 or tokens.max() > np.iinfo(np_dtype).max):
@@ -82,6 +85,7 @@ def write_token_file(tokens: np.ndarray, path: str, dtype: str = "uint16") -> st
         arr.tofile(path)
     else:
         raise ValueError(f"token file must end in .bin or .npy, got {path!r}")
+    write_token_meta(path, dtype, vocab_size, arr.size, tokenizer)
     return path
 
 
@@ -214,9 +218,12 @@ def main(argv=None) -> int:
             print(f"wrote {prefix}.bin / {prefix}.idx ({len(docs)} documents, {args.dtype}; "
                   f"train_dataset: {{type: IndexedDataset, data_path: {prefix}}})")
         elif fmt == "bin" and "idx" in args.format:
-            continue   # the indexed format's .bin is this same stream
+            # the indexed format's .bin is this same stream: give it the TokenFile sidecar too
+            write_token_meta(f"{args.output}.bin", args.dtype, tokenizer.vocab_size,
+                             tokens.size, kind)
         elif fmt in ("bin", "npy"):
-            path = write_token_file(tokens, f"{args.output}.{fmt}", args.dtype)
+            path = write_token_file(tokens, f"{args.output}.{fmt}", args.dtype,
+                                    vocab_size=tokenizer.vocab_size, tokenizer=kind)
             print(f"wrote {path} ({args.dtype})")
         else:
             path = f"{args.output}.mindrecord"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..config.errors import ConfigError
@@ -81,6 +82,11 @@ def _curve(sched: LRSchedule, total_steps: int, max_points: int = 4000) -> Tuple
     return xs, [sched.lr_at(s) for s in xs]
 
 
+MATPLOTLIB_HINT = ("matplotlib is not installed, so {out} was not drawn: wrote the text table "
+                   "{path} instead. Install the plot extra to get the image: "
+                   "pip install -e '.[plot]' (or pip install matplotlib)")
+
+
 def _have_matplotlib() -> bool:
     try:
         import matplotlib  # noqa: F401
@@ -99,10 +105,13 @@ def plot_lr(cfg_or_section: Any, total_steps: Optional[int], out_path: str,
     """
     sched, steps = schedule_from(cfg_or_section, total_steps)
     root, ext = os.path.splitext(out_path)
-    if text or ext.lower() not in _IMAGE_EXTS or not _have_matplotlib():
-        path = root + ".txt" if ext.lower() in _IMAGE_EXTS else out_path
+    image = ext.lower() in _IMAGE_EXTS
+    if text or not image or not _have_matplotlib():
+        path = root + ".txt" if image else out_path
         with open(path, "w", encoding="utf-8") as f:
             f.write(lr_table(sched, steps))
+        if image and not text:
+            warnings.warn(MATPLOTLIB_HINT.format(out=out_path, path=path), stacklevel=2)
         return path
     import matplotlib
     matplotlib.use("Agg", force=False)

@@ -9,8 +9,11 @@ Layout of ``{prefix}_step{NNNNNNNN}.safetensors``:
 * ``__metadata__`` (string to string, as safetensors requires): ``format``, ``step``,
   ``state`` (JSON: the train state, the non-array parts of the optimizer / data / RNG states),
   ``config`` (JSON: the resolved config), ``dtypes`` (JSON: original dtype of every tensor
-  whose storage dtype differs) and ``sha256`` (hex digest over every tensor's name, dtype,
-  shape and bytes in sorted name order).
+  whose storage dtype differs), ``run_id`` (the run lineage that wrote it, see
+  ``trainer/run_dir.py``) and ``sha256``: one digest over every other metadata entry (canonical
+  JSON) and every tensor's name, dtype, shape and bytes in sorted name order. Everything a
+  resume reads (step, lr position, RNG, data position, weights) is covered, so a changed byte
+  anywhere in the file is refused.
 
 Why one file: ``os.replace`` of a single file is atomic on POSIX, so a reader sees either the
 previous set of checkpoints or the new complete one, never a half-written file under the final
@@ -21,6 +24,7 @@ safetensors' own bounds checks or by the digest, and raises :class:`CheckpointEr
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -37,7 +41,7 @@ __all__ = [
     "FORMAT",
 ]
 
-FORMAT = "mindformers_core.checkpoint/1"
+FORMAT = "mindformers_core.checkpoint/2"   # /2: the digest covers the metadata too
 _NAME_RE = re.compile(r"^(?P<prefix>.+)_step(?P<step>\d{8,})\.safetensors$")
 _TMP_MARK = ".tmp-"
 
@@ -55,6 +59,7 @@ class CheckpointData:
     state: dict
     config: dict
     dtypes: Dict[str, str]
+    run_id: Optional[str] = None
 
 
 def checkpoint_name(prefix: str, step: int) -> str:
@@ -77,8 +82,10 @@ def list_checkpoints(directory: str) -> List[Tuple[int, str]]:
     return sorted(found)
 
 
-def _digest(tensors: Dict[str, np.ndarray]) -> str:
+def _digest(metadata: Dict[str, str], tensors: Dict[str, np.ndarray]) -> str:
     h = hashlib.sha256()
+    h.update(json.dumps({k: v for k, v in metadata.items() if k != "sha256"},
+                        sort_keys=True).encode())
     for name in sorted(tensors):
         arr = np.ascontiguousarray(tensors[name])
         h.update(name.encode())
@@ -103,9 +110,11 @@ def _fsync_dir(directory: str) -> None:
 
 def save_checkpoint(directory: str, prefix: str, step: int, tensors: Dict[str, np.ndarray],
                     state: dict, config: dict, dtypes: Optional[Dict[str, str]] = None,
-                    write_hook=None) -> str:
+                    write_hook=None, run_id: Optional[str] = None) -> str:
     """Write one checkpoint atomically and return its path.
 
+    A failed write (disk full, permissions) removes its temp file and leaves every earlier
+    checkpoint as it was; the ``OSError`` becomes a :class:`CheckpointError` naming the file.
     ``write_hook(fileobj, data: bytes)`` (tests only) replaces the plain ``fileobj.write`` so a
     test can kill the process in the middle of the write.
     """
@@ -119,31 +128,43 @@ def save_checkpoint(directory: str, prefix: str, step: int, tensors: Dict[str, n
         "state": json.dumps(state, sort_keys=True),
         "config": json.dumps(config, sort_keys=True),
         "dtypes": json.dumps(dtypes or {}, sort_keys=True),
-        "sha256": _digest(arrays),
+        "run_id": str(run_id or ""),
     }
+    metadata["sha256"] = _digest(metadata, arrays)
     payload = stn.save(arrays, metadata=metadata)
     final = os.path.join(directory, checkpoint_name(prefix, step))
     tmp = os.path.join(directory, f".{checkpoint_name(prefix, step)}{_TMP_MARK}{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        if write_hook is None:
-            fh.write(payload)
-        else:
-            write_hook(fh, payload)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "wb") as fh:
+            if write_hook is None:
+                fh.write(payload)
+            else:
+                write_hook(fh, payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise CheckpointError(f"cannot write checkpoint {final}: {exc.strerror or exc}; the "
+                              "previous checkpoints are kept") from exc
     _fsync_dir(directory)
     return final
 
 
-def prune_checkpoints(directory: str, prefix: str, keep: int) -> List[str]:
+def prune_checkpoints(directory: str, prefix: str, keep: int,
+                      run_id: Optional[str] = None, protect=()) -> List[str]:
     """Delete all but the newest ``keep`` checkpoints of ``prefix`` and stale temp files.
 
-    Returns the removed paths.
+    With ``run_id``, only checkpoints written by that run lineage count (and are removed):
+    another run's files in the same directory are never touched. Steps in ``protect``
+    (``checkpoint.keep_steps``) are neither counted nor removed. Returns the removed paths.
     """
     removed = []
+    protect = set(protect or ())
     mine = [(s, p) for s, p in list_checkpoints(directory)
-            if _NAME_RE.match(os.path.basename(p)).group("prefix") == prefix]
+            if _NAME_RE.match(os.path.basename(p)).group("prefix") == prefix and s not in protect
+            and (run_id is None or checkpoint_run_id(p) == run_id)]
     for _, path in mine[:-keep] if keep > 0 else mine:
         os.remove(path)
         removed.append(path)
@@ -176,10 +197,42 @@ def _read_header(path: str, size: int) -> dict:
             raise CheckpointError(
                 f"checkpoint {path} is truncated: header claims {n} bytes, file has {size}")
         raw = fh.read(n)
+    header = _parse_json(raw, path, "header")
+    if not isinstance(header, dict):
+        raise CheckpointError(f"checkpoint {path} is corrupt: its header is a "
+                              f"{type(header).__name__}, not a JSON object")
+    meta = header.get("__metadata__")
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise CheckpointError(f"checkpoint {path} is corrupt: __metadata__ must map names to "
+                              "strings")
+    header["__metadata__"] = meta
+    return header
+
+
+def _parse_json(raw, path: str, what: str):
+    """JSON of a header part; a crafted one (too deep, not UTF-8, not JSON) is a clear error."""
     try:
-        return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"checkpoint {path} is corrupt: unreadable header ({exc})") from exc
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"checkpoint {path} is corrupt: unreadable {what} ({exc})") from exc
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise CheckpointError(f"checkpoint {path} is corrupt: its {what} is nested too "
+                              "deeply") from None
+    except ValueError as exc:   # json.JSONDecodeError is a ValueError
+        raise CheckpointError(f"checkpoint {path} is corrupt: unreadable {what} ({exc})") from exc
+
+
+def checkpoint_run_id(path: str) -> Optional[str]:
+    """The run id stored in a checkpoint's header (None if unreadable or not recorded)."""
+    try:
+        meta = _read_header(path, os.path.getsize(path))["__metadata__"]
+    except (CheckpointError, OSError):
+        return None
+    return meta.get("run_id") or None
 
 
 def load_checkpoint(path: str) -> CheckpointData:
@@ -190,27 +243,34 @@ def load_checkpoint(path: str) -> CheckpointData:
         raise CheckpointError(f"checkpoint file not found: {path}")
     size = os.path.getsize(path)
     header = _read_header(path, size)
-    meta = header.get("__metadata__") or {}
+    meta = header["__metadata__"]
     if meta.get("format") != FORMAT:
         raise CheckpointError(
-            f"checkpoint {path} is not a {FORMAT} file (format={meta.get('format')!r})")
+            f"checkpoint {path} is not a {FORMAT} file (format={meta.get('format')!r:.80})")
     try:
         with open(path, "rb") as fh:
             tensors = stn.load(fh.read())
     except Exception as exc:  # safetensors raises its own error type for bad buffers
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {exc}") from exc
-    if _digest(tensors) != meta.get("sha256"):
+    if _digest(meta, tensors) != meta.get("sha256"):
         raise CheckpointError(
-            f"checkpoint {path} is corrupt: tensor data does not match its sha256 digest")
-    try:
-        state = json.loads(meta["state"])
-        config = json.loads(meta["config"])
-        dtypes = json.loads(meta.get("dtypes", "{}"))
-        step = int(meta["step"])
-    except (KeyError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {path} is corrupt: bad metadata ({exc})") from exc
-    return CheckpointData(path=path, step=step, tensors=tensors, state=state, config=config,
-                          dtypes=dtypes)
+            f"checkpoint {path} is corrupt: its header or tensor data does not match its sha256 "
+            "digest")
+    missing = [k for k in ("state", "config", "step") if k not in meta]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is corrupt: metadata lacks {missing}")
+    state = _parse_json(meta["state"], path, "state")
+    config = _parse_json(meta["config"], path, "config")
+    dtypes = _parse_json(meta.get("dtypes", "{}"), path, "dtypes")
+    if not re.fullmatch(r"\d{1,12}", meta["step"]):
+        raise CheckpointError(f"checkpoint {path} is corrupt: step {meta['step']!r:.40} is not a "
+                              "non-negative integer")
+    for name, value in (("state", state), ("config", config), ("dtypes", dtypes)):
+        if not isinstance(value, dict):
+            raise CheckpointError(f"checkpoint {path} is corrupt: {name} is a "
+                                  f"{type(value).__name__}, not an object")
+    return CheckpointData(path=path, step=int(meta["step"]), tensors=tensors, state=state,
+                          config=config, dtypes=dtypes, run_id=meta.get("run_id") or None)
 
 
 def resolve_checkpoint(load_path: str, log=None) -> CheckpointData:

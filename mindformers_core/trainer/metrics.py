@@ -6,8 +6,11 @@ count of completed steps), ``loss`` (token-weighted mean cross-entropy of the st
 ``grad_norm`` (global L2 norm before clipping), ``tokens_per_s``, ``step_time_s`` and, when the
 corpus' entropy rate is known, ``excess_loss = loss - entropy_floor``. Extra keys: ``clipped``,
 ``skipped``, ``consumed_samples``, ``global_batch_size``, ``loss_scale``, ``aux_loss``,
-``num_zeros_in_grad`` when enabled, ``moe`` (MoE loads every log_interval, ``moe_metrics.py``).
-On resume the file is cut back to the resumed step, so it always describes one consistent run.
+``num_zeros_in_grad`` when enabled, ``moe`` (MoE loads every log_interval, ``moe_metrics.py``),
+and ``run_id`` (the run lineage, ``trainer/run_dir.py``).
+A resume appends: rows up to the resumed step are kept; rows after it (steps run after the
+checkpoint by the interrupted process, now run again) move to ``metrics.rewound.jsonl``, so the
+file describes one consistent run and no row is lost.
 """
 from __future__ import annotations
 
@@ -109,22 +112,29 @@ def format_step_line(m: StepMetrics) -> str:
     return "{ " + ", ".join(parts) + " }"
 
 
-def truncate_jsonl(path: str, last_step: int) -> None:
-    """Drop rows with ``step > last_step`` (a resumed run rewrites them)."""
+REWOUND_NAME = "metrics.rewound.jsonl"
+
+
+def truncate_jsonl(path: str, last_step: int) -> List[str]:
+    """Cut ``path`` back to rows with ``step <= last_step`` (a resumed run rewrites the later
+    ones); returns the rows taken out, which the caller keeps elsewhere."""
     if not os.path.exists(path):
-        return
+        return []
     with open(path, "r", encoding="utf-8") as fh:
         lines = fh.readlines()
-    kept = []
+    kept, dropped, cut = [], [], False
     for line in lines:
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill mid-write
-        if int(row.get("step", 0)) <= last_step:
-            kept.append(json.dumps(row) + "\n")
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.writelines(kept)
+            step = int(row.get("step", 0))
+        except (ValueError, TypeError, AttributeError):
+            cut = True   # a line cut by a kill mid-write
+            continue
+        (kept if step <= last_step else dropped).append(json.dumps(row) + "\n")
+    if dropped or cut:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.writelines(kept)
+    return dropped
 
 
 @dataclass
@@ -143,6 +153,8 @@ class MetricsWriter:
     _losses: List[float] = field(default_factory=list)
     _start: float = field(default_factory=time.time)
     _tokens: int = 0
+    run_id: Optional[str] = None          # written into every row
+    last_lr: Optional[float] = None       # lr of the last logged step (saved in checkpoints)
 
     def open(self, resume_step: int = 0) -> None:
         if not self.enabled or self.output_dir is None:
@@ -150,7 +162,13 @@ class MetricsWriter:
         os.makedirs(self.output_dir, exist_ok=True)
         path = os.path.join(self.output_dir, "metrics.jsonl")
         if resume_step > 0:
-            truncate_jsonl(path, resume_step)
+            dropped = truncate_jsonl(path, resume_step)
+            if dropped:
+                with open(os.path.join(self.output_dir, REWOUND_NAME), "a",
+                          encoding="utf-8") as fh:
+                    fh.writelines(dropped)
+                self.message(f"metrics.jsonl: {len(dropped)} row(s) after step {resume_step} "
+                             f"(run again now) moved to {REWOUND_NAME}")
             mode = "a"
         else:
             mode = "w"
@@ -163,6 +181,7 @@ class MetricsWriter:
     def log(self, m: StepMetrics, tokens: int) -> None:
         self._losses.append(m.loss)
         self._tokens += tokens
+        self.last_lr = float(m.lr)
         if not self.enabled:
             return
         self.write_row(m.row())
@@ -175,8 +194,11 @@ class MetricsWriter:
         self.stream.flush()
 
     def write_row(self, row: dict) -> None:
-        """Append one row to ``metrics.jsonl`` (rank 0, when there is an output dir)."""
+        """Append one row to ``metrics.jsonl`` (rank 0, when there is an output dir), tagged
+        with the run id."""
         if self._fh is not None:
+            if self.run_id is not None:
+                row = {**row, "run_id": self.run_id}
             self._fh.write(json.dumps(row) + "\n")
             self._fh.flush()
 

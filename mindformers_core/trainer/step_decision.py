@@ -4,12 +4,15 @@
 clips, steps). In order:
 
 1. a non-finite norm under dynamic loss scaling is an fp16 overflow: skip (the scaler lowers
-   its scale; it does not count as a consecutive skip);
+   its scale);
 2. another non-finite norm stops the run unless ``training.use_skip_step_on_nan``; with it the
-   step is skipped and counts; reaching ``training.max_consecutive_skipped_steps`` (> 0)
-   consecutive skips stops the run;
-3. a norm above ``optimizer.grad_norm_skip_threshold`` skips the step and counts;
+   step is skipped;
+3. a norm above ``optimizer.grad_norm_skip_threshold`` skips the step;
 4. otherwise the update is applied, clipped by ``optim.clip_grad.clip_coefficient``.
+
+Every kind of skip counts toward ``training.max_consecutive_skipped_steps``: reaching it (> 0)
+consecutive skipped updates stops the run, whatever made them skip (a run that applies no
+update must not end with exit 0).
 """
 from __future__ import annotations
 
@@ -29,8 +32,6 @@ SKIP_LIMIT = "skip_limit"
 class StepDecision:
     #: None: apply the update; else why it is skipped (OVERFLOW, NONFINITE, THRESHOLD)
     skip: Optional[str]
-    #: the skip counts toward ``consecutive_skipped`` (all but an fp16 overflow)
-    counts: bool = False
     #: the run must stop: NONFINITE (not skippable) or SKIP_LIMIT (too many in a row)
     error: Optional[str] = None
     #: gradient scale of an applied update (None: not clipped)
@@ -49,11 +50,14 @@ def decide_step(norm: float, *, max_norm: Optional[float], skip_threshold: float
     docstring); ``consecutive_skipped`` is the count before this step."""
     if not math.isfinite(norm):
         if dynamic_loss_scaling:
-            return StepDecision(OVERFLOW)
-        if not use_skip_step_on_nan:
+            skip = OVERFLOW
+        elif not use_skip_step_on_nan:
             return StepDecision(None, error=NONFINITE)
-        limit_hit = 0 < max_consecutive_skipped <= consecutive_skipped + 1
-        return StepDecision(NONFINITE, counts=True, error=SKIP_LIMIT if limit_hit else None)
-    if norm > skip_threshold:
-        return StepDecision(THRESHOLD, counts=True)
-    return StepDecision(None, clip_coef=clip_coefficient(norm, max_norm))
+        else:
+            skip = NONFINITE
+    elif norm > skip_threshold:
+        skip = THRESHOLD
+    else:
+        return StepDecision(None, clip_coef=clip_coefficient(norm, max_norm))
+    limit_hit = 0 < max_consecutive_skipped <= consecutive_skipped + 1
+    return StepDecision(skip, error=SKIP_LIMIT if limit_hit else None)

@@ -32,6 +32,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ..config.checkpoint import CheckpointConfig
+from ..config.errors import ConfigError
 from .accumulate import accumulate_gradients, count_loss_tokens, make_grad_fn
 from .checkpoint import (CheckpointData, CheckpointError, checkpoint_name, list_checkpoints,
                          prune_checkpoints, resolve_checkpoint, save_checkpoint)
@@ -41,11 +42,15 @@ from .metrics import MetricsWriter, StepMetrics
 from .async_checkpoint import AsyncCheckpointWriter, snapshot
 from .monitor import TrainStateMonitor
 from .moe_metrics import log_due, moe_step_stats
+from .preflight import estimate_checkpoint_bytes, preflight_run_dirs
 from .profiler import StepProfiler
 from .rampup import build_batch_ramp
+from .resume_checks import (check_train_payload, lr_jump_warning,
+                            optimizer_tensor_names)
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .protocols import (DataParallelReducer, ExpertBiasModel, MaxLogitsModel, MoEStatsModel,
                         QKClipOptimizer)
+from .run_dir import claim_run_dir, new_run_id
 from .signals import StopRequest
 from .step_decision import NONFINITE, OVERFLOW, SKIP_LIMIT, THRESHOLD, decide_step
 from .train_state import TrainState
@@ -54,7 +59,7 @@ __all__ = ["Trainer", "SKIP_WARNING", "SKIP_LIMIT_ERROR", "NONFINITE_ERROR"]
 
 SKIP_WARNING = ("[SkipStepOnNaN] Global gradient norm is %s at step %d, skipping the optimizer "
                 "update (consecutive skipped: %d, total skipped: %d).")
-SKIP_LIMIT_ERROR = ("[SkipStepOnNaN] The global gradient norm has been NaN/Inf for {n} "
+SKIP_LIMIT_ERROR = ("[SkipStepOnNaN] The global gradient norm has been {what} for {n} "
                     "consecutive steps, which reaches training.max_consecutive_skipped_steps={m}. "
                     "Training is making no progress; check the data, the learning rate and the "
                     "model configuration.")
@@ -112,7 +117,7 @@ class Trainer:
                  dataset=None, lr_scheduler=None, grad_reducer=None, stream=None,
                  eval_dataset=None,
                  world_size: Optional[int] = None, rank: Optional[int] = None,
-                 pynative_synchronize: Optional[bool] = None):
+                 pynative_synchronize: Optional[bool] = None, overwrite: bool = False):
         from .pynative import choose_pynative_synchronize, apply_pynative_synchronize
         apply_pynative_synchronize(choose_pynative_synchronize(cfg)
                                    if pynative_synchronize is None else pynative_synchronize)
@@ -136,6 +141,13 @@ class Trainer:
 
         seed_everything(tr.seed, tr.deterministic)
         loaded = self._resolve_resume()
+        if loaded is not None:
+            check_train_payload(loaded, self.total_steps)
+        # the run lineage: kept by a resume, new for a run from scratch (trainer/run_dir.py)
+        self.run_id = (loaded.run_id if loaded is not None and loaded.run_id else new_run_id())
+        self.writer.run_id = self.run_id
+        if self.rank == 0:
+            claim_run_dir(output_dir, self.save_dir, self.run_id, loaded is not None, overwrite)
 
         # muP: the model's half (hidden init std / sqrt(w), logits x 1/w); the optimizer's half
         # (per-group lr / eps) comes from optimizer.mup in build_optimizer
@@ -167,6 +179,11 @@ class Trainer:
         self.profiler = StepProfiler(cfg.profiler, output_dir, self.rank)
         self.async_writer = AsyncCheckpointWriter()
         self.loss_scaler = self._build_loss_scaler()
+        if self.rank == 0:   # writable directories and room for one checkpoint, before step 1
+            preflight_run_dirs(output_dir, self.save_dir, bool(self.ckpt_cfg.save_path),
+                               estimate_checkpoint_bytes(
+                                   (int(np.prod(p.shape)) for p in self.model.get_parameters()),
+                                   not self.ckpt_cfg.no_save_optim), self.ckpt_cfg.enable_save)
         from ..data.tokenizer import load_run_tokenizer
         tokenizer = load_run_tokenizer(cfg)
         if dataset is None:
@@ -194,6 +211,10 @@ class Trainer:
                              getattr(self.cfg.model, "compute_dtype", ""))
         if getattr(opt_cfg, "loss_scale", None) is None and not fp16:
             return None
+        from ..optim.loss_scale_bound import loss_scale_problem
+        problem = loss_scale_problem(opt_cfg, self.cfg.model)
+        if problem is not None:
+            raise ConfigError(*problem)
         from ..optim.loss_scaler import build_loss_scaler
         return build_loss_scaler(opt_cfg)
 
@@ -226,8 +247,20 @@ class Trainer:
         load_model_weights(self.model, data)
 
     def _load_rest(self, data: CheckpointData) -> None:
+        try:
+            self._restore_state(data)
+        except ConfigError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            # a state the digest vouches for but this run cannot take (a crafted or foreign
+            # file): one clear line instead of a traceback from deep inside a load_state_dict
+            raise CheckpointError(f"checkpoint {data.path} cannot be resumed: "
+                                  f"{type(exc).__name__}: {str(exc)[:300]}") from None
+
+    def _restore_state(self, data: CheckpointData) -> None:
         st = data.state
         self.state = TrainState.from_dict(st["train_state"])
+        self.writer.last_lr = st.get("last_lr")
         if not self.ckpt_cfg.no_load_optim:
             if not st.get("has_optimizer", False):
                 raise CheckpointError(
@@ -244,6 +277,12 @@ class Trainer:
         rng_arrays = {k[len("rng."):]: v for k, v in data.tensors.items() if k.startswith("rng.")}
         restore_rng_state(st["rng"], rng_arrays)
         self.resumed_from = data.path
+        from ..core.lr import group_lrs
+        jump = lr_jump_warning(st.get("last_lr"), float(group_lrs(
+            self.lr_scheduler, self.optimizer.param_groups, self.state.applied_steps)[0]),
+            self.state.step)
+        if jump:
+            self.log(jump)
         self.log(f"resumed from {data.path}: step {self.state.step}, consumed samples "
                  f"{self.state.consumed_samples}"
                  + (" (optimizer state not loaded)" if self.ckpt_cfg.no_load_optim else ""))
@@ -268,7 +307,9 @@ class Trainer:
                 else:
                     scalars[key] = _jsonable(value)
             state["optimizer_scalars"] = scalars
+            state["optimizer_tensors"] = optimizer_tensor_names(tensors)
             state["has_optimizer"] = True
+        state["last_lr"] = self.writer.last_lr
         rng_json, rng_arrays = capture_rng_state()
         state["rng"] = rng_json
         tensors.update({f"rng.{k}": v for k, v in rng_arrays.items()})
@@ -293,8 +334,9 @@ class Trainer:
 
         def write():
             path = save_checkpoint(self.save_dir, self.ckpt_cfg.prefix, step, tensors, state,
-                                   config, dtypes, write_hook=write_hook)
-            prune_checkpoints(self.save_dir, self.ckpt_cfg.prefix, self.ckpt_cfg.save_max)
+                                   config, dtypes, write_hook=write_hook, run_id=self.run_id)
+            prune_checkpoints(self.save_dir, self.ckpt_cfg.prefix, self.ckpt_cfg.save_max,
+                              run_id=self.run_id, protect=self.ckpt_cfg.keep_steps)
             self.log(f"saved checkpoint {path}")
             return path
         if self.ckpt_cfg.async_save:
@@ -358,7 +400,8 @@ class Trainer:
         if decision.error == NONFINITE:
             raise FloatingPointError(NONFINITE_ERROR.format(norm=norm, step=step_number))
         if skipped:
-            self._count_skip(overflow=not decision.counts)
+            self.state.total_skipped += 1
+            self.state.consecutive_skipped += 1
         if decision.skip == OVERFLOW:   # fp16: the scaler lowers its scale; a normal event
             self.log(f"[LossScaler] gradient overflow at step {step_number} (norm {norm}); "
                      f"skipping the update, loss scale {scale:g} -> "
@@ -370,7 +413,10 @@ class Trainer:
             self.log(THRESHOLD_WARNING % (norm, threshold, step_number,
                                           self.state.consecutive_skipped, self.state.total_skipped))
         if decision.error == SKIP_LIMIT:
-            raise RuntimeError(SKIP_LIMIT_ERROR.format(n=self.state.consecutive_skipped,
+            what = {OVERFLOW: "overflowing the loss scale", NONFINITE: "NaN/Inf",
+                    THRESHOLD: f"above optimizer.grad_norm_skip_threshold={threshold:g}"}
+            raise RuntimeError(SKIP_LIMIT_ERROR.format(what=what[decision.skip],
+                                                       n=self.state.consecutive_skipped,
                                                        m=tr.max_consecutive_skipped_steps))
 
         lrs = [float(x) for x in group_lrs(self.lr_scheduler, self.optimizer.param_groups,
@@ -424,11 +470,6 @@ class Trainer:
             moe=moe_stats,
             extras={k: (v, None) for k, v in self.monitor.pop_records().items()})
 
-    def _count_skip(self, overflow: bool = False) -> None:
-        self.state.total_skipped += 1
-        if not overflow:
-            self.state.consecutive_skipped += 1
-
     def _update_scaler(self, found_inf: bool) -> float:
         self.loss_scaler.update(found_inf)
         return float(self.loss_scaler.scale)
@@ -437,7 +478,8 @@ class Trainer:
     def _should_save(self, step: int, end: int) -> bool:
         if not self.ckpt_cfg.enable_save:
             return False
-        return step % self.ckpt_cfg.save_interleaved_steps == 0 or step == end
+        return (step % self.ckpt_cfg.save_interleaved_steps == 0 or step == end
+                or step in (self.ckpt_cfg.keep_steps or ()))
 
     def train(self, stop_request: Optional[StopRequest] = None) -> str:
         """Run to ``training.steps`` (or ``stop_at_step``, or a stop signal).

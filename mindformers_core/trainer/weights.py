@@ -1,14 +1,18 @@
 """Model weights from a checkpoint into a built model (training resume and generation)."""
 from __future__ import annotations
 
+import numpy as np
+
 from .checkpoint import CheckpointData, CheckpointError
+from .resume_checks import check_weight
 
 __all__ = ["load_model_weights"]
 
 
 def load_model_weights(model, data: CheckpointData) -> None:
-    """Set every parameter of ``model`` from the ``model.*`` tensors of ``data``; the names and
-    shapes must match exactly (:class:`CheckpointError` naming the first differences)."""
+    """Set every parameter of ``model`` from the ``model.*`` tensors of ``data``; the names,
+    shapes and stored dtypes (bf16 as float32) must match exactly (:class:`CheckpointError`
+    naming the first differences)."""
     import mindspore as ms
     params = {p.name: p for p in model.get_parameters()}
     saved = {k[len("model."):]: v for k, v in data.tensors.items() if k.startswith("model.")}
@@ -19,7 +23,6 @@ def load_model_weights(model, data: CheckpointData) -> None:
                               f"{missing[:10]}, unexpected {unexpected[:10]}")
     for name, param in params.items():
         arr = saved[name]
-        if tuple(arr.shape) != tuple(param.shape):
-            raise CheckpointError(f"checkpoint {data.path}: parameter {name} has shape "
-                                  f"{tuple(arr.shape)}, the model has {tuple(param.shape)}")
+        check_weight(data, name, arr, param.shape, "float32" if param.dtype == ms.bfloat16
+                     else str(np.dtype(ms.dtype_to_nptype(param.dtype))))
         param.set_data(ms.Tensor(arr).astype(param.dtype))

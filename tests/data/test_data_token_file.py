@@ -31,7 +31,8 @@ def test_build_dataset_shifts_inputs_and_labels(tmp_path):
     stream = np.arange(50, dtype=np.uint16)
     path = str(tmp_path / "s.bin")
     stream.tofile(path)
-    ds = build_dataset({"type": "TokenFile", "data_path": path, "shuffle": False},
+    ds = build_dataset({"type": "TokenFile", "data_path": path, "shuffle": False,
+                        "dtype": "uint16"},
                        ModelConfig(vocab_size=64, seq_length=8), seed=0)
     b = ds.micro_batch(1, 0, 1, 2)                     # samples 2 and 3
     np.testing.assert_array_equal(b["input_ids"], [stream[16:24], stream[24:32]])

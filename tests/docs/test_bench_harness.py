@@ -95,3 +95,30 @@ def test_timed_trainer_phases_add_up():
     assert sum(rec["checkpoint"] > 0 for rec in run["steps"]) == 1   # saved at the last step
     summary = bench_train.summarize("tiny_gpt/AdamW", run)
     assert 0 <= summary["trainer_overhead_pct_median"] < 100
+
+
+def test_results_go_to_an_untracked_place_unless_save(monkeypatch):
+    monkeypatch.setattr(run_all, "RESULTS", run_all.RESULTS)
+    assert run_all.main(["--only", "check", "--list"]) == 0
+    assert run_all.RESULTS == run_all.SCRATCH_RESULTS == os.path.join(ROOT, "output", "bench")
+    assert run_all.result_file("check") == os.path.join(ROOT, "output", "bench", "check.json")
+    assert run_all.main(["--only", "check", "--list", "--save"]) == 0
+    assert run_all.RESULTS == run_all.SAVED_RESULTS == os.path.join(ROOT, "bench", "results")
+    # output/ is ignored by git, bench/results/ is not
+    ignored = subprocess.run(["git", "check-ignore", "-q", "output/bench/summary.json"], cwd=ROOT)
+    tracked = subprocess.run(["git", "check-ignore", "-q", "bench/results/summary.json"], cwd=ROOT)
+    assert ignored.returncode == 0 and tracked.returncode == 1
+
+
+@pytest.mark.slow
+def test_python_m_bench_leaves_the_tracked_results_alone():
+    before = {n: os.path.getmtime(os.path.join(ROOT, "bench", "results", n))
+              for n in os.listdir(os.path.join(ROOT, "bench", "results"))}
+    r = subprocess.run([sys.executable, "-m", "bench", "--only", "check"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert os.path.exists(os.path.join(ROOT, "output", "bench", "check.json"))
+    after = {n: os.path.getmtime(os.path.join(ROOT, "bench", "results", n))
+             for n in os.listdir(os.path.join(ROOT, "bench", "results"))}
+    assert after == before

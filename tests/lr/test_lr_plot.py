@@ -54,8 +54,9 @@ def test_png_written_with_matplotlib(tmp_path):
 
 def test_text_fallback_without_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setattr(P, "_have_matplotlib", lambda: False)
-    out = P.plot_lr({"type": "cosine", "learning_rate": 1e-3, "warmup_steps": 5}, 50,
-                    str(tmp_path / "lr.png"))
+    with pytest.warns(UserWarning, match=r"matplotlib is not installed.*pip install -e '\.\[plot\]'"):
+        out = P.plot_lr({"type": "cosine", "learning_rate": 1e-3, "warmup_steps": 5}, 50,
+                        str(tmp_path / "lr.png"))
     assert out == str(tmp_path / "lr.txt")
     assert open(out).read().startswith("CosineWithWarmUpLR  total_steps=50")
 
@@ -92,3 +93,20 @@ def test_cli_text_and_error_exit(tmp_path, capsys):
     assert P.main(["--config", str(cfg), "--out", str(out),
                    "--set", "lr_scheduler.warmup_steps=-1"]) == 2
     assert "lr_scheduler.warmup_steps: must be an int >= 0, got -1" in capsys.readouterr().err
+
+
+def test_missing_matplotlib_says_how_to_install_the_plot_extra(tmp_path):
+    """Without matplotlib --plot-lr writes a .txt; it says so and names the extra."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = ("import sys; sys.modules['matplotlib'] = None; "   # import matplotlib -> ImportError
+            "sys.argv = ['run_mindformer.py', '--config', 'configs/quickstart.yaml', '--mode', "
+            f"'1', '--plot-lr', {str(tmp_path / 'lr.png')!r}]; "
+            "import runpy; runpy.run_path('run_mindformer.py', run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, PYTHONPATH=root))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "lr.txt").exists() and not (tmp_path / "lr.png").exists()
+    assert "warning: matplotlib is not installed, so" in r.stderr
+    assert "pip install -e '.[plot]'" in r.stderr

@@ -90,7 +90,7 @@ def test_every_checkpoint_unusable_and_missing_paths(tmp_path):
     other = tmp_path / "other.safetensors"
     import safetensors.numpy as stn
     stn.save_file({"a": np.zeros(2, np.float32)}, str(other))
-    with pytest.raises(CheckpointError, match="is not a mindformers_core.checkpoint/1 file"):
+    with pytest.raises(CheckpointError, match="is not a mindformers_core.checkpoint/2 file"):
         load_checkpoint(str(other))
 
 

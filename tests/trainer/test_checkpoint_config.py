@@ -8,7 +8,8 @@ from mindformers_core.config.checkpoint import CheckpointConfig
 def test_defaults_and_field_names():
     c = CheckpointConfig.from_dict({}, "checkpoint")
     assert c.to_dict() == {"enable_save": False, "save_path": None, "save_max": 3,
-                           "save_interleaved_steps": 1000, "no_save_optim": False,
+                           "save_interleaved_steps": 1000, "keep_steps": None,
+                           "no_save_optim": False,
                            "load_path": None, "no_load_optim": False,
                            "prefix": "mindformers_core", "async_save": False,
                            "remove_redundancy": False, "load_balanced": False,
@@ -26,6 +27,7 @@ def test_defaults_and_field_names():
     ({"prefix": ""}, r"checkpoint.prefix: must be a non-empty file name prefix"),
     ({"save_every": 5}, r"checkpoint.save_every: unknown key"),
     ({"enable_save": "yes"}, r"checkpoint.enable_save: expected a bool"),
+    ({"keep_steps": [10, 0]}, r"checkpoint.keep_steps\[1\]: must be >= 1, got 0"),
 ])
 def test_errors(data, message):
     with pytest.raises(ConfigError, match=message):

@@ -23,10 +23,13 @@ def test_clip_coefficient_is_max_norm_over_norm_plus_eps():
 
 
 @pytest.mark.parametrize("norm", [NAN, INF, -INF])
-def test_overflow_under_dynamic_loss_scaling_skips_without_counting(norm):
-    d = decide_step(norm, max_norm=1.0, dynamic_loss_scaling=True, consecutive_skipped=99,
-                    max_consecutive_skipped=1)
-    assert d == StepDecision(OVERFLOW, counts=False) and not d.applied
+def test_overflow_under_dynamic_loss_scaling_skips_and_counts(norm):
+    d = decide_step(norm, max_norm=1.0, dynamic_loss_scaling=True)
+    assert d == StepDecision(OVERFLOW) and not d.applied
+    # an overflow counts toward the consecutive-skip limit like every other skip
+    d = decide_step(norm, max_norm=1.0, dynamic_loss_scaling=True, consecutive_skipped=2,
+                    max_consecutive_skipped=3)
+    assert d == StepDecision(OVERFLOW, error=SKIP_LIMIT)
 
 
 def test_nonfinite_without_skip_on_nan_is_an_error():
@@ -36,7 +39,7 @@ def test_nonfinite_without_skip_on_nan_is_an_error():
 
 def test_nonfinite_with_skip_on_nan_counts_and_hits_the_limit():
     kw = dict(max_norm=1.0, use_skip_step_on_nan=True, max_consecutive_skipped=3)
-    assert decide_step(INF, consecutive_skipped=1, **kw) == StepDecision(NONFINITE, counts=True)
+    assert decide_step(INF, consecutive_skipped=1, **kw) == StepDecision(NONFINITE)
     assert decide_step(INF, consecutive_skipped=2, **kw).error == SKIP_LIMIT   # the 3rd in a row
     no_limit = dict(kw, max_consecutive_skipped=0)
     assert decide_step(INF, consecutive_skipped=10 ** 6, **no_limit).error is None
@@ -44,5 +47,8 @@ def test_nonfinite_with_skip_on_nan_counts_and_hits_the_limit():
 
 def test_threshold_skip_counts():
     d = decide_step(5.0, max_norm=1.0, skip_threshold=4.0)
-    assert d == StepDecision(THRESHOLD, counts=True)
+    assert d == StepDecision(THRESHOLD)
+    d = decide_step(5.0, max_norm=1.0, skip_threshold=4.0, consecutive_skipped=3,
+                    max_consecutive_skipped=4)
+    assert d == StepDecision(THRESHOLD, error=SKIP_LIMIT)
     assert decide_step(4.0, max_norm=1.0, skip_threshold=4.0).applied   # not above it
