@@ -49,6 +49,36 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module", autouse=True)
+def upstream_data(tmp_path_factory):
+    """The data upstream's test harness provides: its YAML names the MindRecord files
+    ``train_dataset`` (and the loader test's ``train.mindrecord``) relative to the working
+    directory. ``--check`` verifies that data files exist, that their rows have the model's
+    seq_length and that their ids fit the vocabulary, so tiny files (ids < 128) are written
+    here, one directory per seq_length, and --check runs in the fixture's one."""
+    global DATA_ROOT
+    DATA_ROOT = tmp_path_factory.mktemp("upstream_data")
+    yield DATA_ROOT
+
+
+DATA_ROOT = None
+
+
+def data_dir(name):
+    import numpy as np
+    import yaml
+    from mindformers_core.tools.make_token_data import write_mindrecord
+    with open(os.path.join(UPSTREAM, name), encoding="utf-8") as fh:
+        seq_length = int(yaml.safe_load(fh)["model"].get("seq_length", 64))  # 64: the default
+    d = DATA_ROOT / f"seq{seq_length}"
+    if not d.exists():
+        d.mkdir()
+        tokens = np.random.default_rng(0).integers(0, 128, seq_length * 2 + 1)
+        for fname in ("train_dataset", "train.mindrecord"):
+            write_mindrecord(tokens, str(d / fname), seq_length)
+    return str(d)
+
+
 def check(name, overrides=()):
     env = {k: v for k, v in os.environ.items() if k not in ("MS_ROLE", "MS_WORKER_NUM")}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -56,7 +86,8 @@ def check(name, overrides=()):
             os.path.join(UPSTREAM, name), "--mode", "1", "--check"]
     for item in overrides:
         args += ["--set", item]
-    return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    return subprocess.run(args, capture_output=True, text=True, cwd=data_dir(name), env=env,
+                          timeout=120)
 
 
 def test_every_fixture_is_listed():

@@ -95,6 +95,13 @@ def test_fine_tuning_allows_short_warmup_and_beta2_0999():
     assert verdicts["beta2"].status == "PASS"
 
 
+def test_no_warmup_in_a_short_smoke_run_is_a_warning_not_a_failure():
+    v = doctor(GOOD, ["lr_scheduler.warmup_steps=0", "training.steps=999"])["warmup"]
+    assert v.status == "WARN" and v.reason.startswith("no warmup")
+    v = doctor(GOOD, ["lr_scheduler.warmup_steps=0", "training.steps=1000"])["warmup"]
+    assert v.status == "FAIL" and v.reason.startswith("no warmup")
+
+
 def test_recommended_warmup():
     assert recommended_warmup(1000) == 1000
     assert recommended_warmup(100000) == 2000

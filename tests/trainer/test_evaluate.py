@@ -135,7 +135,7 @@ def test_held_out_batches_without_loss_tokens_are_an_error(tmp_path):
     from mindformers_core.data.token_file import TokenFile
     t = Trainer(text_cfg(tmp_path), str(tmp_path), stream=io.StringIO())
     np.zeros(200, np.uint16).tofile(tmp_path / "eod.bin")
-    held = TrainDataset(TokenFile(str(tmp_path / "eod.bin"), 16), 16, 256, seed=0,
+    held = TrainDataset(TokenFile(str(tmp_path / "eod.bin"), 16, "uint16"), 16, 256, seed=0,
                         eod_mask_id=0)
     with pytest.raises(ValueError, match="the held-out batches have no loss tokens"):
         evaluate(t.model, held, 1, 2, IdentityGradReducer())
