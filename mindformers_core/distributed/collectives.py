@@ -268,8 +268,8 @@ class GroupCommunicator:
         if len(ranks) == 1:
             return x.copy() if isinstance(x, np.ndarray) else x
         t, was_np = _to_tensor(x)
-        self.stats.add(op, logical_bytes(op, len(ranks), _nbytes(t), receives))
         out = go(t, ranks)
+        self.stats.add(op, logical_bytes(op, len(ranks), _nbytes(t), receives))
         return out.asnumpy() if was_np else out
 
 

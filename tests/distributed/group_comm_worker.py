@@ -12,7 +12,8 @@ world-group operations interleave.
 
 Writes ``OUT_DIR/rank{r}.json``: ``checks`` ([name, max abs error]), ``calls`` ([op, group
 size, input bytes, receives] for every collective asked of the GroupCommunicator), ``stats``,
-``transport``, ``world_stats``, ``backend``.
+``transport``, ``world_stats``, ``backend``, ``errors`` (the messages of three calls with
+bad arguments).
 """
 import json
 import os
@@ -107,9 +108,20 @@ def main(out_dir: str, rounds: int) -> None:
                 check(f"recv{s}->{d}/r{rnd}", gc.recv(np.zeros_like(x), s), x)
                 calls.append(["recv", 2, float(x.nbytes), True])
             world_traffic(f"p2p{s}{d}/r{rnd}")
+    errors = []   # the argument errors, raised before any communication
+    other = [q for q in range(w) if q not in mesh.group_of("tp", rank)]
+    for call in (lambda: gc.broadcast(data(rank, 0, 0), "tp", other[0] if other else w),
+                 lambda: gc.reduce_scatter(data(rank, 0, 0, (3, 2)), "tp", 0),
+                 lambda: gc.all_to_all(data(rank, 0, 0, (2, 3)), "tp", 1, 0)):
+        try:
+            call()
+            errors.append(None)
+        except ValueError as e:
+            errors.append(str(e))
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
         json.dump({"world": w, "backend": gc.backend, "checks": checks, "calls": calls,
+                   "errors": errors,
                    "stats": gc.stats.to_dict(), "transport": gc.transport.to_dict(),
                    "world_stats": world.stats.to_dict()}, fh)
 

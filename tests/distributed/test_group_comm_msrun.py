@@ -99,3 +99,13 @@ def test_transport_counts_the_native_collectives_issued(results):
             native, nbytes = cpu_transport(op, g, n, receives, res["world"])
             want[native] = want.get(native, 0.0) + nbytes
         assert res["transport"]["bytes"] == pytest.approx(want)
+
+
+def test_bad_arguments_are_refused_with_the_reason(results):
+    for rank, res in enumerate(results):
+        src = 2 if rank < 2 else 0   # the first rank outside the tp group (2 on 2 workers)
+        tp = "(0, 1)" if rank < 2 else "(2, 3)"
+        assert res["errors"] == [
+            f"broadcast: source rank {src} is not in the tp group {tp} of rank {rank}",
+            "reduce_scatter: dim 0 of shape (3, 2) is not divisible by the tp group size 2",
+            "all_to_all: dim 1 of shape (2, 3) is not divisible by the tp group size 2"]
