@@ -33,6 +33,43 @@ def data(rank: int, rnd: int, case: int, shape=SHAPE) -> np.ndarray:
         np.float32).reshape(shape)
 
 
+def tp_linear_checks(gc, mesh, rank, check, calls) -> None:
+    """Column-parallel then row-parallel linear (an MLP without activation) on the tp group vs
+    the one-process numpy forward and backward; each data-parallel rank has its own batch."""
+    import mindspore as ms
+    from mindformers_core.models.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    d_in, hidden, d_out, batch = 6, 8, 5, 3
+    w1 = data(0, 0, 90, (hidden, d_in)) % 5 - 2
+    w2 = data(0, 0, 91, (d_out, hidden)) % 5 - 2
+    x = data(mesh.coords(rank)["dp"], 0, 92, (batch, d_in)) % 7 - 3
+    c = data(0, 0, 93, (batch, d_out)) % 3 - 1
+    col, row = ColumnParallelLinear(d_in, hidden, gc), RowParallelLinear(hidden, d_out, gc)
+    col.load_full(w1)
+    row.load_full(w2)
+
+    def loss_fn(xt):
+        y = row(col(xt))
+        return (y * ms.Tensor(c)).sum(), y
+
+    grad_fn = ms.value_and_grad(loss_fn, grad_position=0, weights=[col.weight, row.weight],
+                                has_aux=True)
+    (loss, y), (dx, (dw1, dw2)) = grad_fn(ms.Tensor(x))
+    h = x @ w1.T
+    want_y = h @ w2.T
+    dh = c @ w2
+    k = mesh.local_rank("tp", rank)
+    # forward: the row-parallel output; backward: the column-parallel input's gradient
+    calls += [["all_reduce", 2, float(want_y.nbytes), True],
+              ["all_reduce", 2, float(x.nbytes), True]]
+    check("tp_linear/forward", y.asnumpy(), want_y)
+    check("tp_linear/loss", loss.asnumpy(), np.sum(want_y * c))
+    check("tp_linear/dx", dx.asnumpy(), dh @ w1)
+    check("tp_linear/dw_column", dw1.asnumpy(), np.split(dh.T @ x, 2, 0)[k])
+    check("tp_linear/dw_row", dw2.asnumpy(), np.split(c.T @ h, 2, 1)[k])
+    check("tp_linear/shard_shapes", np.array(col.weight.shape + row.weight.shape),
+          np.array([hidden // 2, d_in, d_out, hidden // 2]))
+
+
 def main(out_dir: str, rounds: int) -> None:
     import mindspore as ms
     from mindformers_core.distributed.collectives import GroupCommunicator
@@ -108,6 +145,7 @@ def main(out_dir: str, rounds: int) -> None:
                 check(f"recv{s}->{d}/r{rnd}", gc.recv(np.zeros_like(x), s), x)
                 calls.append(["recv", 2, float(x.nbytes), True])
             world_traffic(f"p2p{s}{d}/r{rnd}")
+    tp_linear_checks(gc, mesh, rank, check, calls)
     errors = []   # the argument errors, raised before any communication
     other = [q for q in range(w) if q not in mesh.group_of("tp", rank)]
     for call in (lambda: gc.broadcast(data(rank, 0, 0), "tp", other[0] if other else w),

@@ -5,6 +5,8 @@ Two msrun launches of ``group_comm_worker.py`` (through scripts/msrun_launcher.s
 sub-groups, so the CPU emulations run). The worker compares each result with numpy from all
 members' inputs (integer-valued float32: exact) and logs every call; here the byte counters are
 checked against the formulas written out below, independently of the communicator's code.
+The worker also runs a column-parallel then row-parallel linear (models/tensor_parallel.py) on
+the tp group, forward and backward, against the one-process numpy result.
 """
 import json
 import os
@@ -73,12 +75,13 @@ def test_every_collective_is_exact_on_every_group(results):
                    "reduce_scatter1", "all_to_all01", "all_to_all10", "world_interleave"):
             assert op in names
         assert any(n.startswith("recv") for n in names)
+        assert "tp_linear" in names
 
 
 def test_sub_groups_were_exercised_on_four_workers(results):
     world = results[0]["world"]
     groups = {c[0].split("/")[-1] for c in results[0]["checks"]
-              if not c[0].startswith(("world_interleave", "recv"))}
+              if not c[0].startswith(("world_interleave", "recv", "tp_linear"))}
     assert groups == ({"tp", "dp", "world"} if world == 4 else {"tp", "world"})
 
 
