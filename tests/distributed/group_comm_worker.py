@@ -37,6 +37,7 @@ def tp_linear_checks(gc, mesh, rank, check, calls) -> None:
     """Column-parallel then row-parallel linear (an MLP without activation) on the tp group vs
     the one-process numpy forward and backward; each data-parallel rank has its own batch."""
     import mindspore as ms
+    from mindformers_core.distributed.shard_spec import global_sq_norm, replicated
     from mindformers_core.models.tensor_parallel import ColumnParallelLinear, RowParallelLinear
     d_in, hidden, d_out, batch = 6, 8, 5, 3
     w1 = data(0, 0, 90, (hidden, d_in)) % 5 - 2
@@ -66,6 +67,13 @@ def tp_linear_checks(gc, mesh, rank, check, calls) -> None:
     check("tp_linear/dx", dx.asnumpy(), dh @ w1)
     check("tp_linear/dw_column", dw1.asnumpy(), np.split(dh.T @ x, 2, 0)[k])
     check("tp_linear/dw_row", dw2.asnumpy(), np.split(c.T @ h, 2, 1)[k])
+    # the sharded grad-norm rule over the real tp group (c stands in for a replicated gradient)
+    local = [(col.spec, float(np.sum(dw1.asnumpy() ** 2))),
+             (row.spec, float(np.sum(dw2.asnumpy() ** 2))), (replicated(c.shape), np.sum(c ** 2))]
+    got = global_sq_norm(local, lambda g, v: float(gc.all_reduce(np.float32([v]), g)[0]))
+    calls.append(["all_reduce", 2, 4.0, True])
+    check("tp_linear/grad_sq_norm", got,
+          np.sum((dh.T @ x) ** 2) + np.sum((c.T @ h) ** 2) + np.sum(c ** 2))
     check("tp_linear/shard_shapes", np.array(col.weight.shape + row.weight.shape),
           np.array([hidden // 2, d_in, d_out, hidden // 2]))
 
