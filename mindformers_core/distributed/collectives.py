@@ -8,7 +8,11 @@ group only, ``None`` = no kernel. Measured on MindSpore 2.10 CPU, 4 msrun worker
     ops.AllReduce MAX                              "AllReduce only support reduce sum on CPU"
     ops.AllGather / ops.Broadcast on a sub-group   "AllGather only support mccl_world_group on
                                                    CPU, but got tp_0_1" (Broadcast alike)
-    ReduceScatter, AlltoAll, send/recv             no CPU kernel
+    ReduceScatter, AlltoAll, Send/Receive          "Unsupported op [ReduceScatter] on CPU" ...
+    mint.distributed.send after init()             "The group hccl_world_group does not exist"
+                                                   (and the matching recv returns, unsynchronised)
+
+(tests/distributed/cpu_collectives_probe.py reproduces each line.)
 
 Where an operation is not native it is emulated from the group's AllReduce SUM, which is exact
 for these because only zeros are added:
