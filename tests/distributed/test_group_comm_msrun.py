@@ -10,30 +10,23 @@ the tp group, forward and backward, against the one-process numpy result.
 """
 import json
 import os
-import socket
-import subprocess
+import sys
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-LAUNCHER = os.path.join(ROOT, "scripts", "msrun_launcher.sh")
+sys.path.insert(0, HERE)
+
+from msrun_util import launch  # noqa: E402
+
 ROUNDS = 2
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_workers(out, workers: int):
     cmd = f"python {os.path.join(HERE, 'group_comm_worker.py')} {out} {ROUNDS}"
-    proc = subprocess.run(["bash", LAUNCHER, cmd, str(workers), str(free_port()),
-                           str(out / "logs"), "True", "300"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+    proc, _ = launch(cmd, out / "logs", workers=workers)
     if proc.returncode != 0:
         logs = "".join(open(out / "logs" / f).read()[-2000:] for f in
                        sorted(os.listdir(out / "logs")) if f.startswith("worker_"))
