@@ -18,38 +18,21 @@ rank (half of one rank's when sharded), and the Newton-Schulz work split of
 import json
 import os
 import re
-import time
-import socket
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from dp_case import CASES, STEPS  # noqa: E402
+from msrun_util import launch  # noqa: E402
 from trainer_case import STEPS as TRAINER_STEPS  # noqa: E402
 
-LAUNCHER = os.path.join(ROOT, "scripts", "msrun_launcher.sh")
 KILL_AT = 5
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(cmd: str, log_dir, timeout: int = 600):
-    t0 = time.monotonic()
-    proc = subprocess.run(["bash", LAUNCHER, cmd, "2", str(free_port()), str(log_dir), "True",
-                           "300"], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    return proc, time.monotonic() - t0
 
 
 def worker_logs(log_dir) -> str:

@@ -1,0 +1,132 @@
+"""How one parameter is split across the ranks of a group (tensor / expert parallel, dp_shard).
+
+Pure (numpy only). A :class:`ShardSpec` records the parameter's *full* (logical) shape, the dim
+it is split along (``None``: replicated, every rank holds the whole tensor) and the group it is
+split over with that group's size. Shard ``k`` of ``S`` holds the ``k``-th of ``S`` equal,
+contiguous blocks of the split dim (Megatron: the dim must be divisible by ``S``):
+
+    local_shape[d] = full_shape[d] // S  for d = split_dim, else full_shape[d]
+    rows of shard k along split_dim: [k * full_shape[d] // S, (k + 1) * full_shape[d] // S)
+
+and ``unshard`` concatenates the shards in group order along the split dim.
+
+The global gradient norm over sharded parameters. With ``g_p`` the local gradient of parameter
+``p`` on this rank (already reduced over data parallel, so replicated values agree on every
+rank), ``R`` the replicated parameters and ``P_G`` those split over group ``G``:
+
+    ||g||^2 = sum_{p in R} ||g_p||^2  +  sum_G  AllReduce_G( sum_{p in P_G} ||g_p||^2 )
+
+Replicated parameters count once (their gradient is the same on every rank of the group, so
+summing it over the group would count it ``S`` times); a sharded parameter's squared norm is the
+sum of its shards' squared norms, which is the group sum of the local ones. The groups are
+reduced in the order of their names, identical on every rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["ShardSpec", "replicated", "local_shape", "local_slice", "shard", "unshard",
+           "partial_sq_norms", "global_sq_norm"]
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """A parameter's full shape, split dim (``None`` = replicated) and group (name, size)."""
+    full_shape: Tuple[int, ...]
+    split_dim: Optional[int] = None
+    group: Optional[str] = None
+    num_shards: int = 1
+
+    def __post_init__(self):
+        object.__setattr__(self, "full_shape", tuple(int(d) for d in self.full_shape))
+        if self.split_dim is None:
+            if self.group is not None or self.num_shards != 1:
+                raise ValueError(f"a replicated parameter has no group and 1 shard, but got "
+                                 f"group={self.group!r}, num_shards={self.num_shards}")
+            return
+        nd = len(self.full_shape)
+        if not 0 <= self.split_dim < nd:
+            raise ValueError(f"split_dim {self.split_dim} is out of range for shape "
+                             f"{self.full_shape}")
+        if not self.group:
+            raise ValueError(f"a parameter split along dim {self.split_dim} needs a group "
+                             f"name (tp, ep or dp_shard)")
+        if self.num_shards < 1:
+            raise ValueError(f"num_shards must be a positive integer, but got {self.num_shards}")
+        if self.full_shape[self.split_dim] % self.num_shards:
+            raise ValueError(f"dim {self.split_dim} of shape {self.full_shape} "
+                             f"({self.full_shape[self.split_dim]}) is not divisible by the "
+                             f"{self.group} group size {self.num_shards}")
+
+    @property
+    def is_sharded(self) -> bool:
+        return self.split_dim is not None
+
+
+def replicated(full_shape: Sequence[int]) -> ShardSpec:
+    return ShardSpec(tuple(full_shape))
+
+
+def local_shape(spec: ShardSpec) -> Tuple[int, ...]:
+    """The shape every shard has."""
+    if not spec.is_sharded:
+        return spec.full_shape
+    out = list(spec.full_shape)
+    out[spec.split_dim] //= spec.num_shards
+    return tuple(out)
+
+
+def local_slice(spec: ShardSpec, index: int) -> Tuple[slice, ...]:
+    """Where shard ``index`` (the rank's index in the group) lies in the full tensor."""
+    if not spec.is_sharded:
+        return tuple(slice(0, d) for d in spec.full_shape)
+    if not 0 <= index < spec.num_shards:
+        raise ValueError(f"shard index {index} is out of range for {spec.num_shards} shards")
+    size = local_shape(spec)[spec.split_dim]
+    return tuple(slice(index * size, (index + 1) * size) if d == spec.split_dim
+                 else slice(0, n) for d, n in enumerate(spec.full_shape))
+
+
+def shard(spec: ShardSpec, full: np.ndarray, index: int) -> np.ndarray:
+    """Shard ``index`` of the full tensor (a copy)."""
+    full = np.asarray(full)
+    if full.shape != spec.full_shape:
+        raise ValueError(f"expected the full shape {spec.full_shape}, but got {full.shape}")
+    return full[local_slice(spec, index)].copy()
+
+
+def unshard(spec: ShardSpec, shards: Sequence[np.ndarray]) -> np.ndarray:
+    """The full tensor from all shards in group order (replicated: the one tensor)."""
+    want = 1 if not spec.is_sharded else spec.num_shards
+    if len(shards) != want:
+        raise ValueError(f"expected {want} shards, but got {len(shards)}")
+    shape = local_shape(spec)
+    for k, s in enumerate(shards):
+        if np.shape(s) != shape:
+            raise ValueError(f"shard {k} has shape {np.shape(s)}, expected {shape}")
+    if not spec.is_sharded:
+        return np.array(shards[0], copy=True)
+    return np.concatenate([np.asarray(s) for s in shards], axis=spec.split_dim)
+
+
+def partial_sq_norms(local: Iterable[Tuple[ShardSpec, float]]) -> Tuple[float, Dict[str, float]]:
+    """``(sum over replicated, {group: sum over that group's shards})`` of this rank's local
+    squared gradient norms."""
+    rep, by_group = 0.0, {}
+    for spec, sq in local:
+        if spec.is_sharded and spec.num_shards > 1:
+            by_group[spec.group] = by_group.get(spec.group, 0.0) + float(sq)
+        else:
+            rep += float(sq)
+    return rep, by_group
+
+
+def global_sq_norm(local: Iterable[Tuple[ShardSpec, float]],
+                   group_sum: Callable[[str, float], float]) -> float:
+    """The global squared gradient norm (module docstring); ``group_sum(group, x)`` is the sum of
+    ``x`` over the ranks of this rank's ``group`` (the communicator's all_reduce)."""
+    rep, by_group = partial_sq_norms(local)
+    return rep + sum(float(group_sum(g, by_group[g])) for g in sorted(by_group))
