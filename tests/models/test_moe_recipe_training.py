@@ -17,7 +17,7 @@ STEPS = 20
 
 
 def _cfg(out, options, **training):
-    sets = [f"training.steps={STEPS}", f"checkpoint.save_path={os.path.join(str(out), 'ckpt')}"]
+    sets = [f"training.steps={STEPS}", "training.log_interval=10", f"checkpoint.save_path={os.path.join(str(out), 'ckpt')}"]
     sets += [f"model.{k}={v}" for k, v in options.items()]
     sets += [f"training.{k}={v}" for k, v in training.items()]
     return load_config(RECIPE, sets)
