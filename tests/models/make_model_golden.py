@@ -28,10 +28,12 @@ CONFIGS = {
 }
 
 
-def compute(name: str) -> dict:
-    """The golden quantities of config ``name`` (seed 7, batch 3 x 8) as float32 arrays."""
+def compute(name: str, jit: str = "none") -> dict:
+    """The golden quantities of config ``name`` (seed 7, batch 3 x 8) as float32 arrays, with
+    the model run under ``training.jit`` mode ``jit``."""
     cfg = CONFIGS[name]()
     model = build_model(cfg, seed=7)
+    model.set_jit(jit)
     ids, labels, mask = batch(cfg, b=3, s=8, seed=7)
     out = {"logits": model.logits(T(ids)).asnumpy()}
     model.reset_max_attention_logits()
