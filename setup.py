@@ -18,6 +18,7 @@ setup(
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.5"],  # plots are tested too
         "plot": ["matplotlib>=3.5"],
+        "bench": ["torch==2.13.0"],  # bench/bench_peer.py only; never imported by the package
     },
     entry_points={"console_scripts": ["mindformers-run=run_mindformer:main"]},
 )

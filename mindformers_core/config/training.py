@@ -16,7 +16,15 @@ from typing import List, Optional
 from .errors import ConfigError
 from .schema import Section, check_range
 
-__all__ = ["TrainingConfig"]
+JIT_MODES = ("none", "layer", "model")
+
+
+def check_jit_mode(mode) -> None:
+    """Rule of ``training.jit``: one of ``JIT_MODES`` (ValueError otherwise)."""
+    if mode not in JIT_MODES:
+        raise ValueError(f"must be one of {list(JIT_MODES)}, got {mode!r}")
+
+__all__ = ["TrainingConfig", "JIT_MODES", "check_jit_mode"]
 
 
 @dataclass
@@ -42,6 +50,10 @@ class TrainingConfig(Section):
     #: End the run after this many completed steps (with a checkpoint when saving is on); the
     #: LR schedule still spans ``steps``, so a resumed run continues the same curve.
     stop_at_step: Optional[int] = None
+    #: How the decoder layers run: ``none`` (PyNative), ``layer`` (each layer compiled with
+    #: ``mindspore.jit``; MoE blocks stay PyNative) or ``model`` (the whole forward compiled;
+    #: dense models only). See docs/performance.md.
+    jit: str = "none"
 
     def validate(self, path: str) -> None:
         check_range(self.steps, f"{path}.steps", lo=0, lo_open=True)
@@ -64,6 +76,10 @@ class TrainingConfig(Section):
             raise ConfigError(f"{path}.stop_at_step",
                               f"must be in [1, steps={self.steps}], got {self.stop_at_step}")
         self._validate_rampup(f"{path}.rampup_batch_size")
+        try:
+            check_jit_mode(self.jit)
+        except ValueError as err:
+            raise ConfigError(f"{path}.jit", str(err)) from None
 
     def _validate_rampup(self, path: str) -> None:
         rbs = self.rampup_batch_size

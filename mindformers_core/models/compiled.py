@@ -20,13 +20,15 @@ from typing import Callable, List
 
 import mindspore as ms
 
-JIT_MODES = ("none", "layer", "model")
+from ..config.training import check_jit_mode as check_mode_name
 
 
 def check_jit_mode(mode: str, has_moe: bool) -> None:
     """Raise ValueError when ``mode`` is unknown or cannot apply to the model."""
-    if mode not in JIT_MODES:
-        raise ValueError(f"jit must be one of {list(JIT_MODES)}, got {mode!r}")
+    try:
+        check_mode_name(mode)
+    except ValueError as err:
+        raise ValueError(f"jit {err}") from None
     if mode == "model" and has_moe:
         raise ValueError("jit: model compiles the whole forward as one static graph, which "
                          "cannot hold the MoE layers (host-side routing statistics, "
