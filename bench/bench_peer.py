@@ -116,13 +116,15 @@ def _matmul_flops(model: dict, tokens: int) -> float:
 
 
 # ---------------------------------------------------------------------------- workers
-def _worker_ours(name: str, jit: str) -> None:
+def _worker_ours(name: str, jit: str, threads: int) -> None:
     import io
     import numpy as np
     import mindspore as ms
     from mindspore import Tensor, ops
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
+    if threads:
+        ms.set_context(runtime_num_threads=threads)
     from mindformers_core.trainer.run import apply_pynative_synchronize
     apply_pynative_synchronize(True)
     a = Tensor(np.random.rand(PEAK_N, PEAK_N).astype(np.float32))
@@ -149,10 +151,12 @@ def _worker_ours(name: str, jit: str) -> None:
     _say({"peak_rss_mib": _rss_mib()})
 
 
-def _worker_torch(name: str) -> None:
+def _worker_torch(name: str, threads: int) -> None:
     import torch
     import torch_peer as tp
     torch.manual_seed(0)
+    if threads:
+        torch.set_num_threads(threads)
     a = torch.rand(PEAK_N, PEAK_N)
     a @ a
     base = _rss_mib()
@@ -179,9 +183,9 @@ def _worker_torch(name: str) -> None:
 
 # ---------------------------------------------------------------------------- driver
 class Worker:
-    def __init__(self, side: str, name: str, jit: str):
+    def __init__(self, side: str, name: str, jit: str, threads: int):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", side, "--models", name,
-               "--jit", jit]
+               "--jit", jit, "--threads", str(threads)]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [ROOT, os.path.join(ROOT, "bench"), os.environ.get("PYTHONPATH", "")]))
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -207,9 +211,9 @@ class Worker:
         return rss
 
 
-def bench_model(name: str, warmup: int, steps: int, jit: str) -> dict:
+def bench_model(name: str, warmup: int, steps: int, jit: str, threads: int = 0) -> dict:
     model, batch, optimizer = MODELS[name]
-    workers = {"ours": Worker("ours", name, jit), "torch": Worker("torch", name, jit)}
+    workers = {side: Worker(side, name, jit, threads) for side in ("ours", "torch")}
     times = {k: [] for k in workers}
     for r in range(warmup + steps):
         order = ("ours", "torch") if r % 2 == 0 else ("torch", "ours")
@@ -220,7 +224,8 @@ def bench_model(name: str, warmup: int, steps: int, jit: str) -> dict:
     tokens = batch * MICRO_BATCHES * model["seq_length"]
     flops = _matmul_flops(model, tokens)
     peak = max(w.info["peak_flops"] for w in workers.values())
-    out = {"model": name, "optimizer": optimizer, "jit": jit, "tokens_per_step": tokens,
+    out = {"model": name, "optimizer": optimizer, "jit": jit, "threads": threads,
+           "tokens_per_step": tokens,
            "step_flops": flops, "peak_flops": peak}
     for side, w in workers.items():
         med = statistics.median(times[side])
@@ -251,6 +256,9 @@ def main(argv=None) -> int:
     ap.add_argument("--jit", default="none", choices=["none", "layer", "model"],
                     help="training.jit of our side (model: dense models only; MoE models "
                          "then run with layer)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="intra-op threads of both sides (0: each framework's default); 1 keeps "
+                         "the ratio fair on a machine shared with other jobs")
     ap.add_argument("--save", action="store_true", help="write bench/results/peer.json")
     ap.add_argument("--worker", choices=["ours", "torch"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -259,10 +267,10 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
     if args.worker == "ours":
-        _worker_ours(names[0], args.jit)
+        _worker_ours(names[0], args.jit, args.threads)
         return 0
     if args.worker == "torch":
-        _worker_torch(names[0])
+        _worker_torch(names[0], args.threads)
         return 0
     print(f"{'model':<16} {'jit':<6} {'torch ms':>9} {'ours ms':>9} {'ratio':>7} "
           f"{'torch t/s':>9} {'ours t/s':>9} {'MFU tch':>7} {'MFU ours':>8} "
@@ -272,7 +280,7 @@ def main(argv=None) -> int:
         jit = args.jit
         if jit == "model" and MODELS[name][0]["model_type"] == "deepseek_v3":
             jit = "layer"
-        rows.append(bench_model(name, args.warmup, args.steps, jit))
+        rows.append(bench_model(name, args.warmup, args.steps, jit, args.threads))
         _print_row(rows[-1])
     path = (os.path.join(ROOT, "bench", "results", "peer.json") if args.save
             else os.path.join(tempfile.gettempdir(), "bench_peer.json"))

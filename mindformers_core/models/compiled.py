@@ -4,7 +4,8 @@
 * ``layer``: each layer's pure part is one ``mindspore.jit`` graph (compiled at the first call
   of each input shape): the whole layer when its MLP is dense, the two norms and the attention
   when it is a mixture of experts (the MoE runs in PyNative: its routing statistics are host
-  state and sparse dispatch has data-dependent shapes, which a static graph cannot hold).
+  state and sparse dispatch has data-dependent shapes, which a static graph cannot hold); the
+  head (final norm, output layer, loss) is one more graph. The embedding lookup stays PyNative.
 * ``model``: the whole forward (embedding, layers, readout, loss) as one graph; dense models
   only.
 
@@ -35,28 +36,36 @@ def check_jit_mode(mode: str, has_moe: bool) -> None:
                          "data-dependent dispatch shapes); use jit: layer")
 
 
-def _layer_runner(layer, mode: str) -> Callable:
+def _layer_graphs(template) -> tuple:
+    """(dense graph, attention graph) compiled from ``template``'s pure functions.
+
+    Every layer of a model has the same structure and constants (head counts, eps), only the
+    weights differ, and those are graph inputs, so one function serves all layers. (MindSpore
+    2.10 still compiles it once per layer: ``jit`` keys its cache by the ids of Parameter
+    arguments.)
+    """
+    def dense(h, tables, *ws):
+        return template.apply(h, tables, *ws)
+
+    def attention(h, tables, *ws):
+        return template.attention_block(h, tables, *ws)
+
+    return ms.jit(dense), ms.jit(attention)
+
+
+def _layer_runner(layer, mode: str, graphs) -> Callable:
     """callable(h, tables) -> (h, max_logits, aux) for one layer."""
     if mode == "none":
         return layer
+    dense, attention = graphs
     if layer.dense_mlp:
-        def dense(h, tables, *ws):
-            return layer.apply(h, tables, *ws)
-
-        graph = ms.jit(dense)
-
         def run_dense(h, tables):
-            h, max_logits = graph(h, tables, *layer.weights())
+            h, max_logits = dense(h, tables, *layer.weights())
             return h, max_logits, None
         return run_dense
 
-    def attention(h, tables, *ws):
-        return layer.attention_block(h, tables, *ws)
-
-    graph = ms.jit(attention)
-
     def run_moe(h, tables):
-        h, x, max_logits = graph(h, tables, *layer.attention_weights())
+        h, x, max_logits = attention(h, tables, *layer.attention_weights())
         h, aux = layer.mlp_block(h, x, tables)
         return h, max_logits, aux
     return run_moe
@@ -69,8 +78,19 @@ class Runner:
         check_jit_mode(mode, any(not layer.dense_mlp for layer in model.decoder.layers))
         self.mode = mode
         self._model = model
-        self._layers = [_layer_runner(layer, mode) for layer in model.decoder.layers]
+        layers = list(model.decoder.layers)
+        dense = [layer for layer in layers if layer.dense_mlp]
+        # the dense graph needs a dense template; the attention graph fits any layer
+        graphs = _layer_graphs(dense[0] if dense else layers[0]) if mode == "layer" else None
+        # under "model" the layers run eagerly outside the loss graph (logits, hidden_states)
+        layer_mode = "layer" if mode == "layer" else "none"
+        self._layers = [_layer_runner(layer, layer_mode, graphs) for layer in layers]
         self._graph = None
+        self._head = model.head
+        if mode == "layer":
+            def head(h, labels, loss_mask, *ws):
+                return model.head(h, labels, loss_mask, *ws)
+            self._head = ms.jit(head)
         if mode == "model":
             def forward(input_ids, labels, loss_mask, tables, *ws):
                 return model.apply(input_ids, labels, loss_mask, tables, *ws)
@@ -85,6 +105,10 @@ class Runner:
             if aux is not None:
                 aux_total = aux if aux_total is None else aux_total + aux
         return h, aux_total, max_logits
+
+    def head(self, h, labels, loss_mask) -> tuple:
+        """(loss_sum, n_tokens) of the last hidden states [T, H], labels and mask [T]."""
+        return self._head(h, labels, loss_mask, *self._model.output_weights())
 
     def model(self, input_ids, labels, loss_mask) -> tuple:
         """(loss_sum, n_tokens, max_logits [L, N]) of the compiled whole forward."""

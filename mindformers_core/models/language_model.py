@@ -209,6 +209,10 @@ class GPTModel(nn.Cell):
         h, _ = self._last_hidden(input_ids)
         return self.readout(h, *self.output_weights()).reshape(input_ids.shape + (-1,))
 
+    def head(self, h, labels, loss_mask, w_norm, w_out):
+        """(loss_sum, n_tokens) of the last hidden states h [T, H] and labels / mask [T]."""
+        return token_losses(self.readout(h, w_norm, w_out), labels, loss_mask)
+
     def apply(self, input_ids, labels, loss_mask, tables, *ws):
         """The whole dense forward as a pure function of ``all_weights()``:
         (loss_sum, n_tokens, max_logits [L, N]) (what ``training.jit: model`` compiles)."""
@@ -219,8 +223,7 @@ class GPTModel(nn.Cell):
             h, ml = layer.apply(h, tables, *ws[start:start + n])
             max_logits.append(ml)
             start += n
-        loss_sum, n_tokens = token_losses(self.readout(h, *ws[start:]), labels.reshape(-1),
-                                          loss_mask.reshape(-1))
+        loss_sum, n_tokens = self.head(h, labels.reshape(-1), loss_mask.reshape(-1), *ws[start:])
         return loss_sum, n_tokens, ops.stack(max_logits, 0)
 
     def all_weights(self) -> tuple:
@@ -236,8 +239,7 @@ class GPTModel(nn.Cell):
             self.record_max_logits(ops.unstack(max_logits, 0))
             return loss_sum, n_tokens, mint.zeros((), dtype=ms.float32)
         h, aux = self._last_hidden(input_ids)
-        loss_sum, n_tokens = token_losses(self.readout(h, *self.output_weights()),
-                                          labels.reshape(-1), loss_mask.reshape(-1))
+        loss_sum, n_tokens = self._runner.head(h, labels.reshape(-1), loss_mask.reshape(-1))
         aux = mint.zeros((), dtype=ms.float32) if aux is None else aux.astype(ms.float32)
         return loss_sum, n_tokens, aux
 
