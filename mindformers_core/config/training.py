@@ -53,7 +53,7 @@ class TrainingConfig(Section):
     #: How the decoder layers run: ``none`` (PyNative), ``layer`` (each layer compiled with
     #: ``mindspore.jit``; MoE blocks stay PyNative) or ``model`` (the whole forward compiled;
     #: dense models only). See docs/performance.md.
-    jit: str = "none"
+    jit: str = "layer"
 
     def validate(self, path: str) -> None:
         check_range(self.steps, f"{path}.steps", lo=0, lo_open=True)

@@ -71,11 +71,19 @@ def _layer_runner(layer, mode: str, graphs) -> Callable:
     return run_moe
 
 
+def effective_mode(mode: str, compute_dtype) -> str:
+    """The mode that runs: float16 compute stays PyNative (MindSpore 2.10 CPU returns the
+    gradients of a float16 graph's Parameter inputs misaligned -- the RMSNorm gain gets the
+    shape of a linear weight's gradient -- so a compiled fp16 layer would train wrongly)."""
+    return "none" if compute_dtype == ms.float16 else mode
+
+
 class Runner:
     """Runs the decoder of a ``GPTModel`` under one ``training.jit`` mode."""
 
     def __init__(self, model, mode: str):
         check_jit_mode(mode, any(not layer.dense_mlp for layer in model.decoder.layers))
+        mode = effective_mode(mode, model.precision.compute)
         self.mode = mode
         self._model = model
         layers = list(model.decoder.layers)
