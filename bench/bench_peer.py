@@ -85,7 +85,8 @@ def _run_config(model: dict, batch: int, optimizer: str, jit: str) -> dict:
         "lr_scheduler": {"type": "CosineWithWarmUpLR", "learning_rate": lr,
                          "warmup_ratio": 0.01, "lr_end": lr / 10},
         "model": model,
-        "train_dataset": {"type": "SyntheticMarkov"},
+        "train_dataset": {"type": "SyntheticMarkov",
+                          "markov_vocab_size": min(model["vocab_size"], 1024)},
         "checkpoint": {"enable_save": False},
     }
 
@@ -253,15 +254,20 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--jit", default="none", choices=["none", "layer", "model"],
+    ap.add_argument("--jit", default="layer", choices=["none", "layer", "model"],
                     help="training.jit of our side (model: dense models only; MoE models "
                          "then run with layer)")
     ap.add_argument("--threads", type=int, default=0,
                     help="intra-op threads of both sides (0: each framework's default); 1 keeps "
                          "the ratio fair on a machine shared with other jobs")
     ap.add_argument("--save", action="store_true", help="write bench/results/peer.json")
+    ap.add_argument("--out", help="write the JSON here instead")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny and mid GPT only, 1 warm-up + 3 measured steps")
     ap.add_argument("--worker", choices=["ours", "torch"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.quick:
+        args.models, args.warmup, args.steps = "tiny_gpt,mid_gpt", 1, 3
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in MODELS]
     if unknown:
@@ -271,6 +277,11 @@ def main(argv=None) -> int:
         return 0
     if args.worker == "torch":
         _worker_torch(names[0], args.threads)
+        return 0
+    try:
+        import torch  # noqa: F401  (the optional bench extra)
+    except ImportError:
+        print("bench_peer: torch is not installed (pip install torch==2.13.0); skipped")
         return 0
     print(f"{'model':<16} {'jit':<6} {'torch ms':>9} {'ours ms':>9} {'ratio':>7} "
           f"{'torch t/s':>9} {'ours t/s':>9} {'MFU tch':>7} {'MFU ours':>8} "
@@ -282,8 +293,8 @@ def main(argv=None) -> int:
             jit = "layer"
         rows.append(bench_model(name, args.warmup, args.steps, jit, args.threads))
         _print_row(rows[-1])
-    path = (os.path.join(ROOT, "bench", "results", "peer.json") if args.save
-            else os.path.join(tempfile.gettempdir(), "bench_peer.json"))
+    path = args.out or (os.path.join(ROOT, "bench", "results", "peer.json") if args.save
+                        else os.path.join(tempfile.gettempdir(), "bench_peer.json"))
     with open(path, "w", encoding="utf-8") as fh:
         json.dump({"machine": platform.platform(), "cpus": os.cpu_count(), "results": rows}, fh,
                   indent=1)
