@@ -16,16 +16,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from mindformers_core.models import build_model  # noqa: E402
-from model_test_utils import T, batch, tiny_dsv3, tiny_gpt  # noqa: E402
+from model_test_utils import CONFIGS, T, batch  # noqa: E402
 
 GOLDEN = os.path.join(os.path.dirname(HERE), "fixtures", "model_golden.npz")
-CONFIGS = {
-    "gpt": lambda: tiny_gpt(),
-    "gpt_gqa": lambda: tiny_gpt(num_query_groups=2),
-    "gpt_tied": lambda: tiny_gpt(tie_word_embeddings=True),
-    "dsv3": lambda: tiny_dsv3(moe_aux_loss_coeff=0.01),
-    "dsv3_no_q_lora": lambda: tiny_dsv3(q_lora_rank=None, n_shared_experts=0, norm_topk_prob=False),
-}
 
 
 def compute(name: str, jit: str = "none") -> dict:
