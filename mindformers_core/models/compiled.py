@@ -17,7 +17,7 @@ under every mode. Gradients flow through the graphs' inputs under ``mindspore.va
 """
 from __future__ import annotations
 
-from typing import Callable, List
+from typing import Callable
 
 import mindspore as ms
 
