@@ -22,6 +22,7 @@ setup(
         "plot": ["matplotlib>=3.5"],
         "hf": ["tokenizers>=0.15"],
         "tensorboard": ["tensorboardX>=2.6"],
+        "bench": ["torch==2.13.0"],  # bench/bench_peer.py only; never imported by the package
     },
     entry_points={"console_scripts": ["mindformers-run=run_mindformer:main"]},
 )

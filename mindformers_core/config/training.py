@@ -16,7 +16,15 @@ from typing import List, Optional
 from ..errors import MAX_STEPS, ConfigError
 from .schema import Section, check_range
 
-__all__ = ["TrainingConfig"]
+JIT_MODES = ("none", "layer", "model")
+
+
+def check_jit_mode(mode) -> None:
+    """Rule of ``training.jit``: one of ``JIT_MODES`` (ValueError otherwise)."""
+    if mode not in JIT_MODES:
+        raise ValueError(f"must be one of {list(JIT_MODES)}, got {mode!r}")
+
+__all__ = ["TrainingConfig", "JIT_MODES", "check_jit_mode"]
 
 
 @dataclass
@@ -49,6 +57,10 @@ class TrainingConfig(Section):
     eval_steps: int = 10
     #: Print the step line every this many steps (``metrics.jsonl`` gets every step).
     log_interval: int = 1
+    #: How the decoder layers run: ``none`` (PyNative), ``layer`` (each layer compiled with
+    #: ``mindspore.jit``; MoE blocks stay PyNative) or ``model`` (the whole forward compiled;
+    #: dense models only). See docs/performance.md.
+    jit: str = "layer"
 
     def validate(self, path: str) -> None:
         check_range(self.steps, f"{path}.steps", lo=0, lo_open=True)
@@ -74,6 +86,10 @@ class TrainingConfig(Section):
         self._validate_rampup(f"{path}.rampup_batch_size")
         for name in ("eval_interval", "eval_steps", "log_interval"):
             check_range(getattr(self, name), f"{path}.{name}", lo=1)
+        try:
+            check_jit_mode(self.jit)
+        except ValueError as err:
+            raise ConfigError(f"{path}.jit", str(err)) from None
 
     def _validate_rampup(self, path: str) -> None:
         rbs = self.rampup_batch_size

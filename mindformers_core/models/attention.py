@@ -13,28 +13,38 @@ Row layouts (weights are [out_features, in_features]):
 * MLA ``linear_kv_up_proj`` is periodic per head with period ``dn + dv``: k_nope rows
   ``h*(dn+dv) + [0, dn)``, v rows ``h*(dn+dv) + [dn, dn+dv)``.
 
-Each forward stores the detached per-head max of the scaled logits in ``self.last_max_logits``.
+Inputs are 2-D ``x [B*S, H]``; ``tables`` is ``layers.attention_tables(...)`` of the batch
+(full-shape cos/sin, the rotate-half matrix and the causal mask bias, whose shape also carries
+B and S). The weight slices are taken on the weights (row blocks, or one de-interleaving copy of
+a weight), never on activations. ``construct`` returns ``(output [B*S, H], max_logits [N])``:
+the detached per-head max of the scaled logits, for QK-Clip; nothing is stored on the Cell.
 """
 from __future__ import annotations
 
 import math
 
-from mindspore import mint, nn
+from mindspore import nn, ops
 
-from .layers import Linear, RMSNorm, apply_rotary, causal_attention
+from .layers import Linear, RMSNorm, apply_rotary, causal_attention, linear, rms_norm
 from .precision import Precision
 
 
-def _heads(x, n_heads: int, head_dim: int):
-    """[B, S, n*d] -> [B, n, S, d]."""
-    b, s, _ = x.shape
-    return x.reshape(b, s, n_heads, head_dim).transpose(0, 2, 1, 3)
+def _heads(x2d, b: int, s: int, n_heads: int, head_dim: int):
+    """[B*S, n*d] -> [B, n, S, d]."""
+    return x2d.reshape(b, s, n_heads, head_dim).transpose(0, 2, 1, 3)
 
 
 def _merge(x):
-    """[B, n, S, d] -> [B, S, n*d]."""
+    """[B, n, S, d] -> [B*S, n*d]."""
     b, n, s, d = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(b, s, n * d)
+    return x.transpose(0, 2, 1, 3).reshape(b * s, n * d)
+
+
+def _periodic_rows(weight, n: int, a: int, b: int):
+    """Split a weight whose rows repeat [a rows | b rows] n times into ([n*a, in], [n*b, in])."""
+    cols = weight.shape[-1]
+    first, second = ops.split(weight.reshape(n, a + b, cols), (a, b), axis=1)
+    return first.reshape(n * a, cols), second.reshape(n * b, cols)
 
 
 class SelfAttention(nn.Cell):
@@ -46,25 +56,31 @@ class SelfAttention(nn.Cell):
         self.num_groups = num_query_groups
         self.head_dim = hidden_size // num_heads
         self.softmax_scale = 1.0 / math.sqrt(self.head_dim)
+        self.precision = precision
         d = self.head_dim
         self.linear_qkv = Linear(hidden_size, (num_heads + 2 * num_query_groups) * d, precision)
         self.linear_proj = Linear(num_heads * d, hidden_size, precision)
-        self.last_max_logits = None
 
-    def construct(self, x, cos, sin, causal_mask):
-        n, g, d = self.num_heads, self.num_groups, self.head_dim
-        qkv = self.linear_qkv(x)
-        q = _heads(qkv[..., : n * d], n, d)
-        k = _heads(qkv[..., n * d: (n + g) * d], g, d)
-        v = _heads(qkv[..., (n + g) * d:], g, d)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
+    def weights(self) -> tuple:
+        return (self.linear_qkv.weight, self.linear_proj.weight)
+
+    def apply(self, x, tables, w_qkv, w_proj):
+        n, g, d, p = self.num_heads, self.num_groups, self.head_dim, self.precision
+        cos_q, sin_q, cos_k, sin_k, rot, mask = tables
+        b, _, s, _ = mask.shape
+        # row blocks of the weight in the compute dtype (no bf16 slice-gradient kernel on CPU)
+        wq, wk, wv = ops.split(p.cast(w_qkv), (n * d, g * d, g * d), axis=0)
+        q = apply_rotary(_heads(linear(x, wq, p), b, s, n, d), cos_q, sin_q, rot)
+        k = apply_rotary(_heads(linear(x, wk, p), b, s, g, d), cos_k, sin_k, rot)
+        v = _heads(linear(x, wv, p), b, s, g, d)
         if g != n:  # grouped-query attention: each kv group serves n/g consecutive heads
-            b, _, s, _ = k.shape
             k = k[:, :, None].broadcast_to((b, g, n // g, s, d)).reshape(b, n, s, d)
             v = v[:, :, None].broadcast_to((b, g, n // g, s, d)).reshape(b, n, s, d)
-        ctx, self.last_max_logits = causal_attention(q, k, v, self.softmax_scale, causal_mask)
-        return self.linear_proj(_merge(ctx))
+        ctx, max_logits = causal_attention(q, k, v, self.softmax_scale, mask)
+        return linear(_merge(ctx), w_proj, p), max_logits
+
+    def construct(self, x, tables):
+        return self.apply(x, tables, *self.weights())
 
 
 class MLASelfAttention(nn.Cell):
@@ -84,6 +100,7 @@ class MLASelfAttention(nn.Cell):
         self.kv_lora_rank = kv_lora_rank
         self.dn, self.dr, self.dv = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
         self.softmax_scale = 1.0 / math.sqrt(self.dn + self.dr)
+        self.precision = precision
         q_out = num_heads * (self.dn + self.dr)
         if q_lora_rank is None:
             self.linear_q_proj = Linear(hidden_size, q_out, precision)
@@ -95,28 +112,50 @@ class MLASelfAttention(nn.Cell):
         self.kv_layernorm = RMSNorm(kv_lora_rank, norm_eps, precision)
         self.linear_kv_up_proj = Linear(kv_lora_rank, num_heads * (self.dn + self.dv), precision)
         self.linear_proj = Linear(num_heads * self.dv, hidden_size, precision)
-        self.last_max_logits = None
 
     @property
     def q_param_attr(self) -> str:
         """Attribute name of the projection that holds the per-head q rows."""
         return "linear_q_proj" if self.q_lora_rank is None else "linear_q_up_proj"
 
-    def construct(self, x, cos, sin, causal_mask):
-        n, dn, dr, dv = self.num_heads, self.dn, self.dr, self.dv
+    def weights(self) -> tuple:
+        """(q weights..., kv_down, kv_layernorm, kv_up, proj); q: (q_proj,) or
+        (q_down, q_layernorm, q_up)."""
         if self.q_lora_rank is None:
-            q = self.linear_q_proj(x)
+            q = (self.linear_q_proj.weight,)
         else:
-            q = self.linear_q_up_proj(self.q_layernorm(self.linear_q_down_proj(x)))
-        q = _heads(q, n, dn + dr)
-        kv_a = self.linear_kv_down_proj(x)
-        c_kv = self.kv_layernorm(kv_a[..., : self.kv_lora_rank])
-        k_pe = kv_a[..., self.kv_lora_rank:][:, None]            # [B, 1, S, dr]
-        kv = _heads(self.linear_kv_up_proj(c_kv), n, dn + dv)
-        b, _, s, _ = kv.shape
-        k_pe = apply_rotary(k_pe, cos, sin).broadcast_to((b, n, s, dr))
-        q = mint.cat([q[..., :dn], apply_rotary(q[..., dn:], cos, sin)], -1)
-        k = mint.cat([kv[..., :dn], k_pe], -1)
-        ctx, self.last_max_logits = causal_attention(q, k, kv[..., dn:], self.softmax_scale,
-                                                     causal_mask)
-        return self.linear_proj(_merge(ctx))
+            q = (self.linear_q_down_proj.weight, self.q_layernorm.weight,
+                 self.linear_q_up_proj.weight)
+        return q + (self.linear_kv_down_proj.weight, self.kv_layernorm.weight,
+                    self.linear_kv_up_proj.weight, self.linear_proj.weight)
+
+    def apply(self, x, tables, *ws):
+        n, dn, dr, dv, p = self.num_heads, self.dn, self.dr, self.dv, self.precision
+        cos_q, sin_q, cos_k, sin_k, rot, mask = tables
+        b, _, s, _ = mask.shape
+        if self.q_lora_rank is None:
+            w_q = ws[0]
+            q_in = x
+            w_kvd, w_kvn, w_kvu, w_proj = ws[1:]
+        else:
+            w_q = ws[2]
+            q_in = rms_norm(linear(x, ws[0], p), ws[1], self.q_layernorm.eps,
+                            self.q_layernorm.mean_column)
+            w_kvd, w_kvn, w_kvu, w_proj = ws[3:]
+        w_q_nope, w_q_pe = _periodic_rows(p.cast(w_q), n, dn, dr)
+        q_nope = _heads(linear(q_in, w_q_nope, p), b, s, n, dn)
+        q_pe = apply_rotary(_heads(linear(q_in, w_q_pe, p), b, s, n, dr), cos_q, sin_q, rot)
+        w_ckv, w_kpe = ops.split(p.cast(w_kvd), (self.kv_lora_rank, dr), axis=0)
+        c_kv = rms_norm(linear(x, w_ckv, p), w_kvn, self.kv_layernorm.eps,
+                        self.kv_layernorm.mean_column)
+        k_pe = apply_rotary(linear(x, w_kpe, p).reshape(b, 1, s, dr), cos_k, sin_k, rot)
+        w_k_nope, w_v = _periodic_rows(p.cast(w_kvu), n, dn, dv)
+        k_nope = _heads(linear(c_kv, w_k_nope, p), b, s, n, dn)
+        v = _heads(linear(c_kv, w_v, p), b, s, n, dv)
+        q = ops.cat((q_nope, q_pe), -1)
+        k = ops.cat((k_nope, k_pe.broadcast_to((b, n, s, dr))), -1)
+        ctx, max_logits = causal_attention(q, k, v, self.softmax_scale, mask)
+        return linear(_merge(ctx), w_proj, p), max_logits
+
+    def construct(self, x, tables):
+        return self.apply(x, tables, *self.weights())

@@ -47,7 +47,7 @@ def check_mup_width_mult(mup_width_mult) -> Optional[float]:
 
 
 def build_model(model_cfg: Union[ModelConfig, dict, None] = None, seed: Optional[int] = None,
-                mup_width_mult: Optional[float] = None) -> GPTModel:
+                mup_width_mult: Optional[float] = None, jit: str = "none") -> GPTModel:
     """Build and initialise the model of a ``model:`` section (ModelConfig or dict).
 
     Weights come from numpy streams keyed by ``seed`` and the parameter name (``models.init``),
@@ -58,6 +58,7 @@ def build_model(model_cfg: Union[ModelConfig, dict, None] = None, seed: Optional
     ``optim.mup.mup_width_mult``) builds the muP model: hidden matrices initialised with std / sqrt(w)
     and logits multiplied by 1/w (readout multiplier). None or 1.0: the plain model, bit-identical.
     The optimizer side (per-group lr / eps) is ``optim.mup.get_mup_config_overrides``.
+    ``jit`` is ``training.jit`` (``models.compiled``).
     """
     mup_width_mult = check_mup_width_mult(mup_width_mult)
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg, "model")
@@ -67,4 +68,5 @@ def build_model(model_cfg: Union[ModelConfig, dict, None] = None, seed: Optional
     precision = resolve_precision(cfg.params_dtype, cfg.compute_dtype)
     model = GPTModel(cfg, precision, transformer_config(cfg), mup_width_mult=mup_width_mult)
     init_weights(model, seed, cfg.initializer_range, cfg.num_layers, mup_width_mult)
+    model.set_jit(jit)
     return model

@@ -37,7 +37,7 @@ from typing import Optional
 
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor, mint, ops
+from mindspore import Tensor, ops
 
 DROP_POLICIES = ("probs", "position")
 

@@ -18,9 +18,9 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, mint, nn, ops
 
-from . import qk_clip
+from . import compiled, qk_clip
 from .attention import MLASelfAttention, SelfAttention
-from .layers import Embedding, Linear, RMSNorm, rotary_tables
+from .layers import Embedding, Linear, RMSNorm, attention_tables, embed, linear, rms_norm
 from .mlp import MLP
 from .moe import MoE, MoESpec
 from .router import expert_bias_step
@@ -29,21 +29,59 @@ from .transformer_config import GPTTransformerConfig
 
 
 class TransformerLayer(nn.Cell):
+    """Pre-norm layer on 2-D hidden states [B*S, H].
+
+    ``construct(h, tables) -> (h, max_logits [N], aux)`` (aux None for a dense MLP). The pure
+    parts take their weights as arguments (``attention_block``: the two norms and the
+    attention, ``apply``: the whole dense layer), so ``models.compiled`` can run them under
+    ``mindspore.jit`` with the weights as graph inputs.
+    """
+
     def __init__(self, attention: nn.Cell, mlp: nn.Cell, hidden_size: int, eps: float,
-                 precision: Precision):
+                 precision: Precision, dense_mlp: bool):
         super().__init__()
         self.input_layernorm = RMSNorm(hidden_size, eps, precision)
         self.self_attention = attention
         self.pre_mlp_layernorm = RMSNorm(hidden_size, eps, precision)
         self.mlp = mlp
+        self.dense_mlp = dense_mlp
+        self._num_attention_weights = len(attention.weights())
 
-    def construct(self, h, cos, sin, causal_mask):
-        h = h + self.self_attention(self.input_layernorm(h), cos, sin, causal_mask)
-        out = self.mlp(self.pre_mlp_layernorm(h))
-        aux = None
-        if isinstance(out, tuple):
-            out, aux = out
-        return h + out, aux
+    def attention_weights(self) -> tuple:
+        return ((self.input_layernorm.weight,) + self.self_attention.weights()
+                + (self.pre_mlp_layernorm.weight,))
+
+    def weights(self) -> tuple:
+        """Every weight of a dense layer, in ``apply``'s order."""
+        return self.attention_weights() + self.mlp.weights()
+
+    def attention_block(self, h, tables, *ws):
+        """(h + attn(norm1(h)), norm2 of that, max_logits) with ``attention_weights()``."""
+        na = self._num_attention_weights
+        norm1, norm2 = self.input_layernorm, self.pre_mlp_layernorm
+        out, max_logits = self.self_attention.apply(
+            rms_norm(h, ws[0], norm1.eps, norm1.mean_column), tables, *ws[1:1 + na])
+        h = h + out
+        return h, rms_norm(h, ws[1 + na], norm2.eps, norm2.mean_column), max_logits
+
+    def apply(self, h, tables, *ws):
+        """The dense layer with ``weights()``: (h, max_logits)."""
+        na = self._num_attention_weights
+        h, x, max_logits = self.attention_block(h, tables, *ws[:na + 2])
+        return h + self.mlp.apply(x, *ws[na + 2:]), max_logits
+
+    def mlp_block(self, h, x, tables):
+        """h + mlp(x) for the normed x; (h, aux) (aux None for a dense MLP)."""
+        if self.dense_mlp:
+            return h + self.mlp(x), None
+        b, _, s, _ = tables[-1].shape
+        out, aux = self.mlp(x.reshape(b, s, x.shape[-1]))   # the MoE reads sequences
+        return h + out.reshape(x.shape), aux
+
+    def construct(self, h, tables):
+        h, x, max_logits = self.attention_block(h, tables, *self.attention_weights())
+        h, aux = self.mlp_block(h, x, tables)
+        return h, max_logits, aux
 
 
 class Decoder(nn.Cell):
@@ -52,6 +90,15 @@ class Decoder(nn.Cell):
         super().__init__()
         self.layers = nn.CellList(layers)
         self.final_layernorm = RMSNorm(hidden_size, eps, precision)
+
+
+def token_losses(logits, labels, loss_mask):
+    """(sum of loss_mask * CE, sum of loss_mask) for float32 logits [T, V], labels/mask [T]."""
+    logp = ops.log_softmax(logits, -1)
+    safe = ops.where(labels >= 0, labels, 0).astype(ms.int64).reshape(-1, 1)
+    nll = -mint.gather(logp, 1, safe).reshape(-1)
+    mask = loss_mask.astype(ms.float32)
+    return (nll * mask).sum(), mask.sum()
 
 
 class GPTModel(nn.Cell):
@@ -72,11 +119,13 @@ class GPTModel(nn.Cell):
         self.decoder = Decoder([self._make_layer(i) for i in range(cfg.num_layers)], h,
                                cfg.norm_epsilon, precision)
         self.output_layer = None if cfg.tie_word_embeddings else Linear(h, cfg.vocab_size, precision)
-        rope_dim = cfg.qk_rope_head_dim if transformer_config.multi_latent_attention \
-            else h // cfg.num_attention_heads
-        self._rope_dim = rope_dim
-        self._tables: Dict[int, tuple] = {}
+        mla = transformer_config.multi_latent_attention
+        self._rope_dim = cfg.qk_rope_head_dim if mla else h // cfg.num_attention_heads
+        # key heads of the rotary tables: MLA shares one rope key across heads
+        self._rope_key_heads = 1 if mla else transformer_config.num_query_groups
+        self._tables: Dict[tuple, tuple] = {}
         self._max_logits: List[Optional[Tensor]] = [None] * cfg.num_layers
+        self._runner = compiled.Runner(self, "none")
 
     # ----------------------------------------------------------------- construction
     def _make_layer(self, i: int) -> TransformerLayer:
@@ -88,64 +137,111 @@ class GPTModel(nn.Cell):
         else:
             attn = SelfAttention(cfg.hidden_size, cfg.num_attention_heads,
                                  self._tc.num_query_groups, p)
-        if cfg.model_type == "deepseek_v3" and i >= cfg.first_k_dense_replace:
+        moe = cfg.model_type == "deepseek_v3" and i >= cfg.first_k_dense_replace
+        if moe:
             mlp = MoE(cfg.hidden_size, MoESpec.from_model_config(cfg), p)
         else:
             mlp = MLP(cfg.hidden_size, self._tc.ffn_hidden_size, p)
-        return TransformerLayer(attn, mlp, cfg.hidden_size, cfg.norm_epsilon, p)
+        return TransformerLayer(attn, mlp, cfg.hidden_size, cfg.norm_epsilon, p, dense_mlp=not moe)
 
-    def _static_tables(self, seq_len: int):
-        """(cos, sin, causal_mask) for a sequence length, cached."""
-        if seq_len not in self._tables:
-            cos, sin = rotary_tables(seq_len, self._rope_dim, self.cfg.rope_theta)
-            mask = np.triu(np.ones((seq_len, seq_len), dtype=bool), 1)
-            self._tables[seq_len] = (self.precision.cast(Tensor(cos)),
-                                     self.precision.cast(Tensor(sin)), Tensor(mask))
-        return self._tables[seq_len]
+    def set_jit(self, mode: str) -> None:
+        """``training.jit``: "none" (PyNative), "layer" (each layer's pure part compiled with
+        ``mindspore.jit``) or "model" (the whole forward; dense models only)."""
+        self._runner = compiled.Runner(self, mode)
+
+    @property
+    def jit_mode(self) -> str:
+        return self._runner.mode
+
+    def static_tables(self, batch: int, seq_len: int) -> tuple:
+        """``layers.attention_tables`` of a (batch, seq_len), cached."""
+        key = (batch, seq_len)
+        if key not in self._tables:
+            self._tables[key] = attention_tables(
+                batch, seq_len, self.cfg.num_attention_heads, self._rope_key_heads,
+                self._rope_dim, self.cfg.rope_theta, self.precision)
+        return self._tables[key]
 
     # ----------------------------------------------------------------- forward
-    def hidden_states(self, input_ids):
-        """Final-normed hidden states [B, S, H] and the summed aux loss (Tensor or None)."""
-        cos, sin, mask = self._static_tables(input_ids.shape[1])
-        h = self.embedding(input_ids)
-        aux_total = None
-        for i, layer in enumerate(self.decoder.layers):
-            h, aux = layer(h, cos, sin, mask)
-            if aux is not None:
-                aux_total = aux if aux_total is None else aux_total + aux
-            new = layer.self_attention.last_max_logits
-            old = self._max_logits[i]
-            self._max_logits[i] = new if old is None else ops.maximum(old, new)
-        return self.decoder.final_layernorm(h), aux_total
+    def output_weights(self) -> tuple:
+        """(final norm gain, output matrix) -- the embedding table when tied."""
+        out = (self.embedding.word_embeddings.weight if self.output_layer is None
+               else self.output_layer.weight)
+        return (self.decoder.final_layernorm.weight, out)
 
-    def _output_weight(self):
-        if self.output_layer is None:
-            return self.embedding.word_embeddings.weight
-        return self.output_layer.weight
-
-    def _readout(self, h):
-        """Float32 logits of final hidden states h, times the muP readout multiplier if any."""
-        p = self.precision
-        logits = mint.nn.functional.linear(p.cast(h), p.cast(self._output_weight())).astype(ms.float32)
+    def readout(self, h, w_norm, w_out):
+        """Float32 logits [T, V] of the last hidden states h [T, H] (final norm, output layer,
+        muP readout multiplier)."""
+        norm = self.decoder.final_layernorm
+        logits = linear(rms_norm(h, w_norm, norm.eps, norm.mean_column), w_out,
+                        self.precision).astype(ms.float32)
         if self.readout_multiplier is not None:
             logits = logits * self.readout_multiplier
         return logits
 
+    def embed_tokens(self, input_ids, table):
+        """[B*S, H] rows of the embedding table."""
+        return embed(input_ids.reshape(-1), table, self.precision)
+
+    def record_max_logits(self, per_layer) -> None:
+        """Fold one forward's per-layer max logits (each [N]) into the running max."""
+        for i, new in enumerate(per_layer):
+            old = self._max_logits[i]
+            self._max_logits[i] = new if old is None else ops.maximum(old, new)
+
+    def _last_hidden(self, input_ids):
+        """(h [B*S, H] before the final norm, summed aux loss or None); records max logits."""
+        b, s = input_ids.shape
+        h, aux, max_logits = self._runner.layers(
+            self.embed_tokens(input_ids, self.embedding.word_embeddings.weight),
+            self.static_tables(b, s))
+        self.record_max_logits(max_logits)
+        return h, aux
+
+    def hidden_states(self, input_ids):
+        """Final-normed hidden states [B, S, H] and the summed aux loss (Tensor or None)."""
+        h, aux = self._last_hidden(input_ids)
+        norm = self.decoder.final_layernorm
+        return norm(h).reshape(input_ids.shape + (h.shape[-1],)), aux
+
     def logits(self, input_ids):
         """Float32 logits [B, S, vocab_size] (times 1/mup_width_mult under muP)."""
-        h, _ = self.hidden_states(input_ids)
-        return self._readout(h)
+        h, _ = self._last_hidden(input_ids)
+        return self.readout(h, *self.output_weights()).reshape(input_ids.shape + (-1,))
+
+    def head(self, h, labels, loss_mask, w_norm, w_out):
+        """(loss_sum, n_tokens) of the last hidden states h [T, H] and labels / mask [T]."""
+        return token_losses(self.readout(h, w_norm, w_out), labels, loss_mask)
+
+    def apply(self, input_ids, labels, loss_mask, tables, *ws):
+        """The whole dense forward as a pure function of ``all_weights()``:
+        (loss_sum, n_tokens, max_logits [L, N]) (what ``training.jit: model`` compiles)."""
+        h = self.embed_tokens(input_ids, ws[0])
+        start, max_logits = 1, []
+        for layer in self.decoder.layers:
+            n = len(layer.weights())
+            h, ml = layer.apply(h, tables, *ws[start:start + n])
+            max_logits.append(ml)
+            start += n
+        loss_sum, n_tokens = self.head(h, labels.reshape(-1), loss_mask.reshape(-1), *ws[start:])
+        return loss_sum, n_tokens, ops.stack(max_logits, 0)
+
+    def all_weights(self) -> tuple:
+        """Every weight of a dense model, in ``apply``'s order."""
+        ws = (self.embedding.word_embeddings.weight,)
+        for layer in self.decoder.layers:
+            ws = ws + layer.weights()
+        return ws + self.output_weights()
 
     def construct(self, input_ids, labels, loss_mask):
-        h, aux = self.hidden_states(input_ids)
-        logits = self._readout(h)
-        logp = ops.log_softmax(logits, -1)
-        safe = mint.where(labels >= 0, labels, 0).astype(ms.int64)[..., None]
-        nll = -mint.gather(logp, -1, safe)[..., 0]
-        mask = loss_mask.astype(ms.float32)
-        loss_sum = (nll * mask).sum()
+        if self._runner.mode == "model":
+            loss_sum, n_tokens, max_logits = self._runner.model(input_ids, labels, loss_mask)
+            self.record_max_logits(ops.unstack(max_logits, 0))
+            return loss_sum, n_tokens, mint.zeros((), dtype=ms.float32)
+        h, aux = self._last_hidden(input_ids)
+        loss_sum, n_tokens = self._runner.head(h, labels.reshape(-1), loss_mask.reshape(-1))
         aux = mint.zeros((), dtype=ms.float32) if aux is None else aux.astype(ms.float32)
-        return loss_sum, mask.sum(), aux
+        return loss_sum, n_tokens, aux
 
     # ----------------------------------------------------------------- optimizer metadata
     def get_gpt_transformer_config(self) -> GPTTransformerConfig:

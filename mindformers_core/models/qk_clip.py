@@ -15,7 +15,7 @@ logits of the head scale by gamma_h); v rows and the shared rope key (in
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 import mindspore as ms

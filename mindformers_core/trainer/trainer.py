@@ -157,7 +157,8 @@ class Trainer:
             self.mup_width_mult = mup_width_mult(cfg.model.hidden_size, cfg.optimizer.mup)
         if model is None:
             from ..models import build_model
-            model = build_model(cfg.model, seed=tr.seed, mup_width_mult=self.mup_width_mult)
+            model = build_model(cfg.model, seed=tr.seed, mup_width_mult=self.mup_width_mult,
+                                jit=tr.jit)
         self.model = model
         if loaded is not None:
             self._load_model(loaded)

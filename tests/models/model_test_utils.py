@@ -23,6 +23,17 @@ def tiny_dsv3(**kw) -> ModelConfig:
     return ModelConfig.from_dict(base, "model")
 
 
+#: the model variants the forward / golden tests run: GPT (MHA, GQA, tied) and DeepSeek-V3
+#: (with and without q-LoRA / shared experts)
+CONFIGS = {
+    "gpt": lambda: tiny_gpt(),
+    "gpt_gqa": lambda: tiny_gpt(num_query_groups=2),
+    "gpt_tied": lambda: tiny_gpt(tie_word_embeddings=True),
+    "dsv3": lambda: tiny_dsv3(moe_aux_loss_coeff=0.01),
+    "dsv3_no_q_lora": lambda: tiny_dsv3(q_lora_rank=None, n_shared_experts=0, norm_topk_prob=False),
+}
+
+
 def batch(cfg, b=2, s=6, seed=0):
     rng = np.random.RandomState(seed)
     ids = rng.randint(0, cfg.vocab_size, (b, s)).astype(np.int32)

@@ -4,16 +4,9 @@ import pytest
 import mindspore as ms
 
 from mindformers_core.models import build_model
-from model_test_utils import T, batch, tiny_dsv3, tiny_gpt
+from model_test_utils import CONFIGS, T, batch, tiny_dsv3, tiny_gpt
 import model_numpy_reference as ref
 
-CONFIGS = {
-    "gpt": lambda: tiny_gpt(),
-    "gpt_gqa": lambda: tiny_gpt(num_query_groups=2),
-    "gpt_tied": lambda: tiny_gpt(tie_word_embeddings=True),
-    "dsv3": lambda: tiny_dsv3(moe_aux_loss_coeff=0.01),
-    "dsv3_no_q_lora": lambda: tiny_dsv3(q_lora_rank=None, n_shared_experts=0, norm_topk_prob=False),
-}
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

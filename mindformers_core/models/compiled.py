@@ -1,0 +1,125 @@
+"""``training.jit``: how the decoder layers run -- PyNative, or compiled with ``mindspore.jit``.
+
+* ``none``: every op dispatched by PyNative.
+* ``layer``: each layer's pure part is one ``mindspore.jit`` graph (compiled at the first call
+  of each input shape): the whole layer when its MLP is dense, the two norms and the attention
+  when it is a mixture of experts (the MoE runs in PyNative: its routing statistics are host
+  state and sparse dispatch has data-dependent shapes, which a static graph cannot hold); the
+  head (final norm, output layer, loss) is one more graph. The embedding lookup stays PyNative.
+* ``model``: the whole forward (embedding, layers, readout, loss) as one graph; dense models
+  only.
+
+The graphs are pure: they take the layer's weights as graph inputs (a graph that captured the
+Parameters as free variables would keep reading their old buffers once an optimizer replaces
+their data with ``set_data``, MindSpore 2.10) and they return the per-head max attention
+logits, which the model's Python folds into its running max -- QK-Clip sees the same values
+under every mode. Gradients flow through the graphs' inputs under ``mindspore.value_and_grad``.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import mindspore as ms
+
+from ..config.training import check_jit_mode as check_mode_name
+
+
+def check_jit_mode(mode: str, has_moe: bool) -> None:
+    """Raise ValueError when ``mode`` is unknown or cannot apply to the model."""
+    try:
+        check_mode_name(mode)
+    except ValueError as err:
+        raise ValueError(f"jit {err}") from None
+    if mode == "model" and has_moe:
+        raise ValueError("jit: model compiles the whole forward as one static graph, which "
+                         "cannot hold the MoE layers (host-side routing statistics, "
+                         "data-dependent dispatch shapes); use jit: layer")
+
+
+def _layer_graphs(template) -> tuple:
+    """(dense graph, attention graph) compiled from ``template``'s pure functions.
+
+    Every layer of a model has the same structure and constants (head counts, eps), only the
+    weights differ, and those are graph inputs, so one function serves all layers. (MindSpore
+    2.10 still compiles it once per layer: ``jit`` keys its cache by the ids of Parameter
+    arguments.)
+    """
+    def dense(h, tables, *ws):
+        return template.apply(h, tables, *ws)
+
+    def attention(h, tables, *ws):
+        return template.attention_block(h, tables, *ws)
+
+    return ms.jit(dense), ms.jit(attention)
+
+
+def _layer_runner(layer, mode: str, graphs) -> Callable:
+    """callable(h, tables) -> (h, max_logits, aux) for one layer."""
+    if mode == "none":
+        return layer
+    dense, attention = graphs
+    if layer.dense_mlp:
+        def run_dense(h, tables):
+            h, max_logits = dense(h, tables, *layer.weights())
+            return h, max_logits, None
+        return run_dense
+
+    def run_moe(h, tables):
+        h, x, max_logits = attention(h, tables, *layer.attention_weights())
+        h, aux = layer.mlp_block(h, x, tables)
+        return h, max_logits, aux
+    return run_moe
+
+
+def effective_mode(mode: str, compute_dtype) -> str:
+    """The mode that runs: float16 compute stays PyNative (MindSpore 2.10 CPU returns the
+    gradients of a float16 graph's Parameter inputs misaligned -- the RMSNorm gain gets the
+    shape of a linear weight's gradient -- so a compiled fp16 layer would train wrongly)."""
+    return "none" if compute_dtype == ms.float16 else mode
+
+
+class Runner:
+    """Runs the decoder of a ``GPTModel`` under one ``training.jit`` mode."""
+
+    def __init__(self, model, mode: str):
+        check_jit_mode(mode, any(not layer.dense_mlp for layer in model.decoder.layers))
+        mode = effective_mode(mode, model.precision.compute)
+        self.mode = mode
+        self._model = model
+        layers = list(model.decoder.layers)
+        dense = [layer for layer in layers if layer.dense_mlp]
+        # the dense graph needs a dense template; the attention graph fits any layer
+        graphs = _layer_graphs(dense[0] if dense else layers[0]) if mode == "layer" else None
+        # under "model" the layers run eagerly outside the loss graph (logits, hidden_states)
+        layer_mode = "layer" if mode == "layer" else "none"
+        self._layers = [_layer_runner(layer, layer_mode, graphs) for layer in layers]
+        self._graph = None
+        self._head = model.head
+        if mode == "layer":
+            def head(h, labels, loss_mask, *ws):
+                return model.head(h, labels, loss_mask, *ws)
+            self._head = ms.jit(head)
+        if mode == "model":
+            def forward(input_ids, labels, loss_mask, tables, *ws):
+                return model.apply(input_ids, labels, loss_mask, tables, *ws)
+            self._graph = ms.jit(forward)
+
+    def layers(self, h, tables):
+        """(h after the last layer, summed aux loss or None, [max_logits per layer])."""
+        aux_total, max_logits = None, []
+        for run in self._layers:
+            h, ml, aux = run(h, tables)
+            max_logits.append(ml)
+            if aux is not None:
+                aux_total = aux if aux_total is None else aux_total + aux
+        return h, aux_total, max_logits
+
+    def head(self, h, labels, loss_mask) -> tuple:
+        """(loss_sum, n_tokens) of the last hidden states [T, H], labels and mask [T]."""
+        return self._head(h, labels, loss_mask, *self._model.output_weights())
+
+    def model(self, input_ids, labels, loss_mask) -> tuple:
+        """(loss_sum, n_tokens, max_logits [L, N]) of the compiled whole forward."""
+        b, s = input_ids.shape
+        return self._graph(input_ids, labels, loss_mask, self._model.static_tables(b, s),
+                           *self._model.all_weights())
