@@ -6,7 +6,8 @@
                              [--groups [--groups-out FILE]] [--plot-lr OUT.png]
 
 Exit codes: 0 ok; 2 invalid configuration (one line ``field.path: message``, no traceback);
-1 with ``--strict`` when the launch doctor reports WARN/FAIL; otherwise the trainer's code.
+1 with ``--strict`` when the launch doctor reports WARN/FAIL, and from ``--check`` when the
+memory planner's verdict is FAIL (the run does not fit the device); otherwise the trainer's code.
 Only PyNative (``--mode 1``) is supported. ``--check`` never imports MindSpore.
 """
 from __future__ import annotations
@@ -75,21 +76,26 @@ def _check(cfg, args) -> int:
     ``--strict``/``--groups``, so a plain ``--check`` stays fast."""
     from mindformers_core.tools.doctor import (doctor_from_args, format_doctor_report,
                                                verdicts_to_json)
+    from mindformers_core.core.memory_plan import format_memory_plan, plan_memory
     plan = cfg.plan()
+    memory = plan_memory(cfg, plan.world_size)
     verdicts = doctor_from_args(cfg, args, inspect_model=args.strict or args.groups)
     if args.json:
-        out = {"plan": plan.to_dict(), "config": cfg.to_dict(),
+        out = {"plan": plan.to_dict(), "memory": memory.to_dict(), "config": cfg.to_dict(),
                "verdicts": verdicts_to_json(verdicts)}
         print(json.dumps(out, indent=2, default=str))
     else:
         print(f"config OK: {args.config}")
         print(plan.format())
+        print(format_memory_plan(memory))
         print()
         print(format_doctor_report(cfg, verdicts))
     if args.groups:
         _print_groups(cfg, args.groups_out)
     if args.strict and any(v.status in ("WARN", "FAIL") for v in verdicts):
         return EXIT_VERDICT
+    if any(v.item == "memory" and v.status == "FAIL" for v in verdicts):
+        return EXIT_VERDICT   # the run cannot fit: a plain --check fails too
     return EXIT_OK
 
 
