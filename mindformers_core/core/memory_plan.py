@@ -361,6 +361,7 @@ class MemoryPlan:
     params_per_rank: int
     total_params: int
     stage_layers: int
+    stage: int = 0
     limit: Optional[float] = None
     limit_source: str = ""
     notes: List[str] = field(default_factory=list)
@@ -373,7 +374,7 @@ class MemoryPlan:
         return {"items": dict(self.items), "total": self.total, "limit": self.limit,
                 "limit_source": self.limit_source, "layout": self.layout.describe(),
                 "params_per_rank": self.params_per_rank, "total_params": self.total_params,
-                "stage_layers": self.stage_layers, "recompute": self.settings.recompute,
+                "stage_layers": self.stage_layers, "stage": self.stage, "recompute": self.settings.recompute,
                 "flash_attention": self.settings.flash_attention,
                 "micro_batch": self.settings.micro_batch,
                 "moe_dispatch": self.settings.moe_dispatch, "notes": list(self.notes)}
@@ -472,10 +473,10 @@ def estimate_memory(cfg, layout: Layout, settings: Optional[ActivationSettings] 
     for stage, layers in enumerate(_stages(model_cfg.num_layers, layout.pp)):
         items, n_rank = _stage_items(model_cfg, counts, layout, settings, opt_state, stage, layers)
         if best is None or sum(items.values()) > sum(best[0].values()):
-            best = (items, n_rank, len(layers))
-    items, n_rank, n_layers = best
+            best = (items, n_rank, len(layers), stage)
+    items, n_rank, n_layers, stage = best
     return MemoryPlan(items=items, layout=layout, settings=settings, params_per_rank=n_rank,
-                      total_params=counts.total, stage_layers=n_layers)
+                      total_params=counts.total, stage_layers=n_layers, stage=stage)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -634,7 +635,7 @@ def format_memory_plan(plan: MemoryPlan) -> str:
     st = plan.settings
     lines = [f"memory plan (per rank, {plan.layout.describe()}; micro-batch {st.micro_batch}, "
              f"recompute {st.recompute}, flash attention {'on' if st.flash_attention else 'off'}"
-             f", {plan.stage_layers} layers on the busiest stage)"]
+             f", {plan.stage_layers} layers on the busiest stage, {plan.stage})"]
     width = max(len(k) for k in plan.items)
     for key, value in plan.items.items():
         lines.append(f"  {key.ljust(width)}  {format_bytes(value):>12}")
