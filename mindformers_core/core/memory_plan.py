@@ -374,7 +374,8 @@ class MemoryPlan:
         return {"items": dict(self.items), "total": self.total, "limit": self.limit,
                 "limit_source": self.limit_source, "layout": self.layout.describe(),
                 "params_per_rank": self.params_per_rank, "total_params": self.total_params,
-                "stage_layers": self.stage_layers, "stage": self.stage, "recompute": self.settings.recompute,
+                "stage_layers": self.stage_layers, "stage": self.stage,
+                "recompute": self.settings.recompute,
                 "flash_attention": self.settings.flash_attention,
                 "micro_batch": self.settings.micro_batch,
                 "moe_dispatch": self.settings.moe_dispatch, "notes": list(self.notes)}

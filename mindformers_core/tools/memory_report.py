@@ -78,7 +78,8 @@ def markdown_report(plan: MemoryPlan, cfg, command: str) -> str:
              f"{st.micro_batch}, {st.num_micro_batches} micro-batches per step, recompute "
              f"{st.recompute}, flash attention {'on' if st.flash_attention else 'off'}, MoE "
              f"dispatch {st.moe_dispatch}. The busiest rank (pipeline stage "
-             f"{plan.stage} of {plan.layout.pp}, {plan.stage_layers} layers) holds {format_count(plan.params_per_rank)} of the "
+             f"{plan.stage} of {plan.layout.pp}, counted from 0; {plan.stage_layers} layers) "
+             f"holds {format_count(plan.params_per_rank)} of the "
              f"{format_count(plan.total_params)} parameters.", "",
              "| item | bytes per rank |", "|---|---|"]
     lines += [f"| {k} | {format_bytes(v)} |" for k, v in plan.items.items()]

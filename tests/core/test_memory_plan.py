@@ -259,7 +259,8 @@ def test_fail_names_biggest_item_and_cheapest_fix_shard():
     assert status == "FAIL"
     assert f"biggest item {big} {mp.format_bytes(plan.items[big])}" in reason
     assert suggestion == ("parallelism.data_parallel_shard: -1 (shard the optimizer state over "
-                          f"all 4 data-parallel ranks) -> {mp.format_bytes(sharded.total)} per rank")
+                          f"all 4 data-parallel ranks) -> {mp.format_bytes(sharded.total)} "
+                          "per rank")
 
 
 def test_fail_names_recompute_when_activations_dominate():
