@@ -25,6 +25,9 @@ heads, ``V`` vocabulary, ``c`` bytes of the compute dtype, ``D`` the data-parall
 * MoE dispatch buffers (:func:`moe_dispatch_bytes`): this package's dense-over-experts form
   (every expert on every token, models/mlp.py) or an all-to-all dispatch of ``k`` copies per
   token (upstream, and what ``ep > 1`` means);
+* backward workspace ``2 b n s^2 (4 + c')``: the gradients of one layer's attention
+  probabilities and scores (none with flash attention); gradient clipping copy ``4 N_r`` with
+  ``training.max_norm`` set (clip_by_norm writes new float32 gradients);
 * logits / cross-entropy workspace ``b s V / tp * (4 + 4 + 4 + c')``: float32 logits, their
   log-softmax, the logits' gradient, and the compute-dtype logits before the cast (``c' = c``
   for 16-bit compute, else 0).
@@ -393,7 +396,8 @@ def _stages(num_layers: int, pp: int) -> List[range]:
 
 
 def _stage_items(model_cfg, counts: ParamCounts, layout: Layout, settings: ActivationSettings,
-                 opt: OptimizerState, stage: int, layers: range) -> Tuple[Dict[str, int], int]:
+                 opt: OptimizerState, stage: int, layers: range,
+                 clip_grads: bool = False) -> Tuple[Dict[str, int], int]:
     tp, ep, pp = layout.tp, layout.ep, layout.pp
     first, last = stage == 0, stage == pp - 1
     adamw_branch = (counts.embedding // tp if first else 0) \
@@ -444,7 +448,14 @@ def _stage_items(model_cfg, counts: ParamCounts, layout: Layout, settings: Activ
     items["MoE dispatch buffers"] = moe_total * in_flight
     if recomputed:   # backward re-runs one recomputed layer at a time and holds all of it
         items["recompute workspace"] = biggest_layer
+    if n_layers and not settings.flash_attention:
+        # backward of one layer holds the gradients of its probabilities and of its scores
+        items["backward workspace"] = 2 * _attention_core_bytes(
+            model_cfg, settings.micro_batch, max(1, model_cfg.seq_length // layout.cp),
+            max(1, model_cfg.num_attention_heads // tp), False)
     items["logits/CE workspace"] = logits_bytes(model_cfg, layout, settings) if last else 0
+    if clip_grads:   # clip_by_norm scales every gradient into a new float32 tensor
+        items["gradient clipping copy"] = n_rank * 4 // layout.shard("grads")
     return items, n_rank
 
 
@@ -472,7 +483,8 @@ def estimate_memory(cfg, layout: Layout, settings: Optional[ActivationSettings] 
         raise ValueError(f"layout.pp({layout.pp}) must be <= num_layers({model_cfg.num_layers})")
     best = None
     for stage, layers in enumerate(_stages(model_cfg.num_layers, layout.pp)):
-        items, n_rank = _stage_items(model_cfg, counts, layout, settings, opt_state, stage, layers)
+        items, n_rank = _stage_items(model_cfg, counts, layout, settings, opt_state, stage,
+                                     layers, cfg.training.max_norm is not None)
         if best is None or sum(items.values()) > sum(best[0].values()):
             best = (items, n_rank, len(layers), stage)
     items, n_rank, n_layers, stage = best

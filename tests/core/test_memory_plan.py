@@ -391,3 +391,18 @@ def test_pipeline_keeps_micro_batches_in_flight():
                                  mp.optimizer_state_from_config(cfg.optimizer, "float32"), i, r)
                  [0]["activations"] for i, r in enumerate(mp._stages(2, 2))]
     assert per_stage == [2 * layer, layer]
+
+
+def test_backward_workspace_and_clipping_copy_by_hand():
+    b, s, n = 2, 4, 2
+    plain = estimate_memory(tiny(training={"max_norm": None}), Layout())
+    assert plain.items["backward workspace"] == 2 * b * n * s * s * 4
+    assert "gradient clipping copy" not in plain.items
+    flash = estimate_memory(tiny(), Layout(), dataclasses.replace(plain.settings,
+                                                                  flash_attention=True))
+    assert "backward workspace" not in flash.items
+    clipped = estimate_memory(tiny(training={"max_norm": 1.0}), Layout())
+    assert clipped.items["gradient clipping copy"] == 4 * TINY_PARAMS
+    sharded = estimate_memory(tiny(training={"max_norm": 1.0}),
+                              Layout(dp=2, dp_shard=2, shard_strategy="optim_grads"))
+    assert sharded.items["gradient clipping copy"] == 4 * TINY_PARAMS // 2
