@@ -406,3 +406,18 @@ def test_backward_workspace_and_clipping_copy_by_hand():
     sharded = estimate_memory(tiny(training={"max_norm": 1.0}),
                               Layout(dp=2, dp_shard=2, shard_strategy="optim_grads"))
     assert sharded.items["gradient clipping copy"] == 4 * TINY_PARAMS // 2
+
+
+def test_mla_layer_activations_by_hand():
+    cfg = tiny(model={"model_type": "deepseek_v3", "multi_latent_attention": True,
+                      "q_lora_rank": 4, "kv_lora_rank": 4, "qk_nope_head_dim": 2,
+                      "qk_rope_head_dim": 2, "v_head_dim": 2, "n_routed_experts": 4,
+                      "moe_intermediate_size": 6, "n_shared_experts": 1})
+    st = mp.settings_from_config(cfg, Layout())
+    b, s, n, c = 2, 4, 2, 4
+    per_head = 2 * (2 + 2) + 2 + (2 + 2) + 2        # q, k, v, kv_up output, context
+    latent = 4 + 2 + 4                               # c_kv, k_pe, q down-projection
+    parts = mp.layer_activation_bytes(cfg.model, Layout(), st, moe=True)
+    assert parts["attention"] == b * s * (n * per_head * c + latent * (4 + c)) + \
+        b * n * s * s * 4
+    assert parts["mlp"] == b * s * 6 * 6 * c         # the shared expert, width 1 x 6
