@@ -76,7 +76,8 @@ def _check(cfg, args) -> int:
     ``--strict``/``--groups``, so a plain ``--check`` stays fast."""
     from mindformers_core.tools.doctor import (doctor_from_args, format_doctor_report,
                                                verdicts_to_json)
-    from mindformers_core.core.memory_plan import format_memory_plan, plan_memory
+    from mindformers_core.core.memory_plan import plan_memory
+    from mindformers_core.core.memory_verdict import format_memory_plan
     plan = cfg.plan()
     memory = plan_memory(cfg, plan.world_size)
     verdicts = doctor_from_args(cfg, args, inspect_model=args.strict or args.groups)

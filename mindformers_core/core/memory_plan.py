@@ -2,7 +2,7 @@
 
     plan = plan_memory(cfg, world_size)             # layout from the config
     plan = estimate_memory(cfg, Layout(dp=4, tp=8, pp=8, ep=32), settings)   # any layout
-    status, reason, suggestion = memory_verdict(plan); print(format_memory_plan(plan))
+    # verdict and text: core/memory_verdict.py (memory_verdict, format_memory_plan)
 
 No MindSpore import (``--check`` uses it). Every item is bytes on the busiest rank; the
 formulas are in docs/memory.md. Notation: ``N_r`` parameters this rank owns (dense weights /
@@ -36,15 +36,15 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
-from typing import Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 __all__ = ["DTYPE_BYTES", "ASCEND_910B_BYTES", "WARN_FRACTION", "LayerParams", "ParamCounts",
            "param_counts", "Layout", "ActivationSettings", "OptimizerState", "MemoryPlan",
            "layout_from_config", "settings_from_config", "optimizer_state_from_config",
            "layer_activation_bytes", "moe_dispatch_bytes", "logits_bytes", "estimate_memory",
-           "plan_memory", "device_memory_limit", "memory_verdict", "format_memory_plan",
-           "format_bytes", "format_count", "parse_layer_ranges", "SHARD_STRATEGIES"]
+           "plan_memory", "device_memory_limit", "pipeline_stages", "stage_items",
+           "parse_layer_ranges", "SHARD_STRATEGIES"]
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp32": 4, "bf16": 2}
 #: HBM of one Ascend 910B NPU (Atlas 800T A2 training server: 8 x 64 GB HBM2e, Huawei's
@@ -52,7 +52,6 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp32": 4, "bf16": 2}
 ASCEND_910B_BYTES = 64 * 1024 ** 3
 WARN_FRACTION = 0.9
 SHARD_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
-_GIB = 1024 ** 3
 
 
 # ----------------------------------------------------------------------------------------------
@@ -384,7 +383,7 @@ class MemoryPlan:
                 "moe_dispatch": self.settings.moe_dispatch, "notes": list(self.notes)}
 
 
-def _stages(num_layers: int, pp: int) -> List[range]:
+def pipeline_stages(num_layers: int, pp: int) -> List[range]:
     """Contiguous layer ranges per stage; the first ``L mod pp`` stages take one more."""
     base, extra = divmod(num_layers, pp)
     out, start = [], 0
@@ -395,7 +394,7 @@ def _stages(num_layers: int, pp: int) -> List[range]:
     return out
 
 
-def _stage_items(model_cfg, counts: ParamCounts, layout: Layout, settings: ActivationSettings,
+def stage_items(model_cfg, counts: ParamCounts, layout: Layout, settings: ActivationSettings,
                  opt: OptimizerState, stage: int, layers: range,
                  clip_grads: bool = False) -> Tuple[Dict[str, int], int]:
     tp, ep, pp = layout.tp, layout.ep, layout.pp
@@ -482,8 +481,8 @@ def estimate_memory(cfg, layout: Layout, settings: Optional[ActivationSettings] 
     if layout.pp > model_cfg.num_layers:
         raise ValueError(f"layout.pp({layout.pp}) must be <= num_layers({model_cfg.num_layers})")
     best = None
-    for stage, layers in enumerate(_stages(model_cfg.num_layers, layout.pp)):
-        items, n_rank = _stage_items(model_cfg, counts, layout, settings, opt_state, stage,
+    for stage, layers in enumerate(pipeline_stages(model_cfg.num_layers, layout.pp)):
+        items, n_rank = stage_items(model_cfg, counts, layout, settings, opt_state, stage,
                                      layers, cfg.training.max_norm is not None)
         if best is None or sum(items.values()) > sum(best[0].values()):
             best = (items, n_rank, len(layers), stage)
@@ -554,106 +553,3 @@ def plan_memory(cfg, world_size: Optional[int] = None, layout: Optional[Layout] 
     plan = estimate_memory(cfg, layout, settings)
     plan.limit, plan.limit_source = device_memory_limit(cfg.context, host_ram, npu_visible)
     return plan
-
-
-# ----------------------------------------------------------------------------------------------
-# verdict and text
-# ----------------------------------------------------------------------------------------------
-def format_bytes(n: float) -> str:
-    for scale, unit in ((1024 ** 4, "TiB"), (_GIB, "GiB"), (1024 ** 2, "MiB"), (1024, "KiB")):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
-
-
-def format_count(n: float) -> str:
-    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= scale:
-            return f"{n / scale:.3g}{suffix}"
-    return f"{n:g}"
-
-
-def _fixes(cfg, plan: MemoryPlan) -> List[Tuple[str, MemoryPlan]]:
-    """Candidate fixes, cheapest first: a larger optimizer shard / shard more, a smaller
-    micro-batch, flash attention, selective then full recompute."""
-    lay, st = plan.layout, plan.settings
-    out = []
-    if lay.dp > 1 and lay.dp_shard < lay.dp:
-        out.append(("parallelism.data_parallel_shard: -1 (shard the optimizer state over all "
-                    f"{lay.dp} data-parallel ranks)", replace(lay, dp_shard=lay.dp), st))
-    if lay.dp_shard > 1:
-        for strategy in ("optim_grads", "optim_grads_params"):
-            if SHARD_STRATEGIES.index(strategy) > SHARD_STRATEGIES.index(lay.shard_strategy):
-                out.append((f"parallelism.data_parallel_shard_strategy: {strategy}",
-                            replace(lay, dp_shard=lay.dp, shard_strategy=strategy), st))
-    if st.micro_batch > 1:
-        out.append((f"training.local_batch_size: {st.micro_batch // 2} (a smaller micro-batch; "
-                    "global_batch_size kept by accumulation)", lay,
-                    replace(st, micro_batch=st.micro_batch // 2,
-                            num_micro_batches=st.num_micro_batches * 2)))
-    if not st.flash_attention:
-        out.append(("model.use_flash_attention: True", lay, replace(st, flash_attention=True)))
-    if st.recompute == "none":
-        out.append(("recompute.mode: selective", lay, replace(st, recompute="selective")))
-    if st.recompute != "full" or st.recompute_layers is not None:
-        out.append(("recompute.mode: full", lay,
-                    replace(st, recompute="full", recompute_layers=None)))
-    return [(text, estimate_memory(cfg, l, s)) for text, l, s in out]
-
-
-def memory_verdict(plan: MemoryPlan, cfg=None) -> Tuple[str, str, str]:
-    """(status, reason, suggestion): FAIL above the limit, WARN above 90% of it, else PASS.
-
-    A FAIL names the biggest item and the cheapest fix that fits (``cfg`` given); when no
-    single fix fits it says how many ranks of model parallelism the state alone needs.
-    """
-    total = plan.total
-    head = (f"{format_bytes(total)} per rank ({plan.layout.describe()}; "
-            f"{format_count(plan.params_per_rank)} of {format_count(plan.total_params)} "
-            "parameters)")
-    if plan.limit is None:
-        return "WARN", f"{head}; device memory unknown ({plan.limit_source})", \
-            "context.max_device_memory: the memory of one device"
-    frac = total / plan.limit
-    where = f"{frac:.0%} of {format_bytes(plan.limit)} ({plan.limit_source})"
-    big = max(plan.items, key=plan.items.get)
-    if frac <= WARN_FRACTION:
-        return "PASS", f"{head}: {where}", ""
-    if frac <= 1.0:
-        return "WARN", f"{head}: {where}, above {WARN_FRACTION:.0%}; biggest item {big} " \
-                       f"{format_bytes(plan.items[big])}", "leave headroom: " + \
-            "recompute.mode: selective, or a smaller training.local_batch_size"
-    reason = (f"{head} exceeds the device: {where}; biggest item {big} "
-              f"{format_bytes(plan.items[big])}")
-    if cfg is None:
-        return "FAIL", reason, "recompute, a larger data_parallel_shard or a smaller micro-batch"
-    fixes = _fixes(cfg, plan)
-    for text, fixed in fixes:
-        if fixed.total <= plan.limit:
-            return "FAIL", reason, f"{text} -> {format_bytes(fixed.total)} per rank"
-    state = sum(plan.items[k] for k in ("parameters", "gradients", "fp32 masters",
-                                        "optimizer state"))
-    ranks = math.ceil(state / plan.limit / WARN_FRACTION)
-    best = min(fixes, key=lambda f: f[1].total) if fixes else None
-    tail = f"; the best single fix ({best[0]}) still needs {format_bytes(best[1].total)}" \
-        if best else ""
-    return "FAIL", reason, (f"no single fix fits: parameters, gradients and optimizer state "
-                            f"alone take {format_bytes(state)}, i.e. at least {ranks}x more "
-                            f"model parallelism (tensor/pipeline/expert parallel) or state "
-                            f"sharding{tail}")
-
-
-def format_memory_plan(plan: MemoryPlan) -> str:
-    """The per-rank table printed by ``--check`` and at the start of a run."""
-    st = plan.settings
-    lines = [f"memory plan (per rank, {plan.layout.describe()}; micro-batch {st.micro_batch}, "
-             f"recompute {st.recompute}, flash attention {'on' if st.flash_attention else 'off'}"
-             f", {plan.stage_layers} layers on the busiest stage, {plan.stage})"]
-    width = max(len(k) for k in plan.items)
-    for key, value in plan.items.items():
-        lines.append(f"  {key.ljust(width)}  {format_bytes(value):>12}")
-    lines.append(f"  {'total'.ljust(width)}  {format_bytes(plan.total):>12}")
-    if plan.limit is not None:
-        lines.append(f"  {'limit'.ljust(width)}  {format_bytes(plan.limit):>12}  "
-                     f"({plan.limit_source}; {plan.total / plan.limit:.0%} used)")
-    return "\n".join(lines)

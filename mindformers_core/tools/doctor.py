@@ -34,7 +34,8 @@ import warnings
 from typing import Dict, List, Optional, Sequence
 
 from ..config import ConfigError, RunConfig, load_config
-from ..core.memory_plan import memory_verdict, param_counts, plan_memory
+from ..core.memory_plan import param_counts, plan_memory
+from ..core.memory_verdict import memory_verdict
 from .batch_scaling import rule_for_optimizer, scale_lr_for_batch_size
 
 __all__ = ["Verdict", "STATUSES", "run_doctor", "format_doctor_table", "format_doctor_report",

@@ -16,8 +16,8 @@ from dataclasses import replace
 from typing import Dict, List, Optional
 
 from ..core.memory_plan import (ActivationSettings, Layout, MemoryPlan, device_memory_limit,
-                                estimate_memory, format_bytes, format_count, format_memory_plan,
-                                memory_verdict, plan_memory, settings_from_config)
+                                estimate_memory, plan_memory, settings_from_config)
+from ..core.memory_verdict import format_bytes, format_count, format_memory_plan, memory_verdict
 from .cli import add_run_config_arguments, load_run_config, refuse_graph_mode
 
 __all__ = ["parse_layout", "memory_report", "markdown_report", "UPSTREAM_671B_COMMAND", "main"]

@@ -32,7 +32,8 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ..config.checkpoint import CheckpointConfig
-from ..core.memory_plan import format_memory_plan, plan_memory
+from ..core.memory_plan import plan_memory
+from ..core.memory_verdict import format_memory_plan
 from .accumulate import accumulate_gradients, count_loss_tokens, make_grad_fn
 from .checkpoint import (CheckpointData, CheckpointError, checkpoint_name, list_checkpoints,
                          prune_checkpoints, resolve_checkpoint, save_checkpoint)

@@ -12,8 +12,9 @@ from mindformers_core.config.model import ModelConfig
 from mindformers_core.config.recompute import RecomputeConfig
 from mindformers_core.core import memory_plan as mp
 from mindformers_core.core.memory_plan import (ActivationSettings, Layout, device_memory_limit,
-                                               estimate_memory, memory_verdict, param_counts,
+                                               estimate_memory, param_counts,
                                                parse_layer_ranges, plan_memory)
+from mindformers_core.core.memory_verdict import format_bytes, memory_verdict
 from mindformers_core.tools.doctor import count_model_params, run_doctor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -152,8 +153,8 @@ def test_tensor_expert_and_pipeline_splits():
 
 
 def test_pipeline_stages_split_contiguously():
-    assert [list(r) for r in mp._stages(5, 2)] == [[0, 1, 2], [3, 4]]
-    assert [len(r) for r in mp._stages(61, 8)] == [8, 8, 8, 8, 8, 7, 7, 7]
+    assert [list(r) for r in mp.pipeline_stages(5, 2)] == [[0, 1, 2], [3, 4]]
+    assert [len(r) for r in mp.pipeline_stages(61, 8)] == [8, 8, 8, 8, 8, 7, 7, 7]
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -245,7 +246,7 @@ def test_verdict_pass_warn_fail_thresholds():
     status, reason, _ = memory_verdict(_with_limit(plan, total - 1), cfg)
     assert status == "FAIL" and "exceeds the device" in reason
     assert memory_verdict(_with_limit(plan, None, "host RAM unknown"), cfg)[:2] == \
-        ("WARN", f"{mp.format_bytes(total)} per rank ({plan.layout.describe()}; 1.58K of 1.58K "
+        ("WARN", f"{format_bytes(total)} per rank ({plan.layout.describe()}; 1.58K of 1.58K "
                  "parameters); device memory unknown (host RAM unknown)")
 
 
@@ -257,9 +258,9 @@ def test_fail_names_biggest_item_and_cheapest_fix_shard():
     status, reason, suggestion = memory_verdict(plan, cfg)
     big = max(plan.items, key=plan.items.get)
     assert status == "FAIL"
-    assert f"biggest item {big} {mp.format_bytes(plan.items[big])}" in reason
+    assert f"biggest item {big} {format_bytes(plan.items[big])}" in reason
     assert suggestion == ("parallelism.data_parallel_shard: -1 (shard the optimizer state over "
-                          f"all 4 data-parallel ranks) -> {mp.format_bytes(sharded.total)} "
+                          f"all 4 data-parallel ranks) -> {format_bytes(sharded.total)} "
                           "per rank")
 
 
@@ -275,7 +276,7 @@ def test_fail_names_recompute_when_activations_dominate():
     assert full.total < min(selective.total, flash.total)
     _, _, suggestion = memory_verdict(_with_limit(plan, (full.total + min(
         selective.total, flash.total)) / 2), cfg)
-    assert suggestion == f"recompute.mode: full -> {mp.format_bytes(full.total)} per rank"
+    assert suggestion == f"recompute.mode: full -> {format_bytes(full.total)} per rank"
 
 
 def test_fail_names_smaller_micro_batch_first():
@@ -293,7 +294,7 @@ def test_671b_on_one_process_fails_with_model_parallel_advice():
     plan = plan_memory(cfg, 1, host_ram=64 * GIB, npu_visible=False)
     status, reason, suggestion = memory_verdict(plan, cfg)
     assert status == "FAIL"
-    assert reason.startswith(f"{mp.format_bytes(plan.total)} per rank (dp 1")
+    assert reason.startswith(f"{format_bytes(plan.total)} per rank (dp 1")
     assert "671B of 671B parameters" in reason and "biggest item optimizer state" in reason
     assert suggestion.startswith("no single fix fits: parameters, gradients and optimizer "
                                  "state alone take")
@@ -387,9 +388,9 @@ def test_pipeline_keeps_micro_batches_in_flight():
     pp2 = estimate_memory(cfg, Layout(pp=2))
     # stage 0 (1 layer) keeps min(pp, 8) = 2 micro-batches, stage 1 one
     assert pp2.stage == 0 and pp2.items["activations"] == 2 * layer
-    per_stage = [mp._stage_items(cfg.model, param_counts(cfg.model), Layout(pp=2), st,
+    per_stage = [mp.stage_items(cfg.model, param_counts(cfg.model), Layout(pp=2), st,
                                  mp.optimizer_state_from_config(cfg.optimizer, "float32"), i, r)
-                 [0]["activations"] for i, r in enumerate(mp._stages(2, 2))]
+                 [0]["activations"] for i, r in enumerate(mp.pipeline_stages(2, 2))]
     assert per_stage == [2 * layer, layer]
 
 
