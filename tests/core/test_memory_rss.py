@@ -74,4 +74,5 @@ def test_estimate_matches_peak_rss_for_three_sizes(tmp_path):
         rows.append((name, estimate, measured, estimate / measured - 1))
     report = "; ".join(f"{n}: estimate {e / 2**20:.0f} MiB, measured {m / 2**20:.0f} MiB "
                        f"({r:+.0%})" for n, e, m, r in rows)
+    print(report)
     assert all(abs(r) <= 0.25 for *_, r in rows), report
