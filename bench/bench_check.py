@@ -31,11 +31,11 @@ _PROBE = ("import sys, run_mindformer; code = run_mindformer.main(sys.argv[1:]);
           "print('MINDSPORE_IMPORTED=' + str('mindspore' in sys.modules)); sys.exit(code)")
 
 
-def _wall(cmd) -> float:
+def _wall(cmd, ok=(0,)) -> float:
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     dt = time.perf_counter() - t0
-    if proc.returncode != 0:
+    if proc.returncode not in ok:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-500:]}")
     return dt
 
@@ -45,7 +45,8 @@ def bench_config(path: str, repeats: int) -> dict:
     bare = [sys.executable, "-c", "pass"]
     t_check, t_bare = [], []
     for _ in range(repeats):          # interleaved: both see the same machine load
-        t_check.append(_wall(check))
+        # exit 1: the memory planner's FAIL (a full-size config on one process) is a result
+        t_check.append(_wall(check, ok=(0, 1)))
         t_bare.append(_wall(bare))
     probe = subprocess.run([sys.executable, "-c", _PROBE, "--config", path, "--mode", "1",
                             "--check"], cwd=ROOT, capture_output=True, text=True)
