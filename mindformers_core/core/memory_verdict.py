@@ -107,7 +107,7 @@ def format_memory_plan(plan: MemoryPlan) -> str:
     st = plan.settings
     lines = [f"memory plan (per rank, {plan.layout.describe()}; micro-batch {st.micro_batch}, "
              f"recompute {st.recompute}, flash attention {'on' if st.flash_attention else 'off'}"
-             f", {plan.stage_layers} layers on the busiest stage, {plan.stage})"]
+             f", busiest pipeline stage {plan.stage} with {plan.stage_layers} layers)"]
     width = max(len(k) for k in plan.items)
     for key, value in plan.items.items():
         lines.append(f"  {key.ljust(width)}  {format_bytes(value):>12}")

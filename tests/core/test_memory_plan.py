@@ -422,3 +422,19 @@ def test_mla_layer_activations_by_hand():
     assert parts["attention"] == b * s * (n * per_head * c + latent * (4 + c)) + \
         b * n * s * s * 4
     assert parts["mlp"] == b * s * 6 * 6 * c         # the shared expert, width 1 x 6
+
+
+def test_verdict_without_config_and_the_table_text():
+    from mindformers_core.core.memory_verdict import format_memory_plan
+    plan = _with_limit(estimate_memory(tiny(), Layout()), 1000, "test limit")
+    assert memory_verdict(plan)[0::2] == (
+        "FAIL", "recompute, a larger data_parallel_shard or a smaller micro-batch")
+    lines = format_memory_plan(plan).splitlines()
+    assert lines[0] == ("memory plan (per rank, dp 1 (state sharded over 1, optim), tp 1, pp 1, "
+                        "ep 1, cp 1; micro-batch 2, recompute none, flash attention off, "
+                        "busiest pipeline stage 0 with 2 layers)")
+    assert lines[1].split() == ["parameters", format_bytes(4 * TINY_PARAMS).split()[0],
+                                format_bytes(4 * TINY_PARAMS).split()[1]]
+    assert lines[-2].split()[0] == "total"
+    assert lines[-1].startswith("  limit") and f"(test limit; {plan.total / 1000:.0%} used)" \
+        in lines[-1]
