@@ -7,9 +7,9 @@
 
 Exit codes: 0 ok; 2 invalid configuration or missing data file (one line
 ``error: field.path: message`` on stderr, no traceback); 1 when ``--check``'s launch doctor
-reports FAIL (WARN too with ``--strict``) or the run failed (``ERROR: ...`` on stderr);
-otherwise the trainer's code. Only PyNative (``--mode 1``) is supported. ``--check`` never
-imports MindSpore.
+reports FAIL (WARN too with ``--strict``; the memory planner's FAIL means the run does not fit
+the device) or the run failed (``ERROR: ...`` on stderr); otherwise the trainer's code. Only
+PyNative (``--mode 1``) is supported. ``--check`` never imports MindSpore.
 """
 from __future__ import annotations
 
@@ -83,18 +83,23 @@ def _check(cfg, args) -> int:
     ``--strict``/``--groups``, so a plain ``--check`` stays fast."""
     from mindformers_core.tools.doctor import (doctor_from_args, format_doctor_report,
                                                verdicts_to_json)
+    from mindformers_core.core.memory_plan import plan_memory
+    from mindformers_core.core.memory_verdict import format_memory_plan
     from mindformers_core.tools.data_check import describe_data
     plan = cfg.plan()
     data = describe_data(cfg.train_dataset, cfg.model)   # a missing file: ConfigError, exit 2
+    memory = plan_memory(cfg, plan.world_size)
     verdicts = doctor_from_args(cfg, args, inspect_model=args.strict or args.groups)
     if args.json:
-        out = {"plan": plan.to_dict(), "config": cfg.to_dict(), "data": data,
+        out = {"plan": plan.to_dict(), "memory": memory.to_dict(), "config": cfg.to_dict(),
+               "data": data,
                "verdicts": verdicts_to_json(verdicts)}
         print(json.dumps(out, indent=2, default=str))
     else:
         print(f"config OK: {args.config}")
         print(plan.format())
         print(data)
+        print(format_memory_plan(memory))
         print()
         print(format_doctor_report(cfg, verdicts))
     if args.groups:

@@ -23,6 +23,8 @@ Each :class:`Verdict` names a checklist ``item``, a ``status`` (PASS | WARN | FA
     optimizer_state       checkpoints keep the optimizer state; a resume keeps it too
     muon_prerequisites    Muon: MLA enabled, no swap, QK-Clip on
     loss_scale            the loss scale fits the dtype (optim/loss_scale_bound.py): FAIL beyond
+    memory                the per-rank memory estimate fits the device (FAIL above it, WARN
+                          above 90%; core/memory_plan.py)
 
 ``format_doctor_report(cfg, verdicts)`` adds the lr at the key steps of the schedule.
 """
@@ -33,10 +35,12 @@ import warnings
 from typing import Dict, List, Optional, Sequence
 
 from ..config import ConfigError, RunConfig, load_config
+from ..core.memory_plan import param_counts, plan_memory
+from ..core.memory_verdict import memory_verdict
 from .batch_scaling import rule_for_optimizer, scale_lr_for_batch_size
 
 __all__ = ["Verdict", "STATUSES", "run_doctor", "format_doctor_table", "format_doctor_report",
-           "verdicts_to_json", "count_model_params", "token_band", "recommended_warmup",
+           "verdicts_to_json", "count_model_params", "check_memory", "token_band", "recommended_warmup",
            "add_doctor_arguments", "doctor_from_args"]
 
 STATUSES = ("PASS", "WARN", "FAIL")
@@ -77,39 +81,18 @@ class Verdict(dict):
 # model size (analytic: works for presets far too large to build on a CPU)
 # ----------------------------------------------------------------------------------------------
 def count_model_params(model_cfg) -> int:
-    """Trainable parameters of ``build_model(model_cfg)`` without building it.
+    """Trainable parameters of ``build_model(model_cfg)`` without building it
+    (core/memory_plan.py ``param_counts``, which also splits them for a layout)."""
+    return param_counts(model_cfg).total
 
-    Per layer: 2 RMSNorm gammas; attention (GQA: qkv + proj; MLA: q down/up (or q_proj), kv
-    down/up, their norms, proj); MLP (SwiGLU: fc1 h x 2f, fc2 f x h) or MoE (router E x h,
-    experts E x (h x 2m + m x h), shared experts like an MLP of width n_shared x m).
-    Plus embedding V x h, final norm h and the output layer V x h unless tied.
-    """
-    c = model_cfg
-    h, heads, L, V = c.hidden_size, c.num_attention_heads, c.num_layers, c.vocab_size
-    if c.resolved_multi_latent_attention():
-        qk = c.qk_nope_head_dim + c.qk_rope_head_dim
-        if c.q_lora_rank is None:
-            q = heads * qk * h
-        else:
-            q = c.q_lora_rank * h + c.q_lora_rank + heads * qk * c.q_lora_rank
-        kv = (c.kv_lora_rank + c.qk_rope_head_dim) * h + c.kv_lora_rank \
-            + heads * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank
-        attn = q + kv + h * heads * c.v_head_dim
-    else:
-        hd = h // heads
-        attn = (heads * hd + 2 * c.resolved_num_query_groups() * hd) * h + h * heads * hd
-    f = c.resolved_ffn_hidden_size()
-    dense_mlp = 3 * f * h
-    total = V * h + h + (0 if c.tie_word_embeddings else V * h)
-    for i in range(L):
-        if c.model_type == "deepseek_v3" and i >= c.first_k_dense_replace:
-            m = c.resolved_moe_intermediate_size()
-            mlp = c.n_routed_experts * h + c.n_routed_experts * 3 * m * h \
-                + 3 * c.resolved_shared_expert_intermediate_size() * h
-        else:
-            mlp = dense_mlp
-        total += 2 * h + attn + mlp
-    return int(total)
+
+def check_memory(cfg, world_size: Optional[int] = None) -> Verdict:
+    """Per-rank memory estimate against the device (core/memory_plan.py)."""
+    try:
+        plan = plan_memory(cfg, world_size)
+    except (ConfigError, ValueError) as exc:
+        return Verdict("memory", "WARN", f"no memory estimate: {exc}")
+    return Verdict("memory", *memory_verdict(plan, cfg))
 
 
 def token_band(n_params: float):
@@ -502,6 +485,7 @@ def run_doctor(cfg, reference_batch: Optional[float] = None,
         verdicts.append(check_group_lr_ratios(cfg, sched, groups))
     verdicts += [check_optimizer_state(cfg), check_muon_prerequisites(cfg),
                  check_loss_scale(cfg)]
+    verdicts.append(check_memory(cfg, world_size))
     return verdicts
 
 

@@ -33,6 +33,8 @@ import numpy as np
 
 from ..config.checkpoint import CheckpointConfig
 from ..config.errors import ConfigError
+from ..core.memory_plan import plan_memory
+from ..core.memory_verdict import format_memory_plan
 from .accumulate import accumulate_gradients, count_loss_tokens, make_grad_fn
 from .checkpoint import (CheckpointData, CheckpointError, checkpoint_name, list_checkpoints,
                          prune_checkpoints, resolve_checkpoint, save_checkpoint)
@@ -496,6 +498,7 @@ class Trainer:
         self._write_resolved_config()
         if self.state.step == 0:
             self.log(self.plan.format() if hasattr(self.plan, "format") else str(self.plan))
+            self.log(format_memory_plan(plan_memory(self.cfg, self.plan.world_size)))
             if self.mup_width_mult is not None:
                 self.log(f"muP              : width_mult {self.mup_width_mult:g} (hidden_size "
                          f"{self.cfg.model.hidden_size} / base "

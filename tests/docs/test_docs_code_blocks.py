@@ -111,8 +111,11 @@ def _check_run_mindformer(args, where, capsys):
     for item in ns.overrides:
         argv += ["--set", item]
     code = run_mindformer.main(argv)
-    err = capsys.readouterr().err
-    assert code == 0, f"{where}: run_mindformer.py {' '.join(args)} fails --check: {err}"
+    out = capsys.readouterr()
+    # a valid full-size config that does not fit one process ends with the memory FAIL (exit 1)
+    too_big = code == 1 and any(line.startswith("[FAIL] memory") for line in out.out.splitlines())
+    assert code == 0 or too_big, f"{where}: run_mindformer.py {' '.join(args)} fails --check: " \
+                                 f"{out.err}"
 
 
 def _check_command(argv, where, capsys):

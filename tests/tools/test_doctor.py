@@ -41,7 +41,7 @@ def test_good_config_passes_every_item(base):
     assert set(verdicts) == {"peak_lr", "warmup", "lr_floor", "beta2", "weight_decay",
                              "weight_decay_scope", "max_norm", "tokens_per_step",
                              "lr_batch_scaling", "grad_accumulation", "group_lr_ratios",
-                             "optimizer_state", "muon_prerequisites", "loss_scale"}
+                             "optimizer_state", "muon_prerequisites", "loss_scale", "memory"}
     bad = {k: v.reason for k, v in verdicts.items() if v.status != "PASS"}
     assert bad == {}
 
