@@ -18,10 +18,23 @@ Inputs are 2-D ``x [B*S, H]``; ``tables`` is ``layers.attention_tables(...)`` of
 B and S). The weight slices are taken on the weights (row blocks, or one de-interleaving copy of
 a weight), never on activations. ``construct`` returns ``(output [B*S, H], max_logits [N])``:
 the detached per-head max of the scaled logits, for QK-Clip; nothing is stored on the Cell.
+
+Both blocks are ``apply = attend(project(...))`` (the ``CacheableAttention`` protocol), with the
+weights of ``weights()`` passed to both halves:
+
+* ``project(x, tables, *ws) -> (q [B, N, S, dq], kv)``: the queries and the tuple of what later
+  tokens attend to, every entry ``[B, heads, S, dim]`` with the sequence on axis 2 (MHA/GQA:
+  the rotated keys and the values of the G groups; MLA: the normalised latent c_kv
+  ``[B, 1, S, kv_lora_rank]`` and the rotated shared rope key ``[B, 1, S, dr]``);
+* ``attend(q, kv, mask, *ws) -> (output [B*S, H], max_logits [N])`` for kv entries holding
+  ``T >= S`` positions and a mask bias ``[B, N, S, T]``, so ``models/kv_cache.py`` can append
+  kv along axis 2 and attend the new queries to the whole cache.
 """
 from __future__ import annotations
 
 import math
+
+from typing import Protocol, Tuple
 
 from mindspore import nn, ops
 
@@ -29,12 +42,22 @@ from .layers import Linear, RMSNorm, apply_rotary, causal_attention, linear, rms
 from .precision import Precision
 
 
-def _heads(x2d, b: int, s: int, n_heads: int, head_dim: int):
+class CacheableAttention(Protocol):
+    """An attention block split at what a key/value cache keeps (see the module docstring)."""
+
+    def weights(self) -> tuple: ...
+
+    def project(self, x, tables, *ws) -> Tuple[object, tuple]: ...
+
+    def attend(self, q, kv: tuple, mask, *ws) -> tuple: ...
+
+
+def split_heads(x2d, b: int, s: int, n_heads: int, head_dim: int):
     """[B*S, n*d] -> [B, n, S, d]."""
     return x2d.reshape(b, s, n_heads, head_dim).transpose(0, 2, 1, 3)
 
 
-def _merge(x):
+def merge_heads(x):
     """[B, n, S, d] -> [B*S, n*d]."""
     b, n, s, d = x.shape
     return x.transpose(0, 2, 1, 3).reshape(b * s, n * d)
@@ -64,20 +87,32 @@ class SelfAttention(nn.Cell):
     def weights(self) -> tuple:
         return (self.linear_qkv.weight, self.linear_proj.weight)
 
-    def apply(self, x, tables, w_qkv, w_proj):
+    def project(self, x, tables, w_qkv, w_proj):
+        """(q [B, N, S, d], (k, v) [B, G, S, d]): rotated queries and keys, the values."""
         n, g, d, p = self.num_heads, self.num_groups, self.head_dim, self.precision
         cos_q, sin_q, cos_k, sin_k, rot, mask = tables
         b, _, s, _ = mask.shape
         # row blocks of the weight in the compute dtype (no bf16 slice-gradient kernel on CPU)
         wq, wk, wv = ops.split(p.cast(w_qkv), (n * d, g * d, g * d), axis=0)
-        q = apply_rotary(_heads(linear(x, wq, p), b, s, n, d), cos_q, sin_q, rot)
-        k = apply_rotary(_heads(linear(x, wk, p), b, s, g, d), cos_k, sin_k, rot)
-        v = _heads(linear(x, wv, p), b, s, g, d)
+        q = apply_rotary(split_heads(linear(x, wq, p), b, s, n, d), cos_q, sin_q, rot)
+        k = apply_rotary(split_heads(linear(x, wk, p), b, s, g, d), cos_k, sin_k, rot)
+        v = split_heads(linear(x, wv, p), b, s, g, d)
+        return q, (k, v)
+
+    def attend(self, q, kv, mask, w_qkv, w_proj):
+        """(output [B*S, H], max_logits [N]) of q over kv = (k, v) [B, G, T, d]."""
+        n, g, d = self.num_heads, self.num_groups, self.head_dim
+        k, v = kv
+        b, _, t, _ = k.shape
         if g != n:  # grouped-query attention: each kv group serves n/g consecutive heads
-            k = k[:, :, None].broadcast_to((b, g, n // g, s, d)).reshape(b, n, s, d)
-            v = v[:, :, None].broadcast_to((b, g, n // g, s, d)).reshape(b, n, s, d)
+            k = k[:, :, None].broadcast_to((b, g, n // g, t, d)).reshape(b, n, t, d)
+            v = v[:, :, None].broadcast_to((b, g, n // g, t, d)).reshape(b, n, t, d)
         ctx, max_logits = causal_attention(q, k, v, self.softmax_scale, mask)
-        return linear(_merge(ctx), w_proj, p), max_logits
+        return linear(merge_heads(ctx), w_proj, self.precision), max_logits
+
+    def apply(self, x, tables, w_qkv, w_proj):
+        q, kv = self.project(x, tables, w_qkv, w_proj)
+        return self.attend(q, kv, tables[-1], w_qkv, w_proj)
 
     def construct(self, x, tables):
         return self.apply(x, tables, *self.weights())
@@ -129,33 +164,47 @@ class MLASelfAttention(nn.Cell):
         return q + (self.linear_kv_down_proj.weight, self.kv_layernorm.weight,
                     self.linear_kv_up_proj.weight, self.linear_proj.weight)
 
-    def apply(self, x, tables, *ws):
-        n, dn, dr, dv, p = self.num_heads, self.dn, self.dr, self.dv, self.precision
+    def project(self, x, tables, *ws):
+        """(q [B, N, S, dn+dr], (c_kv [B, 1, S, kv_lora_rank], k_pe [B, 1, S, dr])): the
+        queries with rotated q_pe, the normalised latent and the rotated shared rope key."""
+        n, dn, dr, p = self.num_heads, self.dn, self.dr, self.precision
         cos_q, sin_q, cos_k, sin_k, rot, mask = tables
         b, _, s, _ = mask.shape
         if self.q_lora_rank is None:
-            w_q = ws[0]
-            q_in = x
-            w_kvd, w_kvn, w_kvu, w_proj = ws[1:]
+            w_q, q_in = ws[0], x
         else:
             w_q = ws[2]
             q_in = rms_norm(linear(x, ws[0], p), ws[1], self.q_layernorm.eps,
                             self.q_layernorm.mean_column)
-            w_kvd, w_kvn, w_kvu, w_proj = ws[3:]
+        w_kvd, w_kvn = ws[-4], ws[-3]
         w_q_nope, w_q_pe = _periodic_rows(p.cast(w_q), n, dn, dr)
-        q_nope = _heads(linear(q_in, w_q_nope, p), b, s, n, dn)
-        q_pe = apply_rotary(_heads(linear(q_in, w_q_pe, p), b, s, n, dr), cos_q, sin_q, rot)
+        q_nope = split_heads(linear(q_in, w_q_nope, p), b, s, n, dn)
+        q_pe = apply_rotary(split_heads(linear(q_in, w_q_pe, p), b, s, n, dr), cos_q, sin_q, rot)
         w_ckv, w_kpe = ops.split(p.cast(w_kvd), (self.kv_lora_rank, dr), axis=0)
         c_kv = rms_norm(linear(x, w_ckv, p), w_kvn, self.kv_layernorm.eps,
                         self.kv_layernorm.mean_column)
         k_pe = apply_rotary(linear(x, w_kpe, p).reshape(b, 1, s, dr), cos_k, sin_k, rot)
-        w_k_nope, w_v = _periodic_rows(p.cast(w_kvu), n, dn, dv)
-        k_nope = _heads(linear(c_kv, w_k_nope, p), b, s, n, dn)
-        v = _heads(linear(c_kv, w_v, p), b, s, n, dv)
         q = ops.cat((q_nope, q_pe), -1)
-        k = ops.cat((k_nope, k_pe.broadcast_to((b, n, s, dr))), -1)
+        return q, (c_kv.reshape(b, 1, s, self.kv_lora_rank), k_pe)
+
+    def attend(self, q, kv, mask, *ws):
+        """(output [B*S, H], max_logits [N]) of q over kv = (c_kv, k_pe) of T positions:
+        per-head k_nope and v are expanded from the latent."""
+        n, dn, dr, dv, p = self.num_heads, self.dn, self.dr, self.dv, self.precision
+        c_kv, k_pe = kv
+        b, _, t, _ = k_pe.shape
+        w_kvu, w_proj = ws[-2], ws[-1]
+        c_kv = c_kv.reshape(b * t, self.kv_lora_rank)
+        w_k_nope, w_v = _periodic_rows(p.cast(w_kvu), n, dn, dv)
+        k_nope = split_heads(linear(c_kv, w_k_nope, p), b, t, n, dn)
+        v = split_heads(linear(c_kv, w_v, p), b, t, n, dv)
+        k = ops.cat((k_nope, k_pe.broadcast_to((b, n, t, dr))), -1)
         ctx, max_logits = causal_attention(q, k, v, self.softmax_scale, mask)
-        return linear(_merge(ctx), w_proj, p), max_logits
+        return linear(merge_heads(ctx), w_proj, p), max_logits
+
+    def apply(self, x, tables, *ws):
+        q, kv = self.project(x, tables, *ws)
+        return self.attend(q, kv, tables[-1], *ws)
 
     def construct(self, x, tables):
         return self.apply(x, tables, *self.weights())

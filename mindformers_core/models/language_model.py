@@ -157,10 +157,14 @@ class GPTModel(nn.Cell):
         """``layers.attention_tables`` of a (batch, seq_len), cached."""
         key = (batch, seq_len)
         if key not in self._tables:
-            self._tables[key] = attention_tables(
-                batch, seq_len, self.cfg.num_attention_heads, self._rope_key_heads,
-                self._rope_dim, self.cfg.rope_theta, self.precision)
+            self._tables[key] = self.position_tables(batch, seq_len)
         return self._tables[key]
+
+    def position_tables(self, batch: int, seq_len: int, start: int = 0) -> tuple:
+        """``layers.attention_tables`` of positions start .. start + seq_len - 1 (uncached)."""
+        return attention_tables(batch, seq_len, self.cfg.num_attention_heads,
+                                self._rope_key_heads, self._rope_dim, self.cfg.rope_theta,
+                                self.precision, start)
 
     # ----------------------------------------------------------------- forward
     def output_weights(self) -> tuple:

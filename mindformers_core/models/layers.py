@@ -167,18 +167,26 @@ def causal_attention(q, k, v, scale: float, mask_bias):
 
 
 def attention_tables(batch: int, seq: int, q_heads: int, k_heads: int, dim: int, theta: float,
-                     precision: Precision):
+                     precision: Precision, start: int = 0):
     """Full-shape constants of one (batch, seq) for attention, as Tensors:
     (cos_q, sin_q [B, Nq, S, d], cos_k, sin_k [B, Nk, S, d], rot [d, d], mask_bias
-    [B, Nq, S, S] float32 (-inf above the diagonal, 0 elsewhere))."""
-    cos, sin = rotary_tables(seq, dim, theta)
+    [B, Nq, S, start + S] float32 (-inf above the diagonal, 0 elsewhere)).
+
+    The S rows are positions ``start .. start + S - 1`` (their rotary angles) and query i sees
+    keys ``j <= start + i`` of all ``start + S`` positions (``start > 0``: new tokens after a
+    key/value cache, ``models/kv_cache.py``).
+    """
+    keys = start + seq
+    cos, sin = rotary_tables(keys, dim, theta)
+    cos, sin = cos[start:], sin[start:]
 
     def full(table, heads):
         return precision.cast(Tensor(np.ascontiguousarray(
             np.broadcast_to(table, (batch, heads, seq, dim)))))
 
-    bias = np.where(np.triu(np.ones((seq, seq), dtype=bool), 1), -np.inf, 0.0).astype(np.float32)
-    mask = Tensor(np.ascontiguousarray(np.broadcast_to(bias, (batch, q_heads, seq, seq))))
+    after = np.arange(keys)[None, :] > start + np.arange(seq)[:, None]
+    bias = np.where(after, -np.inf, 0.0).astype(np.float32)
+    mask = Tensor(np.ascontiguousarray(np.broadcast_to(bias, (batch, q_heads, seq, keys))))
     rot = precision.cast(Tensor(rotate_half_matrix(dim)))
     return (full(cos, q_heads), full(sin, q_heads), full(cos, k_heads), full(sin, k_heads),
             rot, mask)
