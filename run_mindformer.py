@@ -88,6 +88,8 @@ def _check(cfg, args) -> int:
     from mindformers_core.tools.data_check import describe_data
     plan = cfg.plan()
     data = describe_data(cfg.train_dataset, cfg.model)   # a missing file: ConfigError, exit 2
+    if cfg.eval_dataset is not None:
+        data += "\n" + describe_data(cfg.eval_dataset, cfg.model, "eval_dataset")
     memory = plan_memory(cfg, plan.world_size)
     verdicts = doctor_from_args(cfg, args, inspect_model=args.strict or args.groups)
     if args.json:

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QUICK = os.path.join(ROOT, "configs", "quickstart.yaml")
+QUICK = os.path.join(ROOT, "configs", "markov_check.yaml")
 
 
 def run(*args, stdin=None):

@@ -14,41 +14,61 @@ __all__ = ["describe_data"]
 FIELD = "train_dataset.data_path"
 
 
-def _readable(path: str, what: str) -> None:
+def _readable(path: str, what: str, field: str = FIELD) -> None:
     if not os.path.isfile(path):
-        raise ConfigError(FIELD, f"{what} not found: {path!r}")
+        raise ConfigError(field, f"{what} not found: {path!r}")
     try:
         with open(path, "rb") as fh:
             fh.read(1)
     except OSError as exc:
-        raise ConfigError(FIELD, f"{what} {path!r} is not readable: {exc.strerror or exc}") \
+        raise ConfigError(field, f"{what} {path!r} is not readable: {exc.strerror or exc}") \
             from None
 
 
-def describe_data(ds_cfg, model_cfg) -> str:
-    """One line for the plan: the source, and for files what was verified."""
+def describe_data(ds_cfg, model_cfg, section: str = "train_dataset") -> str:
+    """One line for the plan: the source, and for files what was verified (every file of a
+    blend; ``section`` names the dataset section in errors and in the line)."""
     kind = ds_cfg.type
+    label = f"{'data' if section == 'train_dataset' else section:<17}: "
     if kind == "SyntheticMarkov":
-        return "data             : SyntheticMarkov (built in, no files)"
-    path = ds_cfg.data_path
-    if kind == "TokenFile":
-        # imported here: the data package needs numpy, which a plain --check does not load
-        from ..data.token_file import TokenFile
-        from ..data.token_meta import meta_path
-        tf = TokenFile(path, model_cfg.seq_length, ds_cfg.dtype, model_cfg.vocab_size, FIELD)
-        source = f"sidecar {os.path.basename(meta_path(path))}" if tf.meta is not None else \
-            ("the .npy header" if path.lower().endswith(".npy") else "train_dataset.dtype")
-        return (f"data             : TokenFile {path}: {tf.tokens.shape[0]:,} tokens "
-                f"({tf.tokens.dtype.name}, from {source}), {tf.num_samples:,} samples, every id "
-                f"< model.vocab_size {model_cfg.vocab_size} (verified)")
-    _readable(path, "MindRecord file")
-    _readable(path + ".db", "MindRecord index file")
+        return f"{label}SyntheticMarkov (built in, no files)"
+    if kind == "PydocText":
+        return f"{label}PydocText (pydoc_data.topics, built in, tokenized at start)"
+    if kind in ("TokenFile", "IndexedDataset"):
+        return label + "; ".join(_describe_token_file(ds_cfg, model_cfg, path, field)
+                                 for path, field in _token_files(ds_cfg, section))
+    path, field = ds_cfg.data_path, f"{section}.data_path"
+    _readable(path, "MindRecord file", field)
+    _readable(path + ".db", "MindRecord index file", field)
     # reading MindRecord rows needs MindSpore's reader: the one case where --check loads it
     from ..data.mindrecord import MindDataset
-    md = MindDataset(path, model_cfg.seq_length, model_cfg.vocab_size, FIELD)
-    return (f"data             : MindDataset {path} (+ .db): {md.num_samples:,} rows of "
+    md = MindDataset(path, model_cfg.seq_length, model_cfg.vocab_size, field)
+    return (f"{label}MindDataset {path} (+ .db): {md.num_samples:,} rows of "
             f"seq_length {model_cfg.seq_length}, every id < model.vocab_size "
             f"{model_cfg.vocab_size} and every loss_mask finite and >= 0 (verified)")
+
+
+def _token_files(ds_cfg, section: str):
+    """``(path, field)`` of each token file: ``data_path``, or every entry of ``blend``."""
+    if ds_cfg.blend:
+        return [(entry[1], f"{section}.blend[{i}]") for i, entry in enumerate(ds_cfg.blend)]
+    return [(ds_cfg.data_path, f"{section}.data_path")]
+
+
+def _describe_token_file(ds_cfg, model_cfg, path: str, field: str) -> str:
+    # imported here: the data package needs numpy, which a plain --check does not load
+    from ..data.builder import file_source
+    from ..data.token_meta import meta_path
+    tf = file_source(ds_cfg, path, model_cfg.seq_length, model_cfg.vocab_size, field)
+    if ds_cfg.type == "IndexedDataset":
+        source = "its .idx"
+    elif tf.meta is not None:
+        source = f"sidecar {os.path.basename(meta_path(path))}"
+    else:
+        source = "the .npy header" if path.lower().endswith(".npy") else "train_dataset.dtype"
+    return (f"{ds_cfg.type} {path}: {tf.tokens.shape[0]:,} tokens ({tf.tokens.dtype.name}, "
+            f"from {source}), {tf.num_samples:,} samples, every id < model.vocab_size "
+            f"{model_cfg.vocab_size} (verified)")
 
 
 #: ``--set`` overrides that replace a config's data with the built-in corpus
@@ -57,12 +77,17 @@ BUILTIN_DATA_OVERRIDES = ("train_dataset.type=SyntheticMarkov", "train_dataset.d
 
 def missing_data_overrides(config_path: str, root: str = ".") -> list:
     """``["--set", ...]`` swapping in the built-in corpus when the config's data file (relative
-    to ``root``) is not on this machine (a production recipe checked on a development box);
-    ``[]`` otherwise. ``--check`` itself refuses a missing file (exit 2)."""
+    to ``root``) is not on this machine (a production recipe, or upstream MindFormers' test
+    YAML with its placeholder ``dataset_files``, checked on a development box); ``[]``
+    otherwise. ``--check`` itself refuses a missing file (exit 2)."""
     from ..config.yaml_io import load_yaml_text
     with open(config_path, encoding="utf-8") as fh:
         data = load_yaml_text(fh.read()) or {}
-    data_path = (data.get("train_dataset") or {}).get("data_path")
-    if not data_path or os.path.exists(os.path.join(root, data_path)):
+    section = data.get("train_dataset") or {}
+    nested = isinstance(section.get("dataloader"), dict)   # upstream's layout
+    data_path = section["dataloader"].get("dataset_files") if nested else section.get("data_path")
+    if not isinstance(data_path, str) or os.path.exists(os.path.join(root, data_path)):
         return []
-    return [arg for item in BUILTIN_DATA_OVERRIDES for arg in ("--set", item)]
+    items = ["train_dataset.dataloader={type: SyntheticMarkov}"] if nested \
+        else list(BUILTIN_DATA_OVERRIDES)
+    return [arg for item in items for arg in ("--set", item)]
