@@ -18,7 +18,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, mint, nn, ops
 
-from . import compiled, qk_clip
+from . import compiled, qk_clip, yarn
 from .attention import MLASelfAttention, SelfAttention
 from .layers import Embedding, Linear, RMSNorm, attention_tables, embed, linear, rms_norm
 from .mlp import MLP, MoE
@@ -135,6 +135,7 @@ class GPTModel(nn.Cell):
         else:
             attn = SelfAttention(cfg.hidden_size, cfg.num_attention_heads,
                                  self._tc.num_query_groups, p)
+        attn.softmax_scale *= yarn.softmax_scale_multiplier_for(cfg)
         moe = cfg.model_type == "deepseek_v3" and i >= cfg.first_k_dense_replace
         if moe:
             mlp = MoE(cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok,
@@ -159,7 +160,8 @@ class GPTModel(nn.Cell):
         if key not in self._tables:
             self._tables[key] = attention_tables(
                 batch, seq_len, self.cfg.num_attention_heads, self._rope_key_heads,
-                self._rope_dim, self.cfg.rope_theta, self.precision)
+                self._rope_dim, self.cfg.rope_theta, self.precision,
+                rope=yarn.rope_tables_for(self.cfg, seq_len, self._rope_dim))
         return self._tables[key]
 
     # ----------------------------------------------------------------- forward

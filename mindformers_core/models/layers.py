@@ -167,11 +167,12 @@ def causal_attention(q, k, v, scale: float, mask_bias):
 
 
 def attention_tables(batch: int, seq: int, q_heads: int, k_heads: int, dim: int, theta: float,
-                     precision: Precision):
+                     precision: Precision, rope=None):
     """Full-shape constants of one (batch, seq) for attention, as Tensors:
     (cos_q, sin_q [B, Nq, S, d], cos_k, sin_k [B, Nk, S, d], rot [d, d], mask_bias
-    [B, Nq, S, S] float32 (-inf above the diagonal, 0 elsewhere))."""
-    cos, sin = rotary_tables(seq, dim, theta)
+    [B, Nq, S, S] float32 (-inf above the diagonal, 0 elsewhere)). ``rope``: (cos, sin)
+    [S, d] numpy tables to use instead of plain RoPE's (e.g. ``models.yarn``)."""
+    cos, sin = rotary_tables(seq, dim, theta) if rope is None else rope
 
     def full(table, heads):
         return precision.cast(Tensor(np.ascontiguousarray(
