@@ -305,6 +305,7 @@ class Trainer:
         import mindspore as ms
         from ..core.lr import group_lrs
         from ..optim.clip_grad import clip_by_norm, global_grad_norm
+        from ..models.mtp import step_mtp_loss
 
         t0 = time.perf_counter()
         tr = self.cfg.training
@@ -318,6 +319,8 @@ class Trainer:
 
         grads, loss_sum, aux = accumulate_gradients(self._grad_fn, batches, total_tokens, scale,
                                                     data_parallel=self.grad_reducer.world_size)
+        mtp_loss = step_mtp_loss(self.model)   # inside aux; logged on its own
+        aux = aux - mtp_loss if mtp_loss is not None else aux
         grads, loss_sum, _ = self.grad_reducer.reduce(grads, loss_sum, local_tokens)
         if scale != 1.0:
             inv = ms.Tensor(np.float32(1.0 / scale))
@@ -397,7 +400,7 @@ class Trainer:
             global_batch_size=global_batch, clipped=clipped, skipped=skipped,
             excess_loss=(loss - self.entropy_floor) if self.entropy_floor is not None else None,
             loss_scale=scale if self.loss_scaler is not None else None,
-            aux_loss=aux if aux else None, num_zeros_in_grad=num_zeros,
+            aux_loss=aux if aux else None, mtp_loss=mtp_loss, num_zeros_in_grad=num_zeros,
             qk_clipped_heads=qk_stats.num_clipped_heads if qk_stats is not None else None,
             max_attention_logit=qk_stats.max_logit if qk_stats is not None else None)
 
