@@ -62,6 +62,7 @@ class ModelConfig(Section):
     max_position_embeddings: Optional[int] = None
     num_nextn_predict_layers: int = 0
     mtp_loss_scaling_factor: float = 0.1
+    use_flash_attention: bool = False   # memory-efficient attention (models/blockwise_attention.py)
 
     # ------------------------------------------------------------------ derived values
     def resolved_multi_latent_attention(self) -> bool:

@@ -20,6 +20,7 @@ from mindspore import Tensor, mint, nn, ops
 
 from . import compiled, qk_clip, yarn
 from .attention import MLASelfAttention, SelfAttention
+from .blockwise_attention import attention_function
 from .layers import Embedding, Linear, RMSNorm, attention_tables, embed, linear, rms_norm
 from .mlp import MLP, MoE
 from .mtp import MTPLayer, MultiTokenPrediction
@@ -144,6 +145,8 @@ class GPTModel(nn.Cell):
             attn = SelfAttention(cfg.hidden_size, cfg.num_attention_heads,
                                  self._tc.num_query_groups, p)
         attn.softmax_scale *= yarn.softmax_scale_multiplier_for(cfg)
+        attn.core_attention = attention_function(cfg.use_flash_attention,
+                                                 ms.get_context("device_target"))
         moe = cfg.model_type == "deepseek_v3" and i >= cfg.first_k_dense_replace
         if moe:
             mlp = MoE(cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok,
