@@ -164,6 +164,18 @@ class GPTModel(nn.Cell):
                              "(num_nextn_predict_layers > 0); use layer or none")
         self._runner = compiled.Runner(self, mode)
 
+    def set_recompute(self, layers) -> None:
+        """Recompute these decoder layers (and the MTP depths' layers when ``layers`` covers
+        every decoder layer) in the backward (``models.recompute``); PyNative layers only."""
+        if self._runner.mode != "none" and layers:
+            raise ValueError(f"recompute runs the layers as Cells: it needs training.jit: none, "
+                             f"got {self._runner.mode!r}")
+        for i in layers:
+            self.decoder.layers[i].recompute()
+        if self.mtp is not None and len(layers) == self.cfg.num_layers:
+            for depth in self.mtp.layers:
+                depth.transformer_layer.recompute()
+
     @property
     def jit_mode(self) -> str:
         return self._runner.mode
