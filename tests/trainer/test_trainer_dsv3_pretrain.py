@@ -1,5 +1,5 @@
-"""The tiny DeepSeek-V3 preset as pretrained upstream: multi-token prediction and YaRN RoPE
-scaling, 20 steps with Muon + QK-Clip. The loss falls, ``mtp_loss`` is logged (metrics.jsonl and
+"""The tiny DeepSeek-V3 preset as pretrained upstream: multi-token prediction, YaRN RoPE
+scaling and recompute of all layers, 20 steps with Muon + QK-Clip. The loss falls, ``mtp_loss`` is logged (metrics.jsonl and
 the step line), and a run stopped at step 10 and resumed is bit-exact."""
 import io
 import os
@@ -9,6 +9,7 @@ import pytest
 
 from mindformers_core.config import load_config
 from mindformers_core.config.yaml_io import load_yaml_text
+from mindformers_core.models.recompute import recompute_layers
 from mindformers_core.trainer import Trainer
 
 from test_trainer import final_tensors, rows
@@ -31,6 +32,8 @@ def _cfg(out, **training):
 def _run(cfg, out):
     stream = io.StringIO()
     t = Trainer(cfg, str(out), stream=stream)
+    # recompute: {mode: full} (every decoder layer and the MTP depth)
+    t.model.set_recompute(recompute_layers("full", None, cfg.model.num_layers))
     t.train()
     return t, stream.getvalue()
 
