@@ -53,7 +53,8 @@ def _step_fn(path, block, mask, w, scale):
     return lambda q, k, v: [g.asnumpy() for g in grad(q, k, v)]
 
 
-def _rss_mb() -> float:
+def rss_mb() -> float:
+    """Current resident set size of this process (MiB)."""
     with open("/proc/self/status") as fh:
         for line in fh:
             if line.startswith("VmRSS:"):
@@ -66,7 +67,7 @@ def child(path, b, n, s, d, block) -> None:
     if path != "plain":
         mask = None    # the blockwise path never reads the [S, S] bias
     fn = _step_fn(path, block, mask, w, d ** -0.5)
-    base = _rss_mb()
+    base = rss_mb()
     fn(q, k, v)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print(json.dumps({"peak_mb": peak, "base_mb": base, "delta_mb": peak - base}))
@@ -81,7 +82,11 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--child", nargs=2, metavar=("PATH", "SEQ"))
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, one round")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "attention.json"))
     args = ap.parse_args()
+    if args.quick and not args.child:
+        args.seq, args.rounds = [512], 1
     if args.child:
         child(args.child[0], args.batch, args.heads, int(args.child[1]), args.dim, args.block)
         return
@@ -114,8 +119,8 @@ def main() -> None:
         print(f"S={s:5d} block={args.block}: plain {row['plain_s'] * 1e3:8.1f} ms "
               f"(+{row['plain_delta_mb']:.0f} MB)  blockwise {row['blockwise_s'] * 1e3:8.1f} ms "
               f"(+{row['blockwise_delta_mb']:.0f} MB)  speedup {row['speedup']:.2f}x")
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    with open(os.path.join(ROOT, "bench", "results", "attention.json"), "w") as fh:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fh:
         json.dump({"config": vars(args), "results": results}, fh, indent=1)
 
 

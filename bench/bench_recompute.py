@@ -25,13 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return 0.0
+from bench.bench_attention import rss_mb  # noqa: E402
 
 
 def child(mode: str, args) -> None:
@@ -52,7 +46,7 @@ def child(mode: str, args) -> None:
         loss, n, aux = model(a, b, c)
         return loss / n + aux
     model.logits(ids[:, :8])     # runtime warm-up outside the measured step
-    base = _rss_mb()
+    base = rss_mb()
     value, grads = ms.value_and_grad(fn, None, model.trainable_params())(ids, labels, mask)
     norm = float(np.sqrt(sum((g.asnumpy().astype(np.float64) ** 2).sum() for g in grads)))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -68,7 +62,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--child", choices=["None", "full"])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, one round")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "recompute.json"))
     args = ap.parse_args()
+    if args.quick and not args.child:
+        args.layers, args.seq, args.rounds = 4, 256, 1
     if args.child:
         child(args.child, args)
         return
@@ -91,8 +89,8 @@ def main() -> None:
               f"loss {r['loss']:.6f}, grad norm {r['grad_norm']:.6f}")
     print(f"peak RSS drop {drop * 100:.1f}% (step activations {step_drop * 100:.1f}%), "
           f"same loss/grad: {same}")
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    with open(os.path.join(ROOT, "bench", "results", "recompute.json"), "w") as fh:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fh:
         json.dump({"config": vars(args), "runs": runs, "peak_drop": drop,
                    "step_drop": step_drop, "same_loss_and_grad": same}, fh, indent=1)
 

@@ -12,8 +12,8 @@ m, normaliser l and unnormalised context acc are kept:
 so no [S, S] score tensor exists (the largest is [B, N, block, block]). The final m of a row
 is the max over its unmasked keys of the scaled logits, so the per-head max for QK-Clip is
 amax over batch and rows of m -- the same value as the plain path's, from the same pass.
-(PyNative autodiff keeps each block's p for the backward; combined with ``recompute`` a layer
-keeps none of them between forward and backward.)
+Each query block runs as a recomputed Cell (MindSpore's ``Cell.recompute``), so the backward
+reruns it from (q block, k and v prefix) and no block's probabilities are kept either.
 
 Ascend: MindSpore's fused ``FlashAttentionScore`` primitive (``ops.flash_attention_score`` in
 2.10), whose ``softmax_max`` output gives the same per-row max. It cannot run on this CPU
@@ -25,7 +25,7 @@ from typing import Callable, Dict
 
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor, ops
+from mindspore import Tensor, nn, ops
 
 from .layers import batch_matmul, batch_matmul_tb, causal_attention
 
@@ -41,35 +41,54 @@ def _diagonal_bias(n: int) -> Tensor:
     return _DIAGONAL_BIAS[n]
 
 
+def _query_block(qi, k, v, scale: float, block_size: int):
+    """(context [B, N, b, Dv], row max [B, N, b, 1]) of the query block ``qi`` whose rows are
+    the last ``b`` positions of ``k`` / ``v`` (its causal prefix), one key block at a time."""
+    s, b = k.shape[2], qi.shape[2]
+    i0 = s - b
+    m = l = acc = None
+    for j0 in range(0, s, block_size):
+        j1 = min(j0 + block_size, s)
+        sc = batch_matmul_tb(qi, k[:, :, j0:j1]).astype(ms.float32) * scale
+        if j0 == i0:   # the diagonal block (blocks share their starts): causal bias
+            sc = sc + _diagonal_bias(b)
+        blk_max = sc.max(axis=-1, keepdims=True)
+        m_new = blk_max if m is None else ops.maximum(m, blk_max)
+        p = ops.exp(sc - m_new)
+        pv = batch_matmul(p.astype(v.dtype), v[:, :, j0:j1]).astype(ms.float32)
+        if m is None:
+            l, acc = p.sum(-1, keepdims=True), pv
+        else:
+            c = ops.exp(m - m_new)
+            l = l * c + p.sum(-1, keepdims=True)
+            acc = acc * c + pv
+        m = m_new
+    return (acc / l).astype(v.dtype), m
+
+
+class QueryBlock(nn.Cell):
+    """``_query_block`` as a recomputed Cell: the backward reruns the block from its inputs,
+    so no block's probabilities are kept between forward and backward."""
+
+    def __init__(self, scale: float, block_size: int):
+        super().__init__()
+        self.scale, self.block_size = scale, block_size
+        self.recompute()
+
+    def construct(self, qi, k, v):
+        return _query_block(qi, k, v, self.scale, self.block_size)
+
+
 def blockwise_causal_attention(q, k, v, scale: float, block_size: int = DEFAULT_BLOCK_SIZE):
     """(context [B, N, S, Dv], max_logit_per_head [N]) of causal softmax attention, computed
     block by block (see the module docstring). q, k: [B, N, S, D]; v: [B, N, S, Dv]."""
     s = q.shape[2]
-    starts = list(range(0, s, block_size))
+    block = QueryBlock(scale, block_size)
     out, row_max = [], []
-    for i0 in starts:
+    for i0 in range(0, s, block_size):
         i1 = min(i0 + block_size, s)
-        qi = q[:, :, i0:i1]
-        m = l = acc = None
-        for j0 in starts:
-            if j0 >= i1:
-                break
-            j1 = min(j0 + block_size, s)
-            sc = batch_matmul_tb(qi, k[:, :, j0:j1]).astype(ms.float32) * scale
-            if j0 == i0:   # the diagonal block (blocks share their starts): causal bias
-                sc = sc + _diagonal_bias(i1 - i0)
-            blk_max = sc.max(axis=-1, keepdims=True)
-            m_new = blk_max if m is None else ops.maximum(m, blk_max)
-            p = ops.exp(sc - m_new)
-            pv = batch_matmul(p.astype(v.dtype), v[:, :, j0:j1]).astype(ms.float32)
-            if m is None:
-                l, acc = p.sum(-1, keepdims=True), pv
-            else:
-                c = ops.exp(m - m_new)
-                l = l * c + p.sum(-1, keepdims=True)
-                acc = acc * c + pv
-            m = m_new
-        out.append((acc / l).astype(v.dtype))
+        ctx, m = block(q[:, :, i0:i1], k[:, :, :i1], v[:, :, :i1])
+        out.append(ctx)
         row_max.append(m)
     max_logits = ops.stop_gradient(ops.amax(ops.cat(row_max, 2), axis=(0, 2, 3)))
     return ops.cat(out, 2), max_logits
