@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from .moe import validate_moe_routing
+from .model_pretrain import validate_pretrain_fields
 from .schema import Section, check, check_range
 from .upstream_names import check_upstream_only, join_model_section, split_model_section
 
@@ -55,6 +56,19 @@ class ModelConfig(Section):
     moe_router_enable_expert_bias: bool = True
     moe_router_bias_update_rate: float = 1e-3
     moe_aux_loss_coeff: float = 0.0
+    # YaRN RoPE scaling (models/yarn.py) and multi-token prediction (models/mtp.py), upstream's
+    # names; max_position_embeddings is YaRN's original context (None = seq_length)
+    position_embedding_type: Literal["rope", "yarn"] = "rope"
+    rotary_scaling_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+    max_position_embeddings: Optional[int] = None
+    num_nextn_predict_layers: int = 0
+    mtp_loss_scaling_factor: float = 0.1
+    use_flash_attention: bool = False   # memory-efficient attention (models/blockwise_attention.py)
+
     # DeepSeek-V3 router and dispatch options (upstream MindFormers names; rules in config/moe.py)
     n_group: Optional[int] = None                # expert groups for group-limited routing
     topk_group: Optional[int] = None             # groups eligible per token; None = no limit
@@ -118,6 +132,7 @@ class ModelConfig(Section):
         check_range(self.routed_scaling_factor, f"{path}.routed_scaling_factor", lo=0, lo_open=True)
         check_range(self.moe_router_bias_update_rate, f"{path}.moe_router_bias_update_rate", lo=0)
         check_range(self.moe_aux_loss_coeff, f"{path}.moe_aux_loss_coeff", lo=0)
+        validate_pretrain_fields(self, path)
         mla = self.resolved_multi_latent_attention()
         if not mla:
             check(self.hidden_size % self.num_attention_heads == 0, f"{path}.num_attention_heads",

@@ -77,9 +77,6 @@ UPSTREAM_ONLY: Dict[str, Upstream] = {
     "use_pad_tokens": Upstream(bool, False, (False,), "pad tokens in MoE dispatch"),
     "moe_token_dispatcher_type": Upstream(str, "alltoall", ("alltoall",),
                                           "the alltoall_deredundancy token dispatcher"),
-    "use_flash_attention": Upstream(bool, False, (False,), "flash attention"),
-    "num_nextn_predict_layers": Upstream(int, 0, (0,), "multi-token prediction"),
-    "position_embedding_type": Upstream(str, "rope", ("rope",), "YaRN RoPE scaling"),
     # precisions: norms, softmax, RoPE tables and the router already run in float32
     "layernorm_compute_dtype": Upstream(_DTYPE, "float32", _F32, "a non-float32 norm"),
     "softmax_compute_dtype": Upstream(_DTYPE, "float32", _F32, "a non-float32 softmax"),
@@ -90,13 +87,6 @@ UPSTREAM_ONLY: Dict[str, Upstream] = {
     "moe_grouped_gemm": Upstream(bool, False),
     # informational, or only read by a feature that is off (as upstream)
     "architectures": Upstream(Optional[str], None),
-    "max_position_embeddings": Upstream(Optional[int], None),
-    "mtp_loss_scaling_factor": Upstream(float, 0.1),
-    "rotary_scaling_factor": Upstream(float, 1.0),
-    "beta_fast": Upstream(float, 32.0),
-    "beta_slow": Upstream(float, 1.0),
-    "mscale": Upstream(float, 1.0),
-    "mscale_all_dim": Upstream(float, 0.0),
     # MoE routing: the router options are model fields (config/moe.py); this one is not
     "moe_router_pre_softmax": Upstream(bool, False, (False,), "softmax-before-top-k routing"),
     # qk_layernorm: MLA's q/kv latent norms (always on here); checked against the model below
@@ -150,14 +140,6 @@ def check_upstream_only(spelling: ModelSpelling, path: str, cfg: Any) -> None:
     """Rules of upstream-only keys that depend on the built model (a ModelConfig)."""
     extra = spelling.upstream_only
     model_type, mla = cfg.model_type, cfg.resolved_multi_latent_attention()
-    shared = extra.get("moe_shared_expert_intermediate_size")
-    if shared is not None:
-        width = cfg.resolved_moe_intermediate_size() * cfg.n_shared_experts
-        if shared != width:
-            raise ConfigError(f"{path}.moe_shared_expert_intermediate_size",
-                              f"{shared} needs shared experts of another width than "
-                              f"moe_intermediate_size * n_shared_experts ({width}), which is "
-                              "not implemented here")
     arch = extra.get("architectures")
     if arch is not None and arch not in ARCHITECTURES.get(model_type, ()):
         raise ConfigError(f"{path}.architectures",
@@ -169,10 +151,6 @@ def check_upstream_only(spelling: ModelSpelling, path: str, cfg: Any) -> None:
         require_noop(f"{path}.qk_layernorm", extra["qk_layernorm"], (mla,),
                      "MLA without latent norms" if mla else "q/k layer norm in standard "
                                                           "attention")
-    if "max_position_embeddings" in extra and extra["max_position_embeddings"] is not None:
-        if extra["max_position_embeddings"] < 1:
-            raise ConfigError(f"{path}.max_position_embeddings",
-                              f"must be >= 1, got {extra['max_position_embeddings']}")
 
 
 def join_model_section(canonical: Dict[str, Any], spelling: Optional[ModelSpelling]

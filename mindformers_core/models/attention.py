@@ -79,6 +79,7 @@ class SelfAttention(nn.Cell):
         self.num_groups = num_query_groups
         self.head_dim = hidden_size // num_heads
         self.softmax_scale = 1.0 / math.sqrt(self.head_dim)
+        self.core_attention = causal_attention   # or models.blockwise_attention's
         self.precision = precision
         d = self.head_dim
         self.linear_qkv = Linear(hidden_size, (num_heads + 2 * num_query_groups) * d, precision)
@@ -107,7 +108,7 @@ class SelfAttention(nn.Cell):
         if g != n:  # grouped-query attention: each kv group serves n/g consecutive heads
             k = k[:, :, None].broadcast_to((b, g, n // g, t, d)).reshape(b, n, t, d)
             v = v[:, :, None].broadcast_to((b, g, n // g, t, d)).reshape(b, n, t, d)
-        ctx, max_logits = causal_attention(q, k, v, self.softmax_scale, mask)
+        ctx, max_logits = self.core_attention(q, k, v, self.softmax_scale, mask)
         return linear(merge_heads(ctx), w_proj, self.precision), max_logits
 
     def apply(self, x, tables, w_qkv, w_proj):
@@ -135,6 +136,7 @@ class MLASelfAttention(nn.Cell):
         self.kv_lora_rank = kv_lora_rank
         self.dn, self.dr, self.dv = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
         self.softmax_scale = 1.0 / math.sqrt(self.dn + self.dr)
+        self.core_attention = causal_attention   # or models.blockwise_attention's
         self.precision = precision
         q_out = num_heads * (self.dn + self.dr)
         if q_lora_rank is None:
@@ -199,7 +201,7 @@ class MLASelfAttention(nn.Cell):
         k_nope = split_heads(linear(c_kv, w_k_nope, p), b, t, n, dn)
         v = split_heads(linear(c_kv, w_v, p), b, t, n, dv)
         k = ops.cat((k_nope, k_pe.broadcast_to((b, n, t, dr))), -1)
-        ctx, max_logits = causal_attention(q, k, v, self.softmax_scale, mask)
+        ctx, max_logits = self.core_attention(q, k, v, self.softmax_scale, mask)
         return linear(merge_heads(ctx), w_proj, p), max_logits
 
     def apply(self, x, tables, *ws):

@@ -18,12 +18,14 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, mint, nn, ops
 
-from . import compiled, qk_clip
+from . import compiled, qk_clip, yarn
 from .attention import MLASelfAttention, SelfAttention
+from .blockwise_attention import attention_function
 from .layers import Embedding, Linear, RMSNorm, attention_tables, embed, linear, rms_norm
 from .mlp import MLP
 from .moe import MoE, MoESpec
 from .router import expert_bias_step
+from .mtp import MTPLayer, MultiTokenPrediction
 from .precision import Precision
 from .transformer_config import GPTTransformerConfig
 
@@ -119,12 +121,19 @@ class GPTModel(nn.Cell):
         self.decoder = Decoder([self._make_layer(i) for i in range(cfg.num_layers)], h,
                                cfg.norm_epsilon, precision)
         self.output_layer = None if cfg.tie_word_embeddings else Linear(h, cfg.vocab_size, precision)
+        # multi-token prediction depths (training forward only); their attention max logits
+        # follow the decoder layers' rows
+        self.mtp = None if not cfg.num_nextn_predict_layers else MultiTokenPrediction(
+            [MTPLayer(self._make_layer(cfg.num_layers + k), h, cfg.norm_epsilon, precision)
+             for k in range(cfg.num_nextn_predict_layers)], cfg.mtp_loss_scaling_factor)
+        self._num_tracked_layers = cfg.num_layers + cfg.num_nextn_predict_layers
+        self._mtp_losses: List[Tensor] = []
         mla = transformer_config.multi_latent_attention
         self._rope_dim = cfg.qk_rope_head_dim if mla else h // cfg.num_attention_heads
         # key heads of the rotary tables: MLA shares one rope key across heads
         self._rope_key_heads = 1 if mla else transformer_config.num_query_groups
         self._tables: Dict[tuple, tuple] = {}
-        self._max_logits: List[Optional[Tensor]] = [None] * cfg.num_layers
+        self._max_logits: List[Optional[Tensor]] = [None] * self._num_tracked_layers
         self._runner = compiled.Runner(self, "none")
 
     # ----------------------------------------------------------------- construction
@@ -137,6 +146,9 @@ class GPTModel(nn.Cell):
         else:
             attn = SelfAttention(cfg.hidden_size, cfg.num_attention_heads,
                                  self._tc.num_query_groups, p)
+        attn.softmax_scale *= yarn.softmax_scale_multiplier_for(cfg)
+        attn.core_attention = attention_function(cfg.use_flash_attention,
+                                                 ms.get_context("device_target"))
         moe = cfg.model_type == "deepseek_v3" and i >= cfg.first_k_dense_replace
         if moe:
             mlp = MoE(cfg.hidden_size, MoESpec.from_model_config(cfg), p)
@@ -147,7 +159,22 @@ class GPTModel(nn.Cell):
     def set_jit(self, mode: str) -> None:
         """``training.jit``: "none" (PyNative), "layer" (each layer's pure part compiled with
         ``mindspore.jit``) or "model" (the whole forward; dense models only)."""
+        if mode == "model" and self.mtp is not None:
+            raise ValueError("training.jit: model does not cover multi-token prediction "
+                             "(num_nextn_predict_layers > 0); use layer or none")
         self._runner = compiled.Runner(self, mode)
+
+    def set_recompute(self, layers) -> None:
+        """Recompute these decoder layers (and the MTP depths' layers when ``layers`` covers
+        every decoder layer) in the backward (``core.recompute``); PyNative layers only."""
+        if self._runner.mode != "none" and layers:
+            raise ValueError(f"recompute runs the layers as Cells: it needs training.jit: none, "
+                             f"got {self._runner.mode!r}")
+        for i in layers:
+            self.decoder.layers[i].recompute()
+        if self.mtp is not None and len(layers) == self.cfg.num_layers:
+            for depth in self.mtp.layers:
+                depth.transformer_layer.recompute()
 
     @property
     def jit_mode(self) -> str:
@@ -164,7 +191,9 @@ class GPTModel(nn.Cell):
         """``layers.attention_tables`` of positions start .. start + seq_len - 1 (uncached)."""
         return attention_tables(batch, seq_len, self.cfg.num_attention_heads,
                                 self._rope_key_heads, self._rope_dim, self.cfg.rope_theta,
-                                self.precision, start)
+                                self.precision, start,
+                                rope=yarn.rope_tables_for(self.cfg, start + seq_len,
+                                                          self._rope_dim))
 
     # ----------------------------------------------------------------- forward
     def output_weights(self) -> tuple:
@@ -187,9 +216,10 @@ class GPTModel(nn.Cell):
         """[B*S, H] rows of the embedding table."""
         return embed(input_ids.reshape(-1), table, self.precision)
 
-    def record_max_logits(self, per_layer) -> None:
-        """Fold one forward's per-layer max logits (each [N]) into the running max."""
-        for i, new in enumerate(per_layer):
+    def record_max_logits(self, per_layer, start: int = 0) -> None:
+        """Fold one forward's per-layer max logits (each [N]) into the running max (rows from
+        ``start``)."""
+        for i, new in enumerate(per_layer, start):
             old = self._max_logits[i]
             self._max_logits[i] = new if old is None else ops.maximum(old, new)
 
@@ -245,7 +275,29 @@ class GPTModel(nn.Cell):
         h, aux = self._last_hidden(input_ids)
         loss_sum, n_tokens = self._runner.head(h, labels.reshape(-1), loss_mask.reshape(-1))
         aux = mint.zeros((), dtype=ms.float32) if aux is None else aux.astype(ms.float32)
+        if self.mtp is not None:
+            aux = aux + self.mtp_loss(h, input_ids, labels, loss_mask)
         return loss_sum, n_tokens, aux
+
+    def mtp_loss(self, h, input_ids, labels, loss_mask):
+        """The scaled MTP loss (plus the MTP layers' MoE aux loss) of the main model's last
+        hidden states h [B*S, H]; records it (``pop_mtp_losses``) and the depths' max logits."""
+        table = self.embedding.word_embeddings.weight
+        w_out = self.output_weights()[1]
+        b, s = input_ids.shape
+        loss, max_logits, aux = self.mtp(
+            h, input_ids, labels, loss_mask, self.static_tables(b, s),
+            lambda ids: self.embed_tokens(ids, table),
+            lambda hk, lab, mask, w_norm: self.head(hk, lab, mask, w_norm, w_out))
+        self.record_max_logits(max_logits, start=self.cfg.num_layers)
+        self._mtp_losses.append(ops.stop_gradient(loss))
+        return loss if aux is None else loss + aux.astype(ms.float32)
+
+    def pop_mtp_losses(self) -> List[float]:
+        """The MTP losses of the forwards since the last call (empty without MTP)."""
+        out = [float(x.asnumpy()) for x in self._mtp_losses]
+        self._mtp_losses = []
+        return out
 
     # ----------------------------------------------------------------- optimizer metadata
     def get_gpt_transformer_config(self) -> GPTTransformerConfig:
@@ -256,10 +308,10 @@ class GPTModel(nn.Cell):
 
     def reset_max_attention_logits(self) -> None:
         """Start a new running max (call once per optimizer step)."""
-        self._max_logits = [None] * self.cfg.num_layers
+        self._max_logits = [None] * self._num_tracked_layers
 
     def max_attention_logits_tensor(self) -> Tensor:
-        """Running max [num_layers, num_heads] float32 Tensor (-inf where nothing ran yet),
+        """Running max [num_layers (+ MTP depths), num_heads] float32 Tensor (-inf where nothing ran yet),
         e.g. for an all-reduce(MAX) across data-parallel ranks."""
         n = self.cfg.num_attention_heads
         rows = [m if m is not None else Tensor(np.full((n,), -np.inf, np.float32))
@@ -280,12 +332,13 @@ class GPTModel(nn.Cell):
         """Per-layer row layout for QK-Clip (see ``models.qk_clip``); [] for non-MLA models."""
         if not self._tc.multi_latent_attention:
             return []
-        out = []
-        for i, layer in enumerate(self.decoder.layers):
-            a = layer.self_attention
-            out.append(qk_clip.mla_layer_layout(i, f"decoder.layers.{i}.self_attention",
-                                                a.q_param_attr, a.num_heads, a.dn, a.dr, a.dv))
-        return out
+        attns = [(f"decoder.layers.{i}.self_attention", layer.self_attention)
+                 for i, layer in enumerate(self.decoder.layers)]
+        attns += [(f"mtp.layers.{k}.transformer_layer.self_attention",
+                   depth.transformer_layer.self_attention)
+                  for k, depth in enumerate(self.mtp.layers if self.mtp is not None else ())]
+        return [qk_clip.mla_layer_layout(i, prefix, a.q_param_attr, a.num_heads, a.dn, a.dr, a.dv)
+                for i, (prefix, a) in enumerate(attns)]
 
     def apply_qk_clip_scaling(self, threshold, param_map=None):
         """gamma_h = min(1, tau/S_h); scale q_nope and k_nope rows by sqrt(gamma_h), q_rope rows by

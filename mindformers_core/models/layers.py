@@ -167,17 +167,18 @@ def causal_attention(q, k, v, scale: float, mask_bias):
 
 
 def attention_tables(batch: int, seq: int, q_heads: int, k_heads: int, dim: int, theta: float,
-                     precision: Precision, start: int = 0):
+                     precision: Precision, start: int = 0, rope=None):
     """Full-shape constants of one (batch, seq) for attention, as Tensors:
     (cos_q, sin_q [B, Nq, S, d], cos_k, sin_k [B, Nk, S, d], rot [d, d], mask_bias
     [B, Nq, S, start + S] float32 (-inf above the diagonal, 0 elsewhere)).
 
     The S rows are positions ``start .. start + S - 1`` (their rotary angles) and query i sees
     keys ``j <= start + i`` of all ``start + S`` positions (``start > 0``: new tokens after a
-    key/value cache, ``models/kv_cache.py``).
+    key/value cache, ``models/kv_cache.py``). ``rope``: (cos, sin) [start + S, d] numpy tables
+    to use instead of plain RoPE's (e.g. ``models.yarn``).
     """
     keys = start + seq
-    cos, sin = rotary_tables(keys, dim, theta)
+    cos, sin = rotary_tables(keys, dim, theta) if rope is None else rope
     cos, sin = cos[start:], sin[start:]
 
     def full(table, heads):

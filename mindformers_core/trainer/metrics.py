@@ -46,6 +46,7 @@ class StepMetrics:
     excess_loss: Optional[float] = None
     loss_scale: Optional[float] = None
     aux_loss: Optional[float] = None
+    mtp_loss: Optional[float] = None          # multi-token prediction (scaled), models/mtp.py
     num_zeros_in_grad: Optional[int] = None
     qk_clipped_heads: Optional[int] = None    # Muon QK-Clip: heads rescaled this step
     max_attention_logit: Optional[float] = None  # largest tracked q.k logit of the step
@@ -72,6 +73,8 @@ class StepMetrics:
             row["loss_scale"] = float(self.loss_scale)
         if self.aux_loss is not None:
             row["aux_loss"] = _finite(self.aux_loss)
+        if self.mtp_loss is not None:
+            row["mtp_loss"] = _finite(self.mtp_loss)
         if self.num_zeros_in_grad is not None:
             row["num_zeros_in_grad"] = int(self.num_zeros_in_grad)
         if self.qk_clipped_heads is not None:
@@ -102,6 +105,8 @@ def format_step_line(m: StepMetrics) -> str:
         parts.append(f"loss_scale: {m.loss_scale:g}")
     if m.aux_loss is not None and m.aux_loss != 0:
         parts.append(f"aux_loss: {m.aux_loss:.6f}")
+    if m.mtp_loss is not None:
+        parts.append(f"mtp_loss: {m.mtp_loss:.6f}")
     if m.num_zeros_in_grad is not None:
         parts.append(f"num_zeros_in_grad: {m.num_zeros_in_grad}")
     if m.qk_clipped_heads is not None:

@@ -160,7 +160,8 @@ class Trainer:
         if model is None:
             from ..models import build_model
             model = build_model(cfg.model, seed=tr.seed, mup_width_mult=self.mup_width_mult,
-                                jit=tr.jit)
+                                jit=cfg.model_jit_mode())
+            model.set_recompute(cfg.recompute_layers())   # recompute: (config/recompute.py)
         self.model = model
         if loaded is not None:
             self._load_model(loaded)
@@ -364,6 +365,7 @@ class Trainer:
         import mindspore as ms
         from ..core.lr import group_lrs
         from ..optim.clip_grad import clip_by_norm, global_grad_norm
+        from ..models.mtp import step_mtp_loss
 
         t0 = time.perf_counter()
         tr = self.cfg.training
@@ -381,6 +383,8 @@ class Trainer:
                                                     data_parallel=self.grad_reducer.world_size,
                                                     on_micro=on_micro)
         self.monitor.on_device_step(loss_sum, local_tokens, grads, loss_scale=scale)
+        mtp_loss = step_mtp_loss(self.model)   # inside aux; logged on its own
+        aux = aux - mtp_loss if mtp_loss is not None else aux
         grads, loss_sum, _ = self.grad_reducer.reduce(grads, loss_sum, local_tokens)
         moe_stats = moe_step_stats(self.model, self.grad_reducer,   # DP-summed expert loads
                                    log_due(step_number, self.writer.log_interval, self.total_steps))
@@ -467,7 +471,7 @@ class Trainer:
             global_batch_size=global_batch, clipped=clipped, skipped=skipped,
             excess_loss=(loss - self.entropy_floor) if self.entropy_floor is not None else None,
             loss_scale=scale if self.loss_scaler is not None else None,
-            aux_loss=aux if aux else None, num_zeros_in_grad=num_zeros,
+            aux_loss=aux if aux else None, mtp_loss=mtp_loss, num_zeros_in_grad=num_zeros,
             qk_clipped_heads=qk_stats.num_clipped_heads if qk_stats is not None else None,
             max_attention_logit=qk_stats.max_logit if qk_stats is not None else None,
             moe=moe_stats,

@@ -38,63 +38,76 @@ def attention(q, k, v, scale):
     return np.einsum("bnij,bnjd->bnid", p, v), scores
 
 
-def forward(P, cfg, ids, record=None, bias_override=None):
-    """Logits [B, S, V] (float64). ``record`` (list) receives per-layer dicts with 'scores',
-    'topk', 'aux'. ``P``: name -> float64 array."""
-    L = "decoder.layers.{}."
-    b, s = ids.shape
-    h = P["embedding.word_embeddings.weight"][ids]
+def layer(P, cfg, h, pre, rec, bias=None):
+    """One decoder layer (parameter prefix ``pre``) on h [B, S, H]: (h, aux or 0.0); fills
+    ``rec`` with 'scores' and, for MoE, 'topk' / 'aux'. ``bias``: expert-bias override."""
+    b, s = h.shape[:2]
     eps, theta, n = cfg.norm_epsilon, cfg.rope_theta, cfg.num_attention_heads
     mla = cfg.resolved_multi_latent_attention()
+    aux = 0.0
+    x = rms(h, P[pre + "input_layernorm.weight"], eps)
+    a = pre + "self_attention."
+    if mla:
+        dn, dr, dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        if cfg.q_lora_rank is None:
+            q = x @ P[a + "linear_q_proj.weight"].T
+        else:
+            cq = rms(x @ P[a + "linear_q_down_proj.weight"].T, P[a + "q_layernorm.weight"], eps)
+            q = cq @ P[a + "linear_q_up_proj.weight"].T
+        q = q.reshape(b, s, n, dn + dr).transpose(0, 2, 1, 3)
+        kva = x @ P[a + "linear_kv_down_proj.weight"].T
+        ckv = rms(kva[..., : cfg.kv_lora_rank], P[a + "kv_layernorm.weight"], eps)
+        kpe = rope(kva[..., cfg.kv_lora_rank:][:, None], theta)
+        kv = (ckv @ P[a + "linear_kv_up_proj.weight"].T).reshape(b, s, n, dn + dv).transpose(0, 2, 1, 3)
+        qf = np.concatenate([q[..., :dn], rope(q[..., dn:], theta)], -1)
+        kf = np.concatenate([kv[..., :dn], np.broadcast_to(kpe, (b, n, s, dr))], -1)
+        ctx, scores = attention(qf, kf, kv[..., dn:], 1 / np.sqrt(dn + dr))
+    else:
+        g = cfg.resolved_num_query_groups()
+        d = cfg.hidden_size // n
+        qkv = x @ P[a + "linear_qkv.weight"].T
+        q = qkv[..., : n * d].reshape(b, s, n, d).transpose(0, 2, 1, 3)
+        k = qkv[..., n * d:(n + g) * d].reshape(b, s, g, d).transpose(0, 2, 1, 3)
+        v = qkv[..., (n + g) * d:].reshape(b, s, g, d).transpose(0, 2, 1, 3)
+        k, v = np.repeat(k, n // g, axis=1), np.repeat(v, n // g, axis=1)
+        ctx, scores = attention(rope(q, theta), rope(k, theta), v, 1 / np.sqrt(d))
+    rec["scores"] = scores
+    h = h + ctx.transpose(0, 2, 1, 3).reshape(b, s, -1) @ P[a + "linear_proj.weight"].T
+    x = rms(h, P[pre + "pre_mlp_layernorm.weight"], eps)
+    m = pre + "mlp."
+    if m + "router.weight" in P:
+        x2 = x.reshape(b * s, -1)
+        moe = moe_forward(P, m, cfg, x2, b, s, bias)
+        if moe["aux"] is not None:
+            rec["aux"] = moe["aux"]
+            aux = rec["aux"]
+        rec["topk"] = moe["topk"]
+        h = h + moe["out"].reshape(b, s, -1)
+    else:
+        hh = x @ P[m + "linear_fc1.weight"].T
+        h = h + (silu(hh[..., 0::2]) * hh[..., 1::2]) @ P[m + "linear_fc2.weight"].T
+    return h, aux
+
+
+def hidden(P, cfg, ids, record=None, bias_override=None):
+    """Last hidden states [B, S, H] before the final norm and the summed aux loss."""
+    h = P["embedding.word_embeddings.weight"][ids]
     aux_total = 0.0
     for i in range(cfg.num_layers):
-        pre = L.format(i)
         rec = {}
-        x = rms(h, P[pre + "input_layernorm.weight"], eps)
-        a = pre + "self_attention."
-        if mla:
-            dn, dr, dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
-            if cfg.q_lora_rank is None:
-                q = x @ P[a + "linear_q_proj.weight"].T
-            else:
-                cq = rms(x @ P[a + "linear_q_down_proj.weight"].T, P[a + "q_layernorm.weight"], eps)
-                q = cq @ P[a + "linear_q_up_proj.weight"].T
-            q = q.reshape(b, s, n, dn + dr).transpose(0, 2, 1, 3)
-            kva = x @ P[a + "linear_kv_down_proj.weight"].T
-            ckv = rms(kva[..., : cfg.kv_lora_rank], P[a + "kv_layernorm.weight"], eps)
-            kpe = rope(kva[..., cfg.kv_lora_rank:][:, None], theta)
-            kv = (ckv @ P[a + "linear_kv_up_proj.weight"].T).reshape(b, s, n, dn + dv).transpose(0, 2, 1, 3)
-            qf = np.concatenate([q[..., :dn], rope(q[..., dn:], theta)], -1)
-            kf = np.concatenate([kv[..., :dn], np.broadcast_to(kpe, (b, n, s, dr))], -1)
-            ctx, scores = attention(qf, kf, kv[..., dn:], 1 / np.sqrt(dn + dr))
-        else:
-            g = cfg.resolved_num_query_groups()
-            d = cfg.hidden_size // n
-            qkv = x @ P[a + "linear_qkv.weight"].T
-            q = qkv[..., : n * d].reshape(b, s, n, d).transpose(0, 2, 1, 3)
-            k = qkv[..., n * d:(n + g) * d].reshape(b, s, g, d).transpose(0, 2, 1, 3)
-            v = qkv[..., (n + g) * d:].reshape(b, s, g, d).transpose(0, 2, 1, 3)
-            k, v = np.repeat(k, n // g, axis=1), np.repeat(v, n // g, axis=1)
-            ctx, scores = attention(rope(q, theta), rope(k, theta), v, 1 / np.sqrt(d))
-        rec["scores"] = scores
-        h = h + ctx.transpose(0, 2, 1, 3).reshape(b, s, -1) @ P[a + "linear_proj.weight"].T
-        x = rms(h, P[pre + "pre_mlp_layernorm.weight"], eps)
-        m = pre + "mlp."
-        if m + "router.weight" in P:
-            x2 = x.reshape(b * s, -1)
-            moe = moe_forward(P, m, cfg, x2, b, s, None if bias_override is None else bias_override[i])
-            out = moe["out"]
-            if moe["aux"] is not None:
-                rec["aux"] = moe["aux"]
-                aux_total += rec["aux"]
-            rec["topk"] = moe["topk"]
-            h = h + out.reshape(b, s, -1)
-        else:
-            hh = x @ P[m + "linear_fc1.weight"].T
-            h = h + (silu(hh[..., 0::2]) * hh[..., 1::2]) @ P[m + "linear_fc2.weight"].T
+        h, aux = layer(P, cfg, h, f"decoder.layers.{i}.", rec,
+                       None if bias_override is None else bias_override[i])
+        aux_total += aux
         if record is not None:
             record.append(rec)
-    h = rms(h, P["decoder.final_layernorm.weight"], eps)
+    return h, aux_total
+
+
+def forward(P, cfg, ids, record=None, bias_override=None):
+    """Logits [B, S, V] (float64). ``record`` (list) receives per-layer dicts with 'scores',
+    'topk', 'aux', then {'aux_total'}. ``P``: name -> float64 array."""
+    h, aux_total = hidden(P, cfg, ids, record, bias_override)
+    h = rms(h, P["decoder.final_layernorm.weight"], cfg.norm_epsilon)
     out_w = P.get("output_layer.weight", P["embedding.word_embeddings.weight"])
     if record is not None:
         record.append({"aux_total": aux_total})

@@ -44,3 +44,27 @@ def batch(cfg, b=2, s=6, seed=0):
 
 def T(x):
     return ms.Tensor(x)
+
+
+def assert_grads_match_fd(named_grads, P, objective, rng, coords_per_param=2, eps=1e-5):
+    """Per (name, autograd gradient) pair: the largest-gradient coordinate plus random ones
+    against central finite differences of ``objective(P)`` (float64 parameter dict ``P``,
+    perturbed in place and restored). Returns the number of coordinates checked."""
+    import pytest
+    checked = 0
+    for name, g in named_grads:
+        flat_g = np.asarray(g, np.float64).reshape(-1)
+        picks = [int(np.abs(flat_g).argmax())] + list(rng.randint(0, flat_g.size,
+                                                                   coords_per_param - 1))
+        for idx in picks:
+            w = P[name]
+            orig = w.reshape(-1)[idx]
+            w.reshape(-1)[idx] = orig + eps
+            up = objective(P)
+            w.reshape(-1)[idx] = orig - eps
+            down = objective(P)
+            w.reshape(-1)[idx] = orig
+            fd = (up - down) / (2 * eps)
+            assert flat_g[idx] == pytest.approx(fd, rel=2e-3, abs=2e-5), (name, idx)
+            checked += 1
+    return checked

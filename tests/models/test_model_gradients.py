@@ -5,7 +5,7 @@ import pytest
 import mindspore as ms
 
 from mindformers_core.models import build_model
-from model_test_utils import T, batch, tiny_dsv3, tiny_gpt
+from model_test_utils import T, assert_grads_match_fd, batch, tiny_dsv3, tiny_gpt
 import model_numpy_reference as ref
 
 
@@ -26,25 +26,13 @@ def _check_all_params(cfg, seed, coords_per_param=2, eps=1e-5):
     (value, _), grads = ms.value_and_grad(fn, None, params, has_aux=True)(T(ids), T(labels), T(mask))
     P = ref.params_of(model)
     assert float(value.asnumpy()) == pytest.approx(_objective(P, cfg, ids, labels, mask), rel=1e-4)
-    rng = np.random.RandomState(seed)
-    checked = 0
+    named = []
     for p, g in zip(params, grads):
         g = g.asnumpy().astype(np.float64)
         assert g.shape == tuple(p.shape), p.name
-        flat_g = g.reshape(-1)
-        # the largest-gradient coordinate plus random ones
-        picks = [int(np.abs(flat_g).argmax())] + list(rng.randint(0, flat_g.size, coords_per_param - 1))
-        for idx in picks:
-            w = P[p.name]
-            orig = w.reshape(-1)[idx]
-            w.reshape(-1)[idx] = orig + eps
-            up = _objective(P, cfg, ids, labels, mask)
-            w.reshape(-1)[idx] = orig - eps
-            down = _objective(P, cfg, ids, labels, mask)
-            w.reshape(-1)[idx] = orig
-            fd = (up - down) / (2 * eps)
-            assert flat_g[idx] == pytest.approx(fd, rel=2e-3, abs=2e-5), (p.name, idx)
-            checked += 1
+        named.append((p.name, g))
+    checked = assert_grads_match_fd(named, P, lambda P: _objective(P, cfg, ids, labels, mask),
+                                    np.random.RandomState(seed), coords_per_param, eps)
     return model, checked
 
 

@@ -1,0 +1,124 @@
+"""Memory-efficient causal attention (``use_flash_attention: True``).
+
+CPU: blockwise attention with an online softmax (Milakov & Gimelshein 2018; FlashAttention,
+Dao et al. 2022, Alg. 1). Queries and keys are cut into blocks of ``block_size`` positions;
+for query block i only key blocks j <= i are visited (causal), and per query row a running max
+m, normaliser l and unnormalised context acc are kept:
+
+    s = q_i k_j^T * scale (+ causal bias on the diagonal block)
+    m' = max(m, rowmax(s));  c = exp(m - m');  p = exp(s - m')
+    l' = l * c + rowsum(p);  acc' = acc * c + p v_j;      context_i = acc / l
+
+so no [S, S] score tensor exists (the largest is [B, N, block, block]). The final m of a row
+is the max over its unmasked keys of the scaled logits, so the per-head max for QK-Clip is
+amax over batch and rows of m -- the same value as the plain path's, from the same pass.
+Each query block runs as a recomputed Cell (MindSpore's ``Cell.recompute``), so the backward
+reruns it from (q block, k and v prefix) and no block's probabilities are kept either.
+
+Ascend: MindSpore's fused ``FlashAttentionScore`` primitive (``ops.flash_attention_score`` in
+2.10), whose ``softmax_max`` output gives the same per-row max. It cannot run on this CPU
+backend; ``attention_function`` selects it only when the device target is Ascend.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from .layers import batch_matmul, batch_matmul_tb, causal_attention
+
+DEFAULT_BLOCK_SIZE = 128
+_DIAGONAL_BIAS: Dict[int, Tensor] = {}
+
+
+def _diagonal_bias(n: int) -> Tensor:
+    """[n, n] float32: -inf above the diagonal, 0 elsewhere (cached per size)."""
+    if n not in _DIAGONAL_BIAS:
+        _DIAGONAL_BIAS[n] = Tensor(np.where(np.triu(np.ones((n, n), bool), 1), -np.inf,
+                                            0.0).astype(np.float32))
+    return _DIAGONAL_BIAS[n]
+
+
+def _query_block(qi, k, v, scale: float, block_size: int):
+    """(context [B, N, b, Dv], row max [B, N, b, 1]) of the query block ``qi`` whose rows are
+    the last ``b`` positions of ``k`` / ``v`` (its causal prefix), one key block at a time."""
+    s, b = k.shape[2], qi.shape[2]
+    i0 = s - b
+    m = l = acc = None
+    for j0 in range(0, s, block_size):
+        j1 = min(j0 + block_size, s)
+        sc = batch_matmul_tb(qi, k[:, :, j0:j1]).astype(ms.float32) * scale
+        if j0 == i0:   # the diagonal block (blocks share their starts): causal bias
+            sc = sc + _diagonal_bias(b)
+        blk_max = sc.max(axis=-1, keepdims=True)
+        m_new = blk_max if m is None else ops.maximum(m, blk_max)
+        p = ops.exp(sc - m_new)
+        pv = batch_matmul(p.astype(v.dtype), v[:, :, j0:j1]).astype(ms.float32)
+        if m is None:
+            l, acc = p.sum(-1, keepdims=True), pv
+        else:
+            c = ops.exp(m - m_new)
+            l = l * c + p.sum(-1, keepdims=True)
+            acc = acc * c + pv
+        m = m_new
+    return (acc / l).astype(v.dtype), m
+
+
+class QueryBlock(nn.Cell):
+    """``_query_block`` as a recomputed Cell: the backward reruns the block from its inputs,
+    so no block's probabilities are kept between forward and backward."""
+
+    def __init__(self, scale: float, block_size: int):
+        super().__init__()
+        self.scale, self.block_size = scale, block_size
+        self.recompute()
+
+    def construct(self, qi, k, v):
+        return _query_block(qi, k, v, self.scale, self.block_size)
+
+
+def blockwise_causal_attention(q, k, v, scale: float, block_size: int = DEFAULT_BLOCK_SIZE):
+    """(context [B, N, S, Dv], max_logit_per_head [N]) of causal softmax attention, computed
+    block by block (see the module docstring). q, k: [B, N, S, D]; v: [B, N, S, Dv]."""
+    s = q.shape[2]
+    block = QueryBlock(scale, block_size)
+    out, row_max = [], []
+    for i0 in range(0, s, block_size):
+        i1 = min(i0 + block_size, s)
+        ctx, m = block(q[:, :, i0:i1], k[:, :, :i1], v[:, :, :i1])
+        out.append(ctx)
+        row_max.append(m)
+    max_logits = ops.stop_gradient(ops.amax(ops.cat(row_max, 2), axis=(0, 2, 3)))
+    return ops.cat(out, 2), max_logits
+
+
+def ascend_flash_attention(q, k, v, scale: float):
+    """(context, max_logit_per_head) through MindSpore's fused FlashAttentionScore (Ascend only;
+    BNSD layout, causal ``sparse_mode`` 2 with the compressed 2048 x 2048 mask; v is zero-padded
+    to q's head dim when MLA's Dv differs, and the padding is cut off the output)."""
+    from mindspore.ops.operations.nn_ops import FlashAttentionScore
+    b, n, s, d = q.shape
+    dv = v.shape[-1]
+    if dv != d:
+        v = ops.cat((v, ops.zeros(v.shape[:-1] + (d - dv,), v.dtype)), -1)
+    mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
+    fa = FlashAttentionScore(head_num=n, scale_value=scale, input_layout="BNSD", sparse_mode=2,
+                             next_tokens=0)
+    softmax_max, _, _, ctx = fa(q, k, v, None, None, None, mask)
+    max_logits = ops.stop_gradient(ops.amax(softmax_max, axis=(0, 2, 3)))
+    return ctx[..., :dv], max_logits
+
+
+def attention_function(use_flash_attention: bool, device_target: str,
+                       block_size: int = DEFAULT_BLOCK_SIZE) -> Callable:
+    """The core attention ``fn(q, k, v, scale, mask_bias) -> (context, max_logits)`` of a
+    model: the plain path (``layers.causal_attention``), or the memory-efficient one for the
+    device (fused on Ascend, blockwise elsewhere)."""
+    if not use_flash_attention:
+        return causal_attention
+    if device_target == "Ascend":
+        return lambda q, k, v, scale, mask_bias: ascend_flash_attention(q, k, v, scale)
+    return lambda q, k, v, scale, mask_bias: blockwise_causal_attention(q, k, v, scale,
+                                                                        block_size)
