@@ -248,17 +248,40 @@ def test_callbacks():
         CallbacksConfig.from_dict({"type": "LossCallback"}, "callbacks")
 
 
-def test_recompute_off_values_only():
+def test_recompute_full_is_real_and_selective_is_refused():
     RecomputeConfig.from_dict({"mode": "None", "full_recompute_layer": None}, "recompute")
     RecomputeConfig.from_dict({"full_recompute": False, "select_recompute": False}, "recompute")
-    with pytest.raises(ConfigError, match=r"^recompute\.mode: 'full' needs activation recompute, "
-                                          r"which is not implemented"):
-        RecomputeConfig.from_dict({"mode": "full", "full_recompute_layer": ["0-3"]}, "recompute")
-    with pytest.raises(ConfigError, match=r"^recompute\.select_module: .* needs activation "
+    full = RecomputeConfig.from_dict({"mode": "full", "full_recompute_layer": ["0-3"]},
+                                     "recompute")
+    assert full.layers(6) == [0, 1, 2, 3]
+    assert RecomputeConfig.from_dict({"mode": "full"}, "recompute").layers(3) == [0, 1, 2]
+    with pytest.raises(ConfigError, match=r"^recompute\.full_recompute_layer: layer 5 is out "
+                                          r"of range \[0, 4\)"):
+        RecomputeConfig.from_dict({"mode": "full", "full_recompute_layer": [5]},
+                                  "recompute").layers(4)
+    with pytest.raises(ConfigError, match=r"^recompute\.mode: 'selective' needs selective "
+                                          r"recompute, which is not implemented"):
+        RecomputeConfig.from_dict({"mode": "selective"}, "recompute")
+    with pytest.raises(ConfigError, match=r"^recompute\.select_module: .* needs selective "
                                           r"recompute"):
         RecomputeConfig.from_dict({"select_module": {"layers.*.mlp.*": ["0-9"]}}, "recompute")
-    with pytest.raises(ConfigError, match=r"^recompute\.full_recompute: True needs activation"):
+    with pytest.raises(ConfigError, match=r"^recompute\.full_recompute: True needs older "
+                                          r"branches' full_recompute \(use mode: full\)"):
         RecomputeConfig.from_dict({"full_recompute": True}, "recompute")
+
+
+def test_recompute_with_compiled_layers_is_an_error_naming_both_fields():
+    from mindformers_core.config import load_config
+    base = {"training": {"steps": 2, "local_batch_size": 1, "global_batch_size": 1},
+            "optimizer": {"type": "AdamW"},
+            "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": 1e-3},
+            "recompute": {"mode": "full"}}
+    cfg = load_config(base)
+    assert cfg.model_jit_mode() == "none" and cfg.recompute_layers()   # jit not written
+    base["training"]["jit"] = "layer"
+    with pytest.raises(ConfigError, match=r"^training\.jit: 'layer' compiles the layers, but "
+                                          r"recompute \(recompute\.mode: full"):
+        load_config(base)
 
 
 def test_disabled_sections_off_values_only():
