@@ -106,8 +106,8 @@ def _default_grad_reducer():
 class Trainer:
     """``Trainer(cfg, output_dir).train()``.
 
-    ``model``, ``optimizer``, ``dataset``, ``lr_scheduler`` and ``grad_reducer`` default to the
-    ones the config builds; passing them in is for tests and for the distributed package
+    ``model``, ``optimizer``, ``dataset``, ``lr_scheduler``, ``plan`` and ``grad_reducer`` default
+    to the ones the config builds; passing them in is for tests and for the distributed package
     (which passes its all-reduce ``grad_reducer``). ``grad_hooks``: callables
     ``hook(step, grads) -> grads`` run on the reduced, unscaled gradients before the norm
     (fault injection in tests, gradient monitors).
@@ -115,7 +115,7 @@ class Trainer:
 
     def __init__(self, cfg, output_dir: Optional[str] = None, *, model=None, optimizer=None,
                  dataset=None, lr_scheduler=None, grad_reducer=None, stream=None,
-                 eval_dataset=None,
+                 eval_dataset=None, plan=None,
                  world_size: Optional[int] = None, rank: Optional[int] = None,
                  pynative_synchronize: Optional[bool] = None, overwrite: bool = False):
         from .pynative import choose_pynative_synchronize, apply_pynative_synchronize
@@ -127,7 +127,7 @@ class Trainer:
         self.grad_reducer = grad_reducer or _default_grad_reducer()
         ws = self.grad_reducer.world_size if world_size is None else world_size
         self.rank = self.grad_reducer.rank if rank is None else rank
-        self.plan = cfg.plan(ws)
+        self.plan = cfg.plan(ws) if plan is None else plan
         tr = cfg.training
         self.ckpt_cfg: CheckpointConfig = cfg.checkpoint
         self.grad_hooks: List[Callable] = []
