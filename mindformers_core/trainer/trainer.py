@@ -164,15 +164,14 @@ class Trainer:
         if lr_scheduler is None:
             lr_scheduler = cfg.build_lr_scheduler()
         self.lr_scheduler = lr_scheduler
-        # data parallel: ZeRO-1 sharding (parallelism.data_parallel_shard), QK-Clip MAX;
-        # before any optimizer state is loaded
+        # data parallel: built sharded (ZeRO-1 per parallelism.data_parallel_shard, QK-Clip MAX)
+        # before any optimizer state is loaded; an optimizer passed in is used as it is (its
+        # caller builds it with shard_layout=grad_reducer.optimizer_sharding(cfg))
         dp = self.grad_reducer if isinstance(self.grad_reducer, DataParallelReducer) else None
         if optimizer is None:
             from ..optim import build_optimizer
             optimizer = build_optimizer(cfg.optimizer, self.model, lr_scheduler=lr_scheduler,
                                         shard_layout=dp.optimizer_sharding(cfg) if dp else None)
-        elif dp is not None:
-            optimizer = dp.prepare_optimizer(optimizer, cfg)
         self.optimizer = optimizer
         self.monitor = TrainStateMonitor(cfg.monitor.train_state,
                                          [p.name for p in self.optimizer.parameters])
