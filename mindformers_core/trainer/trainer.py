@@ -1,6 +1,7 @@
 """The PyNative training loop.
 
-One optimizer step (DESIGN.md §1, reference §6, with the documented differences):
+One optimizer step (docs/architecture.md "Trainer"; differences from upstream in
+docs/differences.md):
 
 1. ``num_micro`` micro-batches (``global_batch // (local_batch * dp)``; from the batch ramp
    when ``rampup_batch_size`` is set), their loss tokens counted first (and summed over ranks);
