@@ -3,9 +3,9 @@
     python bench/bench_dp.py [--worlds 1 2 4 8] [--model tiny_mla|tiny_deepseek_v3]
                              [--measure] [--json out.json]
 
-Model part (any world size, one process): the real optimizer is built and sharded for every
-rank ``r`` of ``W`` (``shard_optimizer_state`` with a ``Communicator(r, W)``; set-up only, no
-collective runs), which gives each rank's rows, NS owners and persistent state bytes. Per
+Model part (any world size, one process): the real optimizer is built sharded for every rank
+``r`` of ``W`` (``build_optimizer(..., shard_layout=ZeroSharding(Communicator(r, W), -1))``;
+set-up only, no collective runs), which gives each rank's rows, NS owners and persistent state bytes. Per
 optimizer step and rank it reports
 
 * NS FLOPs (``shard_layout.ns_flops``): allgather runs NS on every gathered matrix;
@@ -61,32 +61,24 @@ def _config(model: dict, optimizer: str, strategy: str = "allgather", shard: int
                         "model": model, "parallelism": {"data_parallel_shard": shard}})
 
 
-def _build(cfg):
+def _build(cfg, shard_layout=None):
     from mindformers_core.models import build_model
     from mindformers_core.optim import build_optimizer
     model = build_model(cfg.model, seed=0)
-    try:
-        return model, build_optimizer(cfg.optimizer, model)
-    except NotImplementedError:   # factory without Muon yet: build it directly
-        from mindformers_core.optim.muon import Muon
-        from mindformers_core.optim.param_groups import get_param_groups
-        return model, Muon(get_param_groups(model, cfg.optimizer), model=model, lr=1e-3,
-                           qk_clip_enabled=False, comm_strategy=cfg.optimizer.comm_strategy)
+    return model, build_optimizer(cfg.optimizer, model, shard_layout=shard_layout)
 
 
 def model_rank(model_cfg: dict, world: int, rank: int) -> dict:
     """Per-step counters of one rank of ``world`` (set-up only, see the module docstring)."""
     from mindformers_core.distributed.comm import Communicator
     from mindformers_core.distributed.shard_layout import ns_flops
-    from mindformers_core.distributed.zero import optimizer_state_bytes, shard_optimizer_state
+    from mindformers_core.distributed.zero import ZeroSharding, optimizer_state_bytes
     from mindformers_core.optim.muon_split import piece_shapes
     out = {}
-    _, adamw = _build(_config(model_cfg, "adamw"))
-    adamw = shard_optimizer_state(adamw, Communicator(rank, world), -1)
+    _, adamw = _build(_config(model_cfg, "adamw"), ZeroSharding(Communicator(rank, world), -1))
     out["adamw_state_bytes"] = optimizer_state_bytes(adamw)
-    _, muon = _build(_config(model_cfg, "muon"))
+    _, muon = _build(_config(model_cfg, "muon"), ZeroSharding(Communicator(rank, world), -1))
     n_params = sum(int(p.size) for p in muon.parameters)
-    muon = shard_optimizer_state(muon, Communicator(rank, world), -1)
     out["muon_state_bytes"] = optimizer_state_bytes(muon)
     grad_bytes = 2.0 * (world - 1) / world * 4 * n_params
     if world == 1:
@@ -161,8 +153,7 @@ def worker(out_dir: str, model_name: str, steps: int) -> None:
                                       ("allgather", "muon", "allgather"),
                                       ("deredundency", "muon", "allgather_deredundency")):
         cfg = _config(model_cfg, opt_name, strategy)
-        model, opt = _build(cfg)
-        opt = reducer.prepare_optimizer(opt, cfg)
+        model, opt = _build(cfg, reducer.optimizer_sharding(cfg))
         params = opt.parameters
         grad_fn = ms.value_and_grad(lambda a, b, c: model(a, b, c)[0], None, list(params))
         rng = np.random.default_rng(comm.rank)

@@ -1,4 +1,4 @@
-"""`parallelism:` section (upstream field names, reference §1.6). Owned by the distributed package.
+"""`parallelism:` section (upstream field names; docs/data_parallel.md). Owned by the distributed package.
 
 Fields: ``tensor_parallel``, ``context_parallel``, ``pipeline_parallel`` (1 each; only data
 parallelism is implemented, so a larger value on a world where it would fit is a ConfigError)

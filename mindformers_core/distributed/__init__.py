@@ -9,8 +9,7 @@ modules load on first use:
                   get_rank(), get_world_size(), barrier()
     grad_reduce   DataParallelGradReducer: the trainer's grad_reducer (token-weighted SUM)
     zero          ZeroSharding(comm, num_shards) for build_optimizer(..., shard_layout=...):
-                  ZeRO-1 state sharding at construction; shard_optimizer_state(opt, ...)
-                  converts a built optimizer
+                  ZeRO-1 state sharding at construction (never a class swap afterwards)
     zero_muon     Muon's comm_strategy (allgather / allgather_deredundency) on sharded state
     shard_layout  dim-0 shard layout, NS cost and owner assignment (pure)
     setup         setup_data_parallel(cfg): communicator + reducer for a run
@@ -26,7 +25,7 @@ _LAZY = {
     "get_communicator": "comm", "get_rank": "comm", "get_world_size": "comm",
     "is_distributed": "comm", "barrier": "comm",
     "DataParallelGradReducer": "grad_reduce", "plan_buckets": "grad_reduce",
-    "shard_optimizer_state": "zero", "optimizer_state_bytes": "zero", "ZeroSharding": "zero",
+    "optimizer_state_bytes": "zero", "ZeroSharding": "zero",
     "ShardLayout": "shard_layout", "assign_owners": "shard_layout", "ns_cost": "shard_layout",
     "ns_flops": "shard_layout", "setup_data_parallel": "setup",
 }

@@ -54,7 +54,7 @@ class DataParallelGradReducer:
 
     Implements the trainer's ``trainer.protocols.DataParallelReducer``: ``world_size``,
     ``rank``, ``global_token_count``, ``reduce``, ``broadcast_flag``, ``optimizer_sharding``,
-    ``prepare_optimizer``, ``sync_moe_stats``; plus ``reduce_max`` (MAX over ranks).
+    ``sync_moe_stats``; plus ``reduce_max`` (MAX over ranks).
     """
 
     def __init__(self, comm: Communicator, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
@@ -122,12 +122,6 @@ class DataParallelGradReducer:
             return None
         from .zero import ZeroSharding, optimizer_shards  # MindSpore only when a run needs it
         return ZeroSharding(self.comm, optimizer_shards(cfg, self.comm))
-
-    def prepare_optimizer(self, optimizer, cfg):
-        """ZeRO-1 sharding per ``cfg.parallelism`` and QK-Clip's MAX reduction (``zero.prepare_optimizer``);
-        the trainer calls it right after building its optimizer."""
-        from .zero import prepare_optimizer  # MindSpore only when a run prepares one
-        return prepare_optimizer(optimizer, cfg, self.comm)
 
     def sync_moe_stats(self, model) -> None:
         """SUM the MoE token-per-expert counts over ranks (one all-reduce) before the

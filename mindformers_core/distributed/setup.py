@@ -1,10 +1,11 @@
-"""One call for a run: the communicator, the trainer's gradient reducer, and the optimizer
-preparation (ZeRO-1 sharding per ``parallelism.data_parallel_shard``, QK-Clip MAX reduction).
+"""One call for a run: the communicator and the trainer's gradient reducer, which also says
+how the optimizer is built sharded (ZeRO-1 per ``parallelism.data_parallel_shard``, QK-Clip
+MAX reduction).
 
     reducer = setup_data_parallel()          # world 1 outside msrun: no communication init
     trainer = Trainer(cfg, out, grad_reducer=reducer)
-    # Trainer, right after building its optimizer:
-    #     optimizer = reducer.prepare_optimizer(optimizer, cfg)
+    # Trainer, when it builds its optimizer:
+    #     build_optimizer(cfg.optimizer, model, shard_layout=reducer.optimizer_sharding(cfg))
 """
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ from typing import Optional
 
 from .comm import Communicator, init_distributed
 from .grad_reduce import DataParallelGradReducer
-from .zero import prepare_optimizer
 
-__all__ = ["setup_data_parallel", "prepare_optimizer"]
+__all__ = ["setup_data_parallel"]
 
 
 def setup_data_parallel(comm: Optional[Communicator] = None) -> DataParallelGradReducer:

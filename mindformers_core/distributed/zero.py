@@ -3,8 +3,8 @@
 ``build_optimizer(cfg, model, shard_layout=ZeroSharding(comm, num_shards))`` builds the sharded
 optimizer directly: ``Sharded{cls}`` (:class:`ZeroMixin`, and ``zero_muon.ZeroMuonMixin`` for
 Muon, in front of the optimizer class) allocates its state as this rank's rows from the start
-and works through the optimizer's public state-slot API. :func:`shard_optimizer_state` converts
-an optimizer built elsewhere (AdamW, SGD, Lion, Muon). Per rank, with ``S`` shards
+and works through the optimizer's public state-slot API (AdamW, SGD, Lion, Muon). Nothing
+converts an optimizer after it is built. Per rank, with ``S`` shards
 (``shard_layout``: dim-0 rows, parameters with fewer rows than shards replicated):
 
 * moments and other per-parameter state (``adam_m``, ``adam_v``, ``muon_m``, ``lion_m``) hold
@@ -37,8 +37,8 @@ from ..optim.main_params import MainParams, MasterSnapshot, is_low_precision
 from .comm import Communicator
 from .shard_layout import ShardLayout
 
-__all__ = ["ShardedMainParams", "ZeroMixin", "ZeroSharding", "shard_optimizer_state",
-           "optimizer_state_bytes", "sharded_class", "prepare_optimizer", "optimizer_shards"]
+__all__ = ["ShardedMainParams", "ZeroMixin", "ZeroSharding", "optimizer_state_bytes",
+           "sharded_class", "optimizer_shards"]
 
 
 def _fp32_numpy(t) -> np.ndarray:
@@ -132,8 +132,8 @@ class ShardedMainParams(MasterSnapshot):
 class ZeroMixin:
     """Sharded-state behaviour in front of an ``Optimizer`` subclass (see module docstring).
 
-    Built directly (``ZeroSharding.build``: the state is allocated as this rank's rows from the
-    start) or by :func:`shard_optimizer_state` from a built optimizer. It uses the optimizer's
+    Built by ``ZeroSharding.build`` only: the state is allocated as this rank's rows from the
+    start. It uses the optimizer's
     public state-slot API only (``masters``/``set_masters``, ``state_slots``/``set_state``/
     ``get_state``, ``state_shape``, ``slot_dtype``); its own attributes are ``_zero_comm``
     (Communicator) and ``_zero_layout`` (ShardLayout).
@@ -319,43 +319,6 @@ class ZeroSharding:
         if self.num_shards == 1:
             return cls(groups, **kwargs)
         return sharded_class(cls)(groups, zero=self, **kwargs)
-
-
-def shard_optimizer_state(opt, comm: Communicator, num_shards: Optional[int] = None):
-    """Shard the state of an optimizer that is already built, in place; returns it.
-
-    ``build_optimizer(..., shard_layout=ZeroSharding(comm, num_shards))`` builds the sharded
-    optimizer directly; this converts one built elsewhere (a stepped or loaded optimizer keeps
-    its values). ``num_shards`` None or -1: all ranks. With one shard (or one rank) the
-    optimizer is returned unchanged (replicated state needs no communication).
-    """
-    sharding = ZeroSharding(comm, num_shards)
-    if sharding.num_shards == 1 or isinstance(opt, ZeroMixin):
-        return opt
-    layout = ShardLayout([p.shape for p in opt.parameters], sharding.num_shards, comm.rank,
-                         comm.world_size)
-    masters = ShardedMainParams(opt.parameters, layout, opt.masters)
-    for prefix, slots in opt.state_slots.items():
-        for i, t in enumerate(slots):
-            if t is not None and layout.is_sharded(i):
-                start, stop = layout.rows(i)
-                opt.set_state(prefix, i, _new_param(_fp32_numpy(t)[start:stop], t.name, t.dtype))
-    opt.set_masters(masters)
-    opt.__class__ = sharded_class(type(opt))
-    opt._zero_comm, opt._zero_shards, opt._zero_layout = comm, sharding.num_shards, layout
-    opt._zero_setup()
-    return opt
-
-
-def prepare_optimizer(optimizer, cfg, comm: Communicator):
-    """Shard the optimizer state over ``dp_shard`` ranks (``cfg.parallelism``) and give Muon
-    the data-parallel MAX reduction of QK-Clip's logits. World size 1: unchanged."""
-    if comm.world_size == 1:
-        return optimizer
-    from ..optim.muon import Muon
-    if isinstance(optimizer, Muon):
-        optimizer.max_logits_reducer = comm.all_reduce_max
-    return shard_optimizer_state(optimizer, comm, optimizer_shards(cfg, comm))
 
 
 def optimizer_shards(cfg, comm: Communicator) -> int:

@@ -1,4 +1,4 @@
-"""Learning rate for a changed batch size (seed 003 "Learning Rate vs. Batch Size Scaling").
+"""Learning rate for a changed batch size (docs/batch_size_and_lr_scaling.md).
 
     lr_target = lr_base * (B_target / B_base)          rule "linear"  (SGD with momentum,
                                                                         well below B_crit; Goyal)

@@ -1,4 +1,5 @@
-"""muP coordinate check (seed 003 "Verifying muP: The Coordinate Check").
+"""muP coordinate check (Yang et al. 2022, "Tensor Programs V";
+docs/tools.md).
 
 Train the config's model at several widths for a few AdamW steps, once in standard
 parameterisation (SP) and once in muP, and record the mean |activation| of every layer on a

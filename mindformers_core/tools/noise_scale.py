@@ -1,4 +1,5 @@
-"""Gradient noise scale and critical batch size (McCandlish et al. 2018; seed 003).
+"""Gradient noise scale and critical batch size (McCandlish et al. 2018, "An Empirical
+Model of Large-Batch Training"; docs/batch_size_and_lr_scaling.md).
 
 With G the true gradient, Sigma the covariance of the per-example gradient and g_B the mean
 gradient of B examples drawn independently, E|g_B|^2 = |G|^2 + tr(Sigma) / B. Measuring the

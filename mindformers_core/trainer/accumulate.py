@@ -12,7 +12,7 @@ before any forward pass because masks come with the data) and ``N`` micro-batche
 whose gradients are summed). Summed over ``j`` and the ranks this is
 ``S * (sum of all token losses / T + mean aux)``, whose gradient equals the gradient of ONE
 batch holding every micro-batch -- also when micro-batches hold unequal token counts, where
-upstream's ``mean_j / N`` is biased (seed 003, exercise 4). The auxiliary loss follows upstream
+upstream's ``mean_j / N`` is biased (docs/differences.md, row 30). The auxiliary loss follows upstream
 (``sense / N`` per micro-batch with ``sense = 1/dp`` under data parallel: a mean over the
 micro-batches of every rank).
 

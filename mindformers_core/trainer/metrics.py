@@ -1,6 +1,6 @@
 """Per-step metrics: the log line, the progress bar, ``metrics.jsonl`` and the final summary.
 
-``metrics.jsonl`` (DESIGN.md §3): one JSON row per optimizer step with int ``step`` (1-based
+``metrics.jsonl`` (docs/architecture.md, "Trainer"): one JSON row per optimizer step with int ``step`` (1-based
 count of completed steps), ``loss`` (token-weighted mean cross-entropy of the step, nats),
 ``lr`` (the lr APPLIED at this step, of the first parameter group; ``lrs`` lists every group),
 ``grad_norm`` (global L2 norm before clipping), ``tokens_per_s``, ``step_time_s`` and, when the

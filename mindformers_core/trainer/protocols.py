@@ -44,9 +44,6 @@ class DataParallelReducer(GradReducer, Protocol):
     def optimizer_sharding(self, cfg) -> Optional[Any]:
         """What ``build_optimizer(..., shard_layout=...)`` takes for this run (None: plain)."""
 
-    def prepare_optimizer(self, optimizer, cfg):
-        """The same for an optimizer built by the caller (converted in place)."""
-
     def sync_moe_stats(self, model) -> None:
         """SUM the MoE token-per-expert counts over ranks before the expert-bias update."""
 

@@ -39,10 +39,11 @@ def run_training(cfg, output_dir: str, stream=None, overwrite: bool = False,
     try:
         # the handlers go in before the (slow) build, so an early SIGTERM still exits cleanly
         with StopRequest(log=say) as stop:
-            # the Trainer picks the data-parallel reducer itself under msrun; the LR schedule
-            # is built once here and handed over
+            # the Trainer picks the data-parallel reducer itself under msrun; the run plan
+            # (world size from the launch environment) and the LR schedule are computed once
+            # here and handed over
             trainer = Trainer(cfg, output_dir, stream=out, overwrite=overwrite,
-                              lr_scheduler=cfg.build_lr_scheduler())
+                              plan=cfg.plan(), lr_scheduler=cfg.build_lr_scheduler())
             trainer.train(stop_request=stop)
     except ConfigError:
         raise

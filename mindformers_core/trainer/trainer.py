@@ -1,6 +1,7 @@
 """The PyNative training loop.
 
-One optimizer step (DESIGN.md §1, reference §6, with the documented differences):
+One optimizer step (docs/architecture.md "Trainer"; differences from upstream in
+docs/differences.md):
 
 1. ``num_micro`` micro-batches (``global_batch // (local_batch * dp)``; from the batch ramp
    when ``rampup_batch_size`` is set), their loss tokens counted first (and summed over ranks);
@@ -108,8 +109,8 @@ def _default_grad_reducer():
 class Trainer:
     """``Trainer(cfg, output_dir).train()``.
 
-    ``model``, ``optimizer``, ``dataset``, ``lr_scheduler`` and ``grad_reducer`` default to the
-    ones the config builds; passing them in is for tests and for the distributed package
+    ``model``, ``optimizer``, ``dataset``, ``lr_scheduler``, ``plan`` and ``grad_reducer`` default
+    to the ones the config builds; passing them in is for tests and for the distributed package
     (which passes its all-reduce ``grad_reducer``). ``grad_hooks``: callables
     ``hook(step, grads) -> grads`` run on the reduced, unscaled gradients before the norm
     (fault injection in tests, gradient monitors).
@@ -117,7 +118,7 @@ class Trainer:
 
     def __init__(self, cfg, output_dir: Optional[str] = None, *, model=None, optimizer=None,
                  dataset=None, lr_scheduler=None, grad_reducer=None, stream=None,
-                 eval_dataset=None,
+                 eval_dataset=None, plan=None,
                  world_size: Optional[int] = None, rank: Optional[int] = None,
                  pynative_synchronize: Optional[bool] = None, overwrite: bool = False):
         from .pynative import choose_pynative_synchronize, apply_pynative_synchronize
@@ -129,7 +130,7 @@ class Trainer:
         self.grad_reducer = grad_reducer or _default_grad_reducer()
         ws = self.grad_reducer.world_size if world_size is None else world_size
         self.rank = self.grad_reducer.rank if rank is None else rank
-        self.plan = cfg.plan(ws)
+        self.plan = cfg.plan(ws) if plan is None else plan
         tr = cfg.training
         self.ckpt_cfg: CheckpointConfig = cfg.checkpoint
         self.grad_hooks: List[Callable] = []
@@ -168,15 +169,14 @@ class Trainer:
         if lr_scheduler is None:
             lr_scheduler = cfg.build_lr_scheduler()
         self.lr_scheduler = lr_scheduler
-        # data parallel: ZeRO-1 sharding (parallelism.data_parallel_shard), QK-Clip MAX;
-        # before any optimizer state is loaded
+        # data parallel: built sharded (ZeRO-1 per parallelism.data_parallel_shard, QK-Clip MAX)
+        # before any optimizer state is loaded; an optimizer passed in is used as it is (its
+        # caller builds it with shard_layout=grad_reducer.optimizer_sharding(cfg))
         dp = self.grad_reducer if isinstance(self.grad_reducer, DataParallelReducer) else None
         if optimizer is None:
             from ..optim import build_optimizer
             optimizer = build_optimizer(cfg.optimizer, self.model, lr_scheduler=lr_scheduler,
                                         shard_layout=dp.optimizer_sharding(cfg) if dp else None)
-        elif dp is not None:
-            optimizer = dp.prepare_optimizer(optimizer, cfg)
         self.optimizer = optimizer
         self.monitor = TrainStateMonitor(cfg.monitor.train_state,
                                          [p.name for p in self.optimizer.parameters])

@@ -1,4 +1,4 @@
-"""normalize_ns_schedule: both forms and upstream's messages (reference §5)."""
+"""normalize_ns_schedule: both forms and upstream MindFormers' messages."""
 import pytest
 
 from mindformers_core.optim.ns_schedule import (NS_COEFFICIENT_PRESETS, normalize_ns_schedule,

@@ -1,4 +1,5 @@
-"""Every YAML snippet of seed 000 (sections 1-3) loads, with the documented defaults."""
+"""Every YAML snippet of the MindFormers pretraining guide's config sections (training,
+optimizer, lr_scheduler, ...) loads, with the documented defaults."""
 import pytest
 
 from mindformers_core.config import load_config

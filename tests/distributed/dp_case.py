@@ -78,23 +78,6 @@ def _rows(batch, start, stop):
     return {k: v[start:stop] for k, v in batch.items()}
 
 
-def _build_optimizer(cfg, model, sched):
-    """``build_optimizer`` from the config; Muon directly while the factory lacks it."""
-    from mindformers_core.optim import build_optimizer
-    try:
-        return build_optimizer(cfg.optimizer, model, lr_scheduler=sched)
-    except NotImplementedError:
-        if cfg.optimizer.type != "Muon":
-            raise
-    from mindformers_core.optim.muon import Muon
-    from mindformers_core.optim.param_groups import get_param_groups
-    o = cfg.optimizer
-    return Muon(get_param_groups(model, o), model=model, lr=sched.lr_at(0),
-                weight_decay=o.weight_decay, momentum=o.momentum,
-                qk_clip_enabled=o.qk_clip_enabled, qk_clip_threshold=o.qk_clip_threshold,
-                comm_strategy=o.comm_strategy)
-
-
 def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> dict:
     """Train case ``name`` for ``steps`` steps on this process's share of the global batch
 (the trainer's step: accumulate, reduce, clip, group lrs, optimizer, MoE expert-bias update).
@@ -106,6 +89,7 @@ def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> di
     from mindformers_core.distributed.grad_reduce import DataParallelGradReducer
     from mindformers_core.distributed.zero import optimizer_state_bytes
     from mindformers_core.models import build_model
+    from mindformers_core.optim import build_optimizer
     from mindformers_core.optim.clip_grad import clip_grad_by_global_norm
     from mindformers_core.trainer.accumulate import (accumulate_gradients, count_loss_tokens,
                                                      make_grad_fn)
@@ -115,9 +99,10 @@ def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> di
     world, rank = comm.world_size, comm.rank
     model = build_model(cfg.model, seed=cfg.training.seed)
     sched = cfg.build_lr_scheduler()
-    opt = _build_optimizer(cfg, model, sched)
     reducer = DataParallelGradReducer(comm)
-    opt = reducer.prepare_optimizer(opt, cfg)
+    # sharded at construction (ZeRO-1 per parallelism.data_parallel_shard, QK-Clip MAX)
+    opt = build_optimizer(cfg.optimizer, model, lr_scheduler=sched,
+                          shard_layout=reducer.optimizer_sharding(cfg))
     grad_fn = make_grad_fn(model, opt.parameters)
     initial = {p.name: p.asnumpy().copy() for p in model.trainable_params()}
     comm.stats.reset()

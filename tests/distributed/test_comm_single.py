@@ -6,8 +6,8 @@ from mindspore import Parameter, Tensor
 
 from mindformers_core.distributed.comm import Communicator, init_distributed
 from mindformers_core.distributed.grad_reduce import DataParallelGradReducer
-from mindformers_core.distributed.zero import (ShardedMainParams, optimizer_state_bytes,
-                                               shard_optimizer_state)
+from mindformers_core.distributed.zero import (ShardedMainParams, ZeroSharding,
+                                               optimizer_state_bytes)
 from mindformers_core.optim.adamw import AdamW
 
 
@@ -49,28 +49,28 @@ def test_reducer_is_exact_identity_on_one_rank():
     assert out[0] is g[0] and out[1] is None and (loss, n) == (3.5, 7.0)
     assert red.global_token_count(11) == 11.0
     assert red.broadcast_flag(True) and not red.broadcast_flag(False)
-    opt = AdamW(params(), lr=1e-3)
-    assert red.prepare_optimizer(opt, None) is opt
+    assert red.optimizer_sharding(None) is None     # one rank: the plain optimizer
 
 
-def test_one_shard_or_one_rank_leaves_the_optimizer_alone():
-    opt = AdamW(params(), lr=1e-3)
-    assert shard_optimizer_state(opt, Communicator(0, 1)) is opt
-    assert shard_optimizer_state(opt, Communicator(0, 2), 1) is opt
-    assert type(opt) is AdamW
+def sharded_adamw(comm, num_shards=None, dtype=ms.float32, **kwargs):
+    return ZeroSharding(comm, num_shards).build(AdamW, params(dtype), dict(lr=1e-3, **kwargs))
+
+
+def test_one_shard_or_one_rank_builds_the_plain_optimizer():
+    assert type(sharded_adamw(Communicator(0, 1))) is AdamW
+    assert type(sharded_adamw(Communicator(0, 2), 1)) is AdamW
 
 
 def test_shard_count_must_divide_the_world():
     with pytest.raises(ValueError, match=r"number of optimizer-state shards \(3\) must divide "
                                          r"the world size \(2\)"):
-        shard_optimizer_state(AdamW(params(), lr=1e-3), Communicator(0, 2), 3)
+        sharded_adamw(Communicator(0, 2), 3)
 
 
 def test_param_remainders_cannot_be_sharded():
-    opt = AdamW(params(ms.bfloat16), lr=1e-3, store_param_remainders=True)
     with pytest.raises(ValueError, match="store_param_remainders cannot be combined with "
                                          "optimizer-state sharding"):
-        shard_optimizer_state(opt, Communicator(0, 2), 2)
+        sharded_adamw(Communicator(0, 2), 2, ms.bfloat16, store_param_remainders=True)
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -79,13 +79,13 @@ def test_sharded_state_holds_this_ranks_rows(rank):
     halved state memory, and load_state_dict taking this rank's rows of a full state."""
     plain = AdamW(params(ms.bfloat16), lr=1e-3)
     full_bytes = optimizer_state_bytes(plain)
-    opt = shard_optimizer_state(AdamW(params(ms.bfloat16), lr=1e-3), Communicator(rank, 2), -1)
+    opt = sharded_adamw(Communicator(rank, 2), -1, ms.bfloat16)
     assert type(opt).__name__ == "ShardedAdamW" and isinstance(opt, AdamW)
-    assert isinstance(opt._masters, ShardedMainParams)
+    assert isinstance(opt.masters, ShardedMainParams)
     rows = {"w": (3 * rank, 3 * rank + 3), "b": (3 * rank, 3 * rank + 3 - rank)}
-    assert tuple(opt._state["adam_m"][0].shape) == (3, 4)
-    assert tuple(opt._state["adam_v"][1].shape) == (rows["b"][1] - rows["b"][0],)
-    assert tuple(opt._state["adam_m"][2].shape) == (1,)      # 1 row < 2 shards: replicated
+    assert tuple(opt.state_slots["adam_m"][0].shape) == (3, 4)
+    assert tuple(opt.state_slots["adam_v"][1].shape) == (rows["b"][1] - rows["b"][0],)
+    assert tuple(opt.state_slots["adam_m"][2].shape) == (1,)      # 1 row < 2 shards: replicated
     np.testing.assert_array_equal(opt.main_params[0].asnumpy(),
                                   plain.main_params[0].asnumpy()[slice(*rows["w"])])
     # m, v and the fp32 master: 12 bytes per element held; w 24 -> 12 elements, b 5 -> 3 or 2,
@@ -96,9 +96,9 @@ def test_sharded_state_holds_this_ranks_rows(rank):
           "main_param.b": np.arange(5, dtype=np.float32)}
     opt.load_state_dict(sd)
     assert opt.global_step == 4
-    np.testing.assert_array_equal(opt._state["adam_m"][0].asnumpy(),
+    np.testing.assert_array_equal(opt.state_slots["adam_m"][0].asnumpy(),
                                   sd["adam_m.w"][slice(*rows["w"])])
-    np.testing.assert_array_equal(opt._masters.master(1).asnumpy(),
+    np.testing.assert_array_equal(opt.masters.master(1).asnumpy(),
                                   sd["main_param.b"][slice(*rows["b"])])
     with pytest.raises(ValueError, match=r"state_dict entry 'adam_v.w' has shape \(3, 4\), "
                                          r"expected \(6, 4\)"):

@@ -1,4 +1,4 @@
-"""`parallelism:` section: data_parallel_shard semantics (reference §1.6), model-parallel
+"""`parallelism:` section: data_parallel_shard semantics (docs/data_parallel.md), model-parallel
 sizes fixed to 1, and upstream's text for a `data_parallel` key."""
 import pytest
 

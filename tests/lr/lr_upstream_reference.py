@@ -1,6 +1,6 @@
 """Float32 numpy re-implementation of the MindFormers 2.1.0 LR formulas (test reference).
 
-Written from the formulas in ``shared/reference/mindformers_2_1_behaviour.md`` §1.5 and §2,
+Written from upstream's formulas (``mindformers/core/lr/lr_schedule.py`` of MindFormers 2.1.0),
 independently of ``mindformers_core.core.lr``: every quantity is float32 like upstream's
 graph, and the upstream defects are reproduced (negative / NaN / rising values), so tests
 can compare only where upstream is sane and show where we deliberately differ.

@@ -11,7 +11,7 @@ Three layers of evidence:
 
 Points are skipped only where upstream is not sane; the rule is ``upstream_sanity.sane_mask``
 (NaN/inf/negative; after the decay: rising again or below the floor). There ours must be finite,
-non-negative and non-increasing (DESIGN.md §5.2).
+non-negative and non-increasing (docs/differences.md, rows 16-17).
 """
 import json
 import math
@@ -172,7 +172,7 @@ def test_randomized_sweep_matches_reference_where_upstream_is_sane():
     assert points > 50_000
 
 
-# ---- reference §7: tests/st/test_ut/test_lr.py (T=20, W=10, eta=0.005, lr_end=1e-7) ----
+# ---- upstream's tests/st/test_ut/test_lr.py (T=20, W=10, eta=0.005, lr_end=1e-7) ----
 COMMON = dict(learning_rate=0.005, warmup_steps=10)
 TABLE = [
     ("ConstantWarmUpLR", COMMON, [1, 10, 19], [5e-4, 5e-3, 5e-3]),
@@ -199,8 +199,8 @@ def test_upstream_unit_test_table(kind, params, steps, expected):
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-8)
 
 
-def test_seed_chapter_cosine_with_ten_percent_floor():
-    # seed 003 exercise 2: peak 3e-4, 100 warmup, 1000 steps, floor 0.1 * peak
+def test_cosine_with_ten_percent_floor():
+    # peak 3e-4, 100 warmup, 1000 steps, floor 0.1 * peak
     sched = build_lr_scheduler({"type": "CosineWithWarmUpLR", "learning_rate": 3e-4,
                                 "warmup_steps": 100, "lr_end": 3e-5}, 1000)
     assert sched.lr_at(50) == pytest.approx(1.5e-4, abs=1e-12)     # 50/100 of the peak
@@ -209,8 +209,8 @@ def test_seed_chapter_cosine_with_ten_percent_floor():
     assert sched.lr_at(100) == pytest.approx(3e-4, abs=1e-15)
 
 
-def test_seed_chapter_linear_decay_midpoint_via_polynomial():
-    # seed 003 exercise 5: linear decay to a 10% floor; midpoint of decay is step 550
+def test_linear_decay_midpoint_via_polynomial():
+    # linear decay to a 10% floor; midpoint of decay is step 550
     sched = build_lr_scheduler({"type": "PolynomialWithWarmUpLR", "learning_rate": 3e-4,
                                 "warmup_steps": 100, "lr_end": 3e-5, "power": 1.0}, 1000)
     assert sched.lr_at(550) == pytest.approx(3e-4 * 0.55, abs=1e-12)

@@ -1,5 +1,5 @@
 """Closed-form values at phase boundaries for every schedule, and where we deliberately differ
-from upstream (DESIGN.md §5.2): never NaN, never negative, never rising after the decay."""
+from upstream (docs/differences.md, rows 16-17): never NaN, never negative, never rising after the decay."""
 import math
 
 import numpy as np

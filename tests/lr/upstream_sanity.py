@@ -1,6 +1,6 @@
 """Where an upstream (MindFormers 2.1.0) curve is *sane*, so ours must equal it.
 
-The rule the compat tests skip by (DESIGN.md §5.2; issue 10 acceptance):
+The rule the compat tests skip by (where we differ instead: docs/differences.md, rows 16-17):
 
 * a value that is NaN, infinite or negative is insane;
 * decaying schedules have an "after the decay" region starting at step ``E`` (Linear: ``T``;

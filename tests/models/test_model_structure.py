@@ -1,4 +1,4 @@
-"""Parameter names (DESIGN.md §4), 2-D / 3-D shapes, and the optimizer metadata."""
+"""Parameter names (Megatron-style, docs/architecture.md "Models"), 2-D / 3-D shapes, and the optimizer metadata."""
 import mindspore as ms
 from mindspore import nn
 

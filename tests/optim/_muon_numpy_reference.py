@@ -1,4 +1,5 @@
-"""Independent float64 numpy reference of one Muon optimizer step (reference §5, DESIGN §5.3).
+"""Independent float64 numpy reference of one Muon optimizer step (docs/muon.md,
+"The update").
 
 Written from the formulas, not from the implementation: pieces are cut with numpy slicing
 (strided rows for the interleaved fc1), Newton-Schulz is the textbook transpose-when-tall form.

@@ -76,7 +76,8 @@ def test_plain_momentum_and_unsplit_matrices_match_reference():
 
 def test_update_rms_is_matched_adamw_rms_times_lr():
     # spectral scale: an orthogonal (A, B) piece has RMS 1/sqrt(max(A, B)), so the update
-    # RMS is about lr * 0.2 whatever the shape (why Muon's lr transfers, seed 003).
+    # RMS is about lr * 0.2 whatever the shape (why Muon's lr transfers across
+    # widths, docs/muon.md).
     model = tiny_model(num_layers=1)
     name = "decoder.layers.0.self_attention.linear_proj.weight"
     p = next(q for q in model.trainable_params() if q.name == name)

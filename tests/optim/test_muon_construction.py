@@ -1,4 +1,4 @@
-"""Muon construction checks: every message, in upstream's order (reference §5)."""
+"""Muon construction checks: every message, in upstream MindFormers' order."""
 import numpy as np
 import pytest
 import mindspore as ms

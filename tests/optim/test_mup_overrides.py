@@ -1,4 +1,4 @@
-"""muP overrides (seed 004 `get_mup_config_overrides`): widths 256 -> 1024, width_mult 4."""
+"""muP overrides (`optim/mup.py` `get_mup_config_overrides`): widths 256 -> 1024, width_mult 4."""
 import types
 
 import numpy as np

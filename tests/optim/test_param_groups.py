@@ -428,7 +428,7 @@ def test_check_config_overrides_consistency_accepts_valid():
     assert check_config_overrides_consistency({"type": "SGD"}, {ParamKey(name="*"): {"optimizer": "sgd"}})
 
 
-# --- ParamKey semantics (seed 002) ------------------------------------------------------------
+# --- ParamKey semantics: predicates compare by name ------------------------------------------------------
 
 def test_predicates_hash_and_compare_by_name_only():
     a = ParamPredicate(name="s1", fn=lambda p: len(p.shape) == 1)

@@ -1,4 +1,4 @@
-"""Muon routing (reference §5) as a pure helper and as `optimizer` tags on the param groups."""
+"""Muon routing (docs/muon.md, "Which parameter goes where") as a pure helper and as `optimizer` tags on the param groups."""
 import numpy as np
 import pytest
 from mindspore import Parameter, Tensor

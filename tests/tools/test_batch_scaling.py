@@ -6,8 +6,8 @@ import pytest
 from mindformers_core.tools.batch_scaling import main, rule_for_optimizer, scale_lr_for_batch_size
 
 
-def test_seed_worked_examples():
-    # seed 003: 1M -> 4M tokens/step under AdamW: sqrt 6e-4, linear 1.2e-3
+def test_worked_examples():
+    # 1M -> 4M tokens/step under AdamW: sqrt 6e-4, linear 1.2e-3
     assert scale_lr_for_batch_size(3e-4, 1_000_000, 4_000_000, "sqrt") == pytest.approx(6e-4)
     assert scale_lr_for_batch_size(3e-4, 1_000_000, 4_000_000, "linear") == pytest.approx(1.2e-3)
     # capstone: 65,536 -> 524,288 tokens/step is x sqrt(8) ~ 2.83

@@ -81,7 +81,7 @@ def test_each_violation_is_flagged(overrides, item, status, phrase):
 
 
 def test_seed_4_1_recipe_gets_its_warmup_warning():
-    """Seed 000 §4.1: warmup_ratio 0.01 of 1000 steps = 10 warmup steps."""
+    """The guide's AdamW example: warmup_ratio 0.01 of 1000 steps = 10 warmup steps."""
     v = doctor(load_config("tests/fixtures/seed_4_1_adamw.yaml").to_dict())["warmup"]
     assert v.status == "WARN"
     assert "warmup 10 steps < max(1000, 2% of 1000 steps) = 1000" in v.reason

@@ -1,4 +1,4 @@
-"""muP coordinate check: flat under muP, drifting under SP (seed 003's claim), and the CLI."""
+"""muP coordinate check: flat under muP, drifting under SP (the muP claim), and the CLI."""
 import pytest
 
 from mindformers_core.config import load_config
