@@ -12,25 +12,15 @@
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal, Optional
 
 from .errors import ConfigError
+from ..core.memory_size import parse_memory_size
 from .schema import Section
 
 __all__ = ["ContextConfig", "parse_memory_size", "check_context_vs_training"]
 
-_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GB|MB)\s*$")
-
-
-def parse_memory_size(text: str, path: str) -> float:
-    """Bytes of a size written like ``"59GB"`` or ``"1024MB"`` (MindSpore's format)."""
-    match = _MEMORY.match(text)
-    if not match or float(match.group(1)) <= 0:
-        raise ConfigError(path, f"expected a positive size like '59GB' or '1024MB', got {text!r}")
-    scale = 1024 ** 3 if match.group(2) == "GB" else 1024 ** 2
-    return float(match.group(1)) * scale
 
 
 @dataclass

@@ -522,7 +522,7 @@ def device_memory_limit(context_cfg, host_ram: Optional[float] = None,
     machine with NPUs (/dev/davinciN) -> ``context.max_device_memory`` (upstream's default
     59GB), capped at the 64 GB HBM of an Ascend 910B; otherwise the host RAM.
     """
-    from ..config.context import parse_memory_size
+    from .memory_size import parse_memory_size
     target = context_cfg.device_target
     written = "max_device_memory" in context_cfg.explicit_keys
     if npu_visible is None:
@@ -547,7 +547,7 @@ def plan_memory(cfg, world_size: Optional[int] = None, layout: Optional[Layout] 
     launcher's) or the given ``layout``, with the device limit of ``cfg.context``."""
     if layout is None:
         if world_size is None:
-            from ..distributed.env import env_world_size
+            from ..launch_env import env_world_size
             world_size = env_world_size()
         layout = layout_from_config(cfg, world_size)
     plan = estimate_memory(cfg, layout, settings)

@@ -1,4 +1,4 @@
-"""QK-Clip row layout of MLA projections and the per-head rescaling (reference §5).
+"""QK-Clip row layout of MLA projections and the per-head rescaling (upstream MindFormers' Muon QK-Clip: docs/muon.md).
 
 Weights are [out_features, in_features]; a "row" is an output feature. For layer i:
 

@@ -1,4 +1,4 @@
-"""Launch doctor: the seed 003 "Hyperparameter Launch Checklist" run against a resolved config.
+"""Launch doctor: a hyperparameter launch checklist (docs/tools.md) run against a resolved config.
 
     verdicts = run_doctor(cfg, reference_batch=None, reference_lr=None, pretraining=True)
     print(format_doctor_table(verdicts)); json.dumps(verdicts_to_json(verdicts))
@@ -108,7 +108,7 @@ SHORT_RUN_STEPS = 1000
 
 
 def recommended_warmup(total_steps: int) -> int:
-    """max(1000, 2% of total) steps (seed 003 warmup heuristic), 2% rounded up."""
+    """max(1000, 2% of total) steps (the usual pretraining warmup heuristic), 2% rounded up."""
     return max(1000, math.ceil(0.02 * total_steps))
 
 
@@ -497,7 +497,7 @@ def verdicts_to_json(verdicts: Sequence[Verdict]) -> List[Dict[str, str]]:
 def format_doctor_table(verdicts: Sequence[Verdict]) -> str:
     """``STATUS  item  reason  -> suggestion`` per row, then the counts."""
     width = max((len(v.item) for v in verdicts), default=4)
-    lines = ["launch doctor (seed 003 checklist)"]
+    lines = ["launch doctor (hyperparameter launch checklist)"]
     for v in verdicts:
         line = f"[{v.status}] {v.item.ljust(width)}  {v.reason}"
         if v.suggestion:
