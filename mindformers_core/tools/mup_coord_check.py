@@ -156,11 +156,16 @@ def _activations(model, input_ids) -> Dict[str, float]:
             acts[name] = float(np.abs(out.asnumpy().astype(np.float64)).mean())
         return record
 
-    handles = [model.embedding.register_forward_hook(hook("embedding"))]
+    # the embedding is a table read by a pure function (models/layers.py ``embed``), not a
+    # called Cell: its output is computed directly; the decoder layers are Cells (hooks)
+    ids = Tensor(input_ids)
+    emb = model.embed_tokens(ids, model.embedding.word_embeddings.weight)
+    acts["embedding"] = float(np.abs(emb.asnumpy().astype(np.float64)).mean())
+    handles = []
     for i, layer in enumerate(model.decoder.layers):
         handles.append(layer.register_forward_hook(hook(f"layer{i}")))
     try:
-        logits = model.logits(Tensor(input_ids))
+        logits = model.logits(ids)
     finally:
         for h in handles:
             h.remove()
