@@ -36,6 +36,12 @@ def check_jit_mode(mode: str, has_moe: bool) -> None:
                          "data-dependent dispatch shapes); use jit: layer")
 
 
+#: tensors of ``layers.attention_tables`` (cos_q, sin_q, cos_k, sin_k, rot, mask). The layer
+#: graphs take them as separate inputs, like the weights: a tuple of Tensors would be a
+#: compile-time constant, which MindSpore warns about at every compile, printing every table.
+NUM_TABLES = 6
+
+
 def _layer_graphs(template) -> tuple:
     """(dense graph, attention graph) compiled from ``template``'s pure functions.
 
@@ -44,11 +50,11 @@ def _layer_graphs(template) -> tuple:
     2.10 still compiles it once per layer: ``jit`` keys its cache by the ids of Parameter
     arguments.)
     """
-    def dense(h, tables, *ws):
-        return template.apply(h, tables, *ws)
+    def dense(h, *args):
+        return template.apply(h, args[:NUM_TABLES], *args[NUM_TABLES:])
 
-    def attention(h, tables, *ws):
-        return template.attention_block(h, tables, *ws)
+    def attention(h, *args):
+        return template.attention_block(h, args[:NUM_TABLES], *args[NUM_TABLES:])
 
     return ms.jit(dense), ms.jit(attention)
 
@@ -60,12 +66,12 @@ def _layer_runner(layer, mode: str, graphs) -> Callable:
     dense, attention = graphs
     if layer.dense_mlp:
         def run_dense(h, tables):
-            h, max_logits = dense(h, tables, *layer.weights())
+            h, max_logits = dense(h, *tables, *layer.weights())
             return h, max_logits, None
         return run_dense
 
     def run_moe(h, tables):
-        h, x, max_logits = attention(h, tables, *layer.attention_weights())
+        h, x, max_logits = attention(h, *tables, *layer.attention_weights())
         h, aux = layer.mlp_block(h, x, tables)
         return h, max_logits, aux
     return run_moe
