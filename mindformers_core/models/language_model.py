@@ -356,7 +356,13 @@ class GPTModel(nn.Cell):
 
     # ----------------------------------------------------------------- MoE statistics
     def moe_layers(self) -> Dict[int, MoE]:
-        return {i: l.mlp for i, l in enumerate(self.decoder.layers) if isinstance(l.mlp, MoE)}
+        """Index -> MoE block: decoder layers 0..L-1, then the MTP depths' layers as L + k (the
+        rows of ``get_max_attention_logits``), so that their loads are logged, summed over the
+        data-parallel ranks and drive their expert bias like the decoder's."""
+        layers = list(self.decoder.layers)
+        if self.mtp is not None:
+            layers += [depth.transformer_layer for depth in self.mtp.layers]
+        return {i: l.mlp for i, l in enumerate(layers) if isinstance(l.mlp, MoE)}
 
     def get_tokens_per_expert(self) -> Dict[int, np.ndarray]:
         """Layer index -> float32 [E] token-slot counts since the last reset (zeros if none)."""

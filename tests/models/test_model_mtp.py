@@ -121,6 +121,25 @@ def test_mtp_weights_routed_like_decoder_weights_and_tracked_for_qk_clip():
     assert np.isneginf(model.get_max_attention_logits()[2]).all()
 
 
+def test_mtp_moe_counts_and_updates_its_expert_bias_like_the_decoder():
+    cfg = tiny_dsv3(num_nextn_predict_layers=1, moe_router_bias_update_rate=0.1)
+    model = build_model(cfg, seed=3)
+    moe = model.moe_layers()
+    assert sorted(moe) == [1, 2]          # decoder layer 1 and the depth as row L + 0 = 2
+    assert moe[2] is model.mtp.layers[0].transformer_layer.mlp
+    ids, labels, mask = batch(cfg, b=2, s=6, seed=3)
+    model(T(ids), T(labels), T(mask))
+    loads = model.get_tokens_per_expert()
+    # every token of the depth's input was routed to k = 2 experts
+    assert loads[2].sum() == 2 * 6 * cfg.num_experts_per_tok
+    before = moe[2].router.expert_bias.asnumpy().copy()
+    model.update_expert_bias()
+    after = moe[2].router.expert_bias.asnumpy()
+    # bias_e += rate * sign(mean(load) - load_e)
+    np.testing.assert_allclose(after - before, 0.1 * np.sign(loads[2].mean() - loads[2]),
+                               rtol=1e-6, atol=1e-7)
+
+
 def test_jit_model_mode_rejects_mtp():
     model = build_model(tiny_gpt(num_nextn_predict_layers=1), seed=0)
     with pytest.raises(ValueError, match="training.jit: model does not cover multi-token"):
