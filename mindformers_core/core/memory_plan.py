@@ -39,12 +39,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from .recompute import parse_layer_selection
+
 __all__ = ["DTYPE_BYTES", "ASCEND_910B_BYTES", "WARN_FRACTION", "LayerParams", "ParamCounts",
            "param_counts", "Layout", "ActivationSettings", "OptimizerState", "MemoryPlan",
            "layout_from_config", "settings_from_config", "optimizer_state_from_config",
            "layer_activation_bytes", "moe_dispatch_bytes", "logits_bytes", "estimate_memory",
            "plan_memory", "device_memory_limit", "pipeline_stages", "stage_items",
-           "parse_layer_ranges", "SHARD_STRATEGIES"]
+           "SHARD_STRATEGIES"]
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp32": 4, "bf16": 2}
 #: HBM of one Ascend 910B NPU (Atlas 800T A2 training server: 8 x 64 GB HBM2e, Huawei's
@@ -195,28 +197,6 @@ class OptimizerState:
     master_bytes: int      # fp32 master (or remainder) per 16-bit parameter
 
 
-def parse_layer_ranges(spec, num_layers: int) -> int:
-    """How many layers a ``full_recompute_layer`` value names: an int n (the first n), a list
-    of ints and ``"a-b"`` ranges (inclusive), or True (all). Raises ValueError otherwise."""
-    if spec is True:
-        return num_layers
-    if isinstance(spec, bool) or spec is None:
-        return 0
-    if isinstance(spec, int):
-        return max(0, min(spec, num_layers))
-    chosen = set()
-    for item in spec:
-        if isinstance(item, int) and not isinstance(item, bool):
-            chosen.add(item)
-        elif isinstance(item, str) and "-" in item:
-            lo, hi = (int(x) for x in item.split("-", 1))
-            chosen.update(range(lo, hi + 1))
-        else:
-            raise ValueError(f"full_recompute_layer: expected layer numbers or 'a-b' ranges, "
-                             f"got {item!r}")
-    return len({i for i in chosen if 0 <= i < num_layers})
-
-
 # ----------------------------------------------------------------------------------------------
 # from a RunConfig
 # ----------------------------------------------------------------------------------------------
@@ -242,7 +222,8 @@ def settings_from_config(cfg, layout: Layout) -> ActivationSettings:
     if mode == "full" or rc.full_recompute:
         recompute = "full"
         if rc.full_recompute_layer not in (None, [], (), {}):
-            layers = parse_layer_ranges(rc.full_recompute_layer, n)
+            # the one layer selection of recompute: (core/recompute.py)
+            layers = len(parse_layer_selection(rc.full_recompute_layer, n))
     elif mode == "selective" or rc.select_recompute:
         recompute = "selective"
     else:

@@ -13,7 +13,7 @@ from mindformers_core.config.recompute import RecomputeConfig
 from mindformers_core.core import memory_plan as mp
 from mindformers_core.core.memory_plan import (ActivationSettings, Layout, device_memory_limit,
                                                estimate_memory, param_counts,
-                                               parse_layer_ranges, plan_memory)
+                                               plan_memory)
 from mindformers_core.core.memory_verdict import format_bytes, memory_verdict
 from mindformers_core.tools.doctor import count_model_params, run_doctor
 
@@ -184,14 +184,19 @@ def test_estimate_errors():
 
 
 # ------------------------------------------------------------------------ config settings
-def test_recompute_layers_parse():
-    assert parse_layer_ranges(3, 61) == 3
-    assert parse_layer_ranges(99, 61) == 61
-    assert parse_layer_ranges([0, "2-4", 4], 61) == 4
-    assert parse_layer_ranges(True, 5) == 5
-    assert parse_layer_ranges(None, 5) == 0
-    with pytest.raises(ValueError, match=r"expected layer numbers or 'a-b' ranges, got 1.5"):
-        parse_layer_ranges([1.5], 5)
+def test_recompute_layers_come_from_the_one_layer_selection():
+    """The planner counts the layers core/recompute.py selects (the same rule the model
+    applies), including upstream's string form."""
+    base = {"training": {"steps": 2, "local_batch_size": 1, "global_batch_size": 1,
+                         "jit": "none"},
+            "optimizer": {"type": "AdamW"},
+            "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": 1e-3},
+            "model": {"num_layers": 6}}
+    for spec, n in ((None, 6), (3, 3), ([0, "2-4", 4], 4), ("[0-1]", 2)):
+        cfg = load_config({**base, "recompute": {"mode": "full", "full_recompute_layer": spec}})
+        settings = mp.settings_from_config(cfg, mp.layout_from_config(cfg, 1))
+        assert settings.recompute == "full"
+        assert settings.recompute_layers == (None if spec is None else n)
 
 
 def test_settings_from_config_reads_recompute_and_batch():
