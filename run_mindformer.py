@@ -175,10 +175,6 @@ def _run(args) -> int:
             return _check(cfg, args)
         if args.groups:
             _print_groups(cfg, args.groups_out)
-        # Ctrl-C to a watcher thread, before numpy's and MindSpore's threads exist
-        # (trainer/signals.py): MindSpore's runtime would re-send it as SIGTERM
-        from mindformers_core.trainer.signals import route_sigint_to_a_thread
-        route_sigint_to_a_thread()
         from mindformers_core.trainer import run_training
         return int(run_training(cfg, args.output_dir, overwrite=args.overwrite) or 0)
     except ConfigError as exc:
@@ -189,5 +185,16 @@ def _run(args) -> int:
         return _fail(f"{type(exc).__name__}: {exc}", EXIT_VERDICT)
 
 
+def cli() -> int:
+    """The command line (``python run_mindformer.py``, ``mindformers-run``): Ctrl-C goes to a
+    watcher thread first, before numpy's and MindSpore's threads exist (MindSpore's runtime
+    would re-send it as SIGTERM: trainer/signals.py), then :func:`main`. The routing is
+    process-wide (it blocks SIGINT in every thread), so it belongs to the process's entry
+    point, never to :func:`main` called from Python."""
+    from mindformers_core.trainer.signals import route_sigint_to_a_thread
+    route_sigint_to_a_thread()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

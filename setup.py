@@ -24,5 +24,5 @@ setup(
         "tensorboard": ["tensorboardX>=2.6"],
         "bench": ["torch==2.13.0"],  # bench/bench_peer.py only; never imported by the package
     },
-    entry_points={"console_scripts": ["mindformers-run=run_mindformer:main"]},
+    entry_points={"console_scripts": ["mindformers-run=run_mindformer:cli"]},
 )
