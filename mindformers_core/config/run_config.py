@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Optional, Union
 
@@ -135,6 +136,17 @@ class RunConfig(Section):
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     @classmethod
+    def section_types(cls) -> Dict[str, type]:
+        """Section name -> its Section class, read from the field declarations above (an
+        optional section's ``Optional[X]`` is X)."""
+        hints = typing.get_type_hints(cls)
+        out = {}
+        for name in cls.field_names():
+            args = [a for a in typing.get_args(hints[name]) if a is not type(None)]
+            out[name] = args[0] if args else hints[name]
+        return out
+
+    @classmethod
     def from_dict(cls, data: Any, path: str = ""):
         if isinstance(data, cls):
             data = data.to_dict()
@@ -150,16 +162,8 @@ class RunConfig(Section):
                 raise ConfigError(name, "required section missing (training, optimizer and "
                                         "lr_scheduler must be given)")
         kwargs = {}
-        # sections are built in a fixed order so the first error is deterministic
-        section_types = {"training": TrainingConfig, "optimizer": OptimizerConfig,
-                         "lr_scheduler": LrSchedulerConfig, "model": ModelConfig,
-                         "train_dataset": DatasetConfig, "parallelism": ParallelismConfig,
-                         "checkpoint": CheckpointConfig, "monitor": MonitorConfig,
-                         "profiler": ProfilerConfig, "context": ContextConfig,
-                         "callbacks": CallbacksConfig, "recompute": RecomputeConfig,
-                         "recompute_comm": RecomputeCommConfig, "swap": SwapConfig,
-                         "lora_config": LoraConfig, "eval_dataset": DatasetConfig,
-                         "tokenizer": TokenizerConfig, "logging": LoggingConfig}
+        # sections are built in field order, so the first error is deterministic
+        section_types = cls.section_types()
         for name in names:
             if data.get(name) is not None:
                 kwargs[name] = section_types[name].from_dict(data[name], name)
