@@ -36,7 +36,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..config import ConfigError, RunConfig, load_config
 from ..core.memory_plan import param_counts, plan_memory
-from ..core.memory_verdict import memory_verdict
+from ..core.memory_verdict import format_count, memory_verdict
 from .batch_scaling import rule_for_optimizer, scale_lr_for_batch_size
 
 __all__ = ["Verdict", "STATUSES", "run_doctor", "format_doctor_table", "format_doctor_report",
@@ -110,13 +110,6 @@ SHORT_RUN_STEPS = 1000
 def recommended_warmup(total_steps: int) -> int:
     """max(1000, 2% of total) steps (the usual pretraining warmup heuristic), 2% rounded up."""
     return max(1000, math.ceil(0.02 * total_steps))
-
-
-def _fmt_tokens(n: float) -> str:
-    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= scale:
-            return f"{n / scale:.3g}{suffix}"
-    return f"{n:g}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -283,16 +276,16 @@ def check_max_norm(cfg) -> Verdict:
 def check_tokens_per_step(cfg, plan, n_params: int) -> Verdict:
     tokens = plan.tokens_per_step
     lo, hi = token_band(n_params)
-    desc = (f"{_fmt_tokens(tokens)} tokens/step (global_batch_size {plan.global_batch_size} x "
-            f"seq_length {plan.seq_length}) for a {_fmt_tokens(n_params)}-parameter model")
+    desc = (f"{format_count(tokens)} tokens/step (global_batch_size {plan.global_batch_size} x "
+            f"seq_length {plan.seq_length}) for a {format_count(n_params)}-parameter model")
     if lo <= tokens <= hi:
-        return Verdict("tokens_per_step", "PASS", f"{desc}: within [{_fmt_tokens(lo)}, "
-                                                  f"{_fmt_tokens(hi)}]")
+        return Verdict("tokens_per_step", "PASS", f"{desc}: within [{format_count(lo)}, "
+                                                  f"{format_count(hi)}]")
     target = lo if tokens < lo else hi
     gbs = max(1, round(target / plan.seq_length))
     side = "below" if tokens < lo else "above"
     return Verdict("tokens_per_step", "WARN",
-                   f"{desc}: {side} the band [{_fmt_tokens(lo)}, {_fmt_tokens(hi)}] for this "
+                   f"{desc}: {side} the band [{format_count(lo)}, {format_count(hi)}] for this "
                    "size; check it against the measured critical batch (tools.noise_scale)",
                    f"training.global_batch_size: ~{gbs} (then rescale the lr: sqrt rule)")
 
