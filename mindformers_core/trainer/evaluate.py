@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .protocols import MaxLogitsModel, MoEStatsModel
+
 __all__ = ["EvalResult", "evaluate", "eval_positions", "reset_running_stats"]
 
 
@@ -39,10 +41,10 @@ def eval_positions(eval_step: int, local_batch_size: int, rank: int, world: int)
 
 def reset_running_stats(model) -> None:
     """Clear the statistics forward passes collect (MoE loads, QK-Clip max logits)."""
-    for name in ("reset_moe_stats", "reset_max_attention_logits"):
-        fn = getattr(model, name, None)
-        if fn is not None:
-            fn()
+    if isinstance(model, MoEStatsModel):
+        model.reset_moe_stats()
+    if isinstance(model, MaxLogitsModel):
+        model.reset_max_attention_logits()
 
 
 def evaluate(model, held_out, eval_steps: int, local_batch_size: int, reducer,
