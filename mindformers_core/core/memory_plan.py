@@ -228,7 +228,7 @@ def settings_from_config(cfg, layout: Layout) -> ActivationSettings:
         recompute = "selective"
     else:
         recompute = "none"
-    flash = bool(getattr(cfg.model, "use_flash_attention", False))
+    flash = bool(cfg.model.use_flash_attention)
     return ActivationSettings(micro_batch=tr.local_batch_size, num_micro_batches=accumulation,
                               recompute=recompute, recompute_layers=layers,
                               flash_attention=flash,
