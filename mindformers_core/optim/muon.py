@@ -38,16 +38,18 @@ Ascend cube_math_type, split rules, comm_strategy; then our extra knobs. Unlike 
 weight that is not a grouped expert weight is rejected here, not at the first step.
 
 Communication: single-card and replicated data parallel need nothing (gradients arrive
-reduced). Where the update rows live is the ``exchange`` (a :class:`MuonExchange`):
-:class:`LocalExchange` here, ``distributed.zero_muon.ShardedExchange`` for ZeRO-sharded state
-(allgather: every rank gathers the full U and runs NS; allgather_deredundency: one owner rank
-per weight runs NS and the update goes back). ``_muon_update`` is the one momentum / NS /
-scale / decay path for both; on one card both strategies give the same update.
+reduced). Where the update pieces live is the ``exchange`` (a :class:`MuonExchange`):
+:class:`LocalExchange` here, ``distributed.shard_exchange.ShardedMuonExchange`` for sharded
+weights (ZeRO-1 rows, tensor-parallel shards, both; allgather: every rank gathers the full U
+and runs NS; allgather_deredundency: one owner rank per weight runs NS and the update goes
+back). ``_muon_update`` is the one momentum / NS / scale / decay path for all of them; on one
+card both strategies give the same update. A tensor-parallel shard's split rule and scale come
+from its full shape (``full_shapes``), never the shard's.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 import mindspore as ms
 from mindspore import Tensor, ops
@@ -82,44 +84,42 @@ def _as_float(value):
 
 
 class MuonExchange(Protocol):
-    """Where the rows of Muon's update matrices live (one process, or sharded over ranks).
+    """Where the pieces of Muon's update matrices live (one process, or sharded over ranks).
 
     ``Muon._muon_update`` is the one momentum/NS/scale/decay path; an exchange tells it which
-    full matrices to orthogonalise here and how to get this rank's rows back."""
+    full matrices to orthogonalise here and how to get this rank's part of each update back
+    (``distributed.shard_exchange.ShardedMuonExchange`` for ZeRO rows, tensor-parallel shards
+    and their composition)."""
 
-    def gather(self, jobs: list, us: List[Tensor]) -> List[Tensor]:
-        """The full U of every job from this rank's rows ``us``."""
+    def full_updates(self, jobs: list, us: List[Tensor]) -> Dict[int, Tensor]:
+        """``{k: full U of job k}`` for the jobs orthogonalised on this rank, from this rank's
+        parts ``us`` (aligned with ``jobs``)."""
 
-    def ns_here(self, i: int) -> bool:
-        """Whether this rank orthogonalises parameter i."""
+    def on_newton_schulz(self, shapes) -> None:
+        """Called with the shapes of every batched Newton-Schulz call run here (counting)."""
 
-    def complete(self, jobs: list, deltas: Dict[int, Tensor]) -> Dict[int, Tensor]:
-        """Every job's full scaled update, from those computed here."""
-
-    def local_rows(self, i: int, delta: Tensor) -> Tensor:
-        """This rank's rows of parameter i's full update."""
+    def local_updates(self, jobs: list, deltas: Dict[int, Tensor]) -> List[Tensor]:
+        """This rank's part of every job's scaled update, from the full ones computed here."""
 
     def full_masters(self, masters, indices: List[int]) -> list:
-        """Whole fp32 masters of parameters ``indices`` (QK-Clip scales whole head rows)."""
+        """The fp32 masters of parameters ``indices`` as the model holds them (QK-Clip scales
+        whole head rows of the model's q/kv weights)."""
 
     def keep_rows(self, i: int, full, master) -> None:
-        """Write this rank's rows of ``full`` (from :meth:`full_masters`) into ``master``."""
+        """Write this rank's part of ``full`` (from :meth:`full_masters`) into ``master``."""
 
 
 class LocalExchange:
     """One process (or replicated data parallel): everything is whole and local."""
 
-    def gather(self, jobs, us):
-        return us
+    def full_updates(self, jobs, us):  # noqa: ARG002 - MuonExchange
+        return dict(enumerate(us))
 
-    def ns_here(self, i: int) -> bool:  # noqa: ARG002 - MuonExchange
-        return True
+    def on_newton_schulz(self, shapes) -> None:  # noqa: ARG002 - nothing to count here
+        return None
 
-    def complete(self, jobs, deltas):
-        return deltas
-
-    def local_rows(self, i: int, delta: Tensor) -> Tensor:  # noqa: ARG002 - MuonExchange
-        return delta
+    def local_updates(self, jobs, deltas):
+        return [deltas[k] for k in range(len(jobs))]
 
     def full_masters(self, masters, indices):
         return [masters.master(i) for i in indices]
@@ -151,6 +151,9 @@ class Muon(Optimizer):
         max_logits_reducer: data-parallel MAX reduction for QK-Clip (None on one card).
         embedding_min_norm: see `Optimizer`.
         learning_rate: upstream's name for `lr` (accepted for upstream-style callers).
+        full_shapes: parameter name -> full (logical) shape, for parameters the model holds
+            as a shard (tensor parallel: ``ShardSpec.full_shape``). Split pieces and the
+            update scale use the full shape; the exchange (:meth:`use_exchange`) gathers it.
     """
 
     optimizer_name = "Muon"
@@ -176,7 +179,8 @@ class Muon(Optimizer):
                  ns_batch_memory_gb: float = D["ns_batch_memory_gb"],
                  phase4_batch_memory_gb: float = D["phase4_batch_memory_gb"],
                  swap: bool = D["swap"], max_logits_reducer=None, embedding_min_norm=None,
-                 learning_rate: Optional[float] = None):
+                 learning_rate: Optional[float] = None,
+                 full_shapes: Optional[Mapping[str, Sequence[int]]] = None):
         if learning_rate is not None:   # upstream's name for lr
             if lr != D["lr"] and lr != learning_rate:
                 raise ValueError(f"Muon got lr={lr!r} and learning_rate={learning_rate!r}; "
@@ -223,12 +227,14 @@ class Muon(Optimizer):
         # 9. Ascend matmul precision (no-op on CPU)
         if any(self._is_muon):
             configure_ns_precision()
-        # 10. split rules (upstream: model.make_model_muon_fns())
+        # 10. split rules (upstream: model.make_model_muon_fns()), from the full shapes
+        self._full_shapes = self._check_full_shapes(full_shapes or {})
         cfg = model.get_gpt_transformer_config()
         self.muon_split_qkv = bool(muon_split_qkv)
         self._rules: List[Optional[SplitRule]] = [
-            split_rule_for(p.name, p.shape, cfg, self.muon_split_qkv) if is_muon else None
-            for p, is_muon in zip(self.parameters, self._is_muon)]
+            split_rule_for(p.name, self.full_shape(i), cfg, self.muon_split_qkv)
+            if is_muon else None
+            for i, (p, is_muon) in enumerate(zip(self.parameters, self._is_muon))]
         # 11. comm strategy
         if comm_strategy not in COMM_STRATEGIES:
             raise ValueError("comm_strategy must be 'allgather' or 'allgather_deredundency', "
@@ -281,6 +287,21 @@ class Muon(Optimizer):
             raise ValueError("Current Muon implementation only supports models with "
                              "Multi-Latent Attention enabled.")
 
+    def _check_full_shapes(self, full_shapes) -> Dict[str, Tuple[int, ...]]:
+        names = {p.name: p for p in self.parameters}
+        out = {}
+        for name, shape in full_shapes.items():
+            if name not in names:
+                raise ValueError(f"full_shapes names {name!r}, which is not a parameter of this "
+                                 "optimizer")
+            shape = tuple(int(d) for d in shape)
+            local = tuple(names[name].shape)
+            if len(shape) != len(local) or any(f % l for f, l in zip(shape, local)):
+                raise ValueError(f"full shape {shape} of {name!r} does not hold its shard "
+                                 f"{local} a whole number of times in every dim")
+            out[name] = shape
+        return out
+
     def _route(self, patterns) -> List[bool]:
         """Muon (True) or the AdamW branch (False) per parameter; a group's "optimizer" wins."""
         out = []
@@ -332,6 +353,17 @@ class Muon(Optimizer):
         """Per parameter: True when Muon updates it, False for the scalar (AdamW/Lion) branch."""
         return tuple(self._is_muon)
 
+    def full_shape(self, i: int) -> Tuple[int, ...]:
+        """The full (logical) shape of parameter i (its own shape unless the model holds a
+        shard of it)."""
+        p = self.parameters[i]
+        return self._full_shapes.get(p.name, tuple(p.shape))
+
+    def use_exchange(self, exchange: MuonExchange) -> None:
+        """Where the update matrices live (set once by the sharding that builds this
+        optimizer, e.g. ``distributed.shard_exchange``)."""
+        self.exchange = exchange
+
     def split_rule(self, i: int) -> Optional[SplitRule]:
         """How parameter i is cut into Newton-Schulz pieces (None: not a Muon parameter)."""
         return self._rules[i]
@@ -354,7 +386,7 @@ class Muon(Optimizer):
         i = self._index_of_name(name)
         if not self._is_muon[i]:
             raise ValueError(f"{name!r} is not updated by Muon")
-        return piece_shapes(self._rules[i], self.parameters[i].shape, name)
+        return piece_shapes(self._rules[i], self.full_shape(i), name)
 
     # -- step ----------------------------------------------------------------------------------
     def step(self, grads: Sequence[Optional[Tensor]]) -> None:
@@ -394,8 +426,8 @@ class Muon(Optimizer):
             m_new, u = muon_momentum(m, g, self.momentum, self.nesterov)
             m.set_data(m_new)
             us.append(u)
-        full = ex.gather(jobs, us)
-        mine = [k for k, (_, i, _) in enumerate(jobs) if ex.ns_here(i)]
+        full = ex.full_updates(jobs, us)
+        mine = sorted(full)
         pieces = {k: split_pieces(self._rules[jobs[k][1]], full[k]) for k in mine}
         buckets: Dict[tuple, list] = {}    # (A, B) -> [(job, piece index, tensor)]
         for k in mine:
@@ -403,7 +435,7 @@ class Muon(Optimizer):
                 buckets.setdefault(tuple(piece.shape[-2:]), []).append((k, n, piece))
         for items in buckets.values():
             for chunk in self._chunks(items):
-                self.on_newton_schulz([t.shape for _, _, t in chunk])
+                ex.on_newton_schulz([t.shape for _, _, t in chunk])
                 for (k, n, _), out in zip(chunk, self._orthogonalize_many([t for _, _, t in chunk])):
                     pieces[k][n] = out
         deltas = {}
@@ -413,15 +445,10 @@ class Muon(Optimizer):
             scaled = [x * (coef * muon_scale_factor(x.shape[-2], x.shape[-1], self.muon_scale_mode))
                       for x in pieces[k]]
             deltas[k] = merge_pieces(self._rules[i], scaled, tuple(full[k].shape))
-        deltas = ex.complete(jobs, deltas)
-        for k, (group, i, _) in enumerate(jobs):
+        for (group, i, _), delta in zip(jobs, ex.local_updates(jobs, deltas)):
             master = self._masters.master(i)
-            apply_muon_delta(master, ex.local_rows(i, deltas[k]), float(group["lr"]),
-                             self.group_weight_decay(group))
+            apply_muon_delta(master, delta, float(group["lr"]), self.group_weight_decay(group))
             self._masters.store(i, master)
-
-    def on_newton_schulz(self, shapes) -> None:
-        """Called with the shapes of every batched Newton-Schulz call (FLOP counting)."""
 
     def _chunks(self, items):
         """Split a same-shape bucket so one batched NS holds at most ns_batch_memory bytes."""

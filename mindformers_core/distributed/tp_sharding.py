@@ -1,0 +1,122 @@
+"""Optimizers on tensor-parallel-sharded weights (``build_optimizer(..., shard_layout=...)``).
+
+Under tensor parallel the model holds each sharded weight's local slice under its usual name
+and says how it is split (``model.shard_specs() -> {name: ShardSpec}``; absent = replicated).
+:class:`TensorParallelSharding` builds the optimizer over those local Parameters:
+
+* AdamW, Lion, SGD and Muon's AdamW branch are element-wise: the optimizer built over the
+  local slices is already right (moments, weight decay and fp32 masters per shard).
+* Muon gets the full shapes (``full_shapes``: split rules, pieces and the update scale use
+  them, never the shard's) and a ``shard_exchange.ShardedMuonExchange`` whose first level is
+  the tensor-parallel :class:`~.shard_exchange.SpecLevel` (``comm_strategy`` allgather /
+  allgather_deredundency, send/recv by ``collectives.CAPABILITIES``).
+* QK-Clip runs on the local q/kv shards with the model's max logits of its local heads
+  (heads are split in contiguous blocks, so local head j's rows are rows ``j * period + ...``
+  of the local shard: the local layout is the full one restricted to ``N / tp`` heads);
+  the logits are MAX-reduced over the data-parallel group only (the tp ranks hold different
+  heads).
+* ``data_parallel_shard`` != 1 adds ZeRO-1 over the dp group on top of the TP shards
+  (``zero.ZeroSharding`` over :class:`GroupView` of the dp group; Muon's exchange levels are
+  ``[tp, ZeRO rows of the TP shard]``).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional
+
+import numpy as np
+
+from .collectives import GroupCommunicator
+from .shard_exchange import ShardedMuonExchange, SpecLevel
+from .shard_spec import ShardSpec, local_shape
+
+__all__ = ["TensorParallelSharding", "GroupView", "check_shard_specs"]
+
+
+class GroupView:
+    """One group of a ``GroupCommunicator`` as the world-style ``Communicator`` that ZeRO uses
+    (``rank``/``world_size`` in the group, ``all_gather``, ``all_reduce_max``)."""
+
+    def __init__(self, comm: GroupCommunicator, group: str):
+        self.comm, self.group = comm, group
+        self.rank = comm.mesh.local_rank(group, comm.rank)
+        self.world_size = comm.mesh.size(group)
+
+    @property
+    def stats(self):
+        return self.comm.stats
+
+    def all_gather(self, x):
+        return self.comm.all_gather(x, self.group)
+
+    def all_reduce_max(self, x: np.ndarray) -> np.ndarray:
+        """Element-wise MAX over the group (an all-gather, then max: CPU sums only)."""
+        arr = np.asarray(x)
+        if self.world_size == 1:
+            return arr.copy()
+        flat = np.ascontiguousarray(arr, np.float32).reshape(1, -1)
+        gathered = np.asarray(self.all_gather(flat))
+        return gathered.reshape((self.world_size,) + arr.shape).max(axis=0).astype(arr.dtype)
+
+
+def check_shard_specs(specs: Mapping[str, ShardSpec], params, tp_size: int) -> Dict[str, ShardSpec]:
+    """The split specs of ``params`` (Parameters of the optimizer); every spec must name one of
+    them, be split over the tp group of ``tp_size`` ranks and match the local shape."""
+    by_name = {p.name: p for p in params}
+    out = {}
+    for name, spec in specs.items():
+        if name not in by_name:
+            raise ValueError(f"shard_specs names {name!r}, which is not a parameter the "
+                             "optimizer updates")
+        if not spec.is_sharded:
+            continue
+        if spec.group != "tp":
+            raise ValueError(f"{name!r} is split over group {spec.group!r}; tensor-parallel "
+                             "sharding takes 'tp' splits only")
+        if spec.num_shards != tp_size:
+            raise ValueError(f"{name!r} is split into {spec.num_shards} shards, but the tp group "
+                             f"has {tp_size} ranks")
+        if tuple(by_name[name].shape) != local_shape(spec):
+            raise ValueError(f"{name!r} has shape {tuple(by_name[name].shape)}, but its "
+                             f"ShardSpec's local shape is {local_shape(spec)}")
+        out[name] = spec
+    return out
+
+
+class TensorParallelSharding:
+    """``optim.build.OptimizerSharding`` for tensor parallel (module docstring).
+
+    Args:
+        specs: ``model.shard_specs()``: parameter name -> ShardSpec (group 'tp').
+        comm: this rank's ``GroupCommunicator`` (groups 'tp' and 'dp').
+        data_parallel_shard: ZeRO-1 shards over the dp group on top (1: none; -1 / None: all
+            dp ranks).
+        p2p: Muon deredundency's send/recv: None = as ``collectives.CAPABILITIES`` says for
+            the backend, True / False to force it (``shard_exchange.SpecLevel``).
+    """
+
+    def __init__(self, specs: Mapping[str, ShardSpec], comm: GroupCommunicator,
+                 data_parallel_shard: Optional[int] = 1, p2p: Optional[bool] = None):
+        self.specs, self.comm, self.p2p = dict(specs), comm, p2p
+        self.dp = GroupView(comm, "dp")
+        self.data_parallel_shard = data_parallel_shard
+
+    def build(self, cls: type, groups, kwargs: Dict[str, Any]):
+        """``cls(groups, **kwargs)`` over the local shards (ZeRO-1 over dp when asked)."""
+        from ..optim.muon import Muon
+        from .zero import ZeroSharding
+        params = [p for g in groups for p in g["params"]]
+        specs = check_shard_specs(self.specs, params, self.comm.mesh.size("tp"))
+        kwargs = dict(kwargs)
+        is_muon = issubclass(cls, Muon)
+        if is_muon:
+            kwargs["full_shapes"] = {n: s.full_shape for n, s in specs.items()}
+            if self.dp.world_size > 1:
+                kwargs.setdefault("max_logits_reducer", self.dp.all_reduce_max)
+        zero = ZeroSharding(self.dp, self.data_parallel_shard)
+        opt = zero.build(cls, groups, kwargs)
+        if is_muon:
+            tp = SpecLevel({opt.index_of(n): s for n, s in specs.items()}, self.comm, "tp",
+                           p2p=self.p2p)
+            inner = [opt.zero_level] if zero.num_shards > 1 else []
+            opt.use_exchange(ShardedMuonExchange.for_optimizer(opt, [tp] + inner))
+        return opt
