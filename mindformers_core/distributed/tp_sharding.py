@@ -29,7 +29,7 @@ from .collectives import GroupCommunicator
 from .shard_exchange import ShardedMuonExchange, SpecLevel
 from .shard_spec import ShardSpec, local_shape
 
-__all__ = ["TensorParallelSharding", "GroupView", "check_shard_specs"]
+__all__ = ["TensorParallelSharding", "GroupView", "LocalHeadLogits", "check_shard_specs"]
 
 
 class GroupView:
@@ -82,6 +82,22 @@ def check_shard_specs(specs: Mapping[str, ShardSpec], params, tp_size: int) -> D
     return out
 
 
+class LocalHeadLogits:
+    """Muon's ``max_logits_reducer`` under tensor parallel: checks that the tracked max logits
+    are those of this rank's ``local_heads`` heads, then MAX-reduces them over the
+    data-parallel group (``dp``: a :class:`GroupView`)."""
+
+    def __init__(self, local_heads: int, dp: GroupView):
+        self.local_heads, self.dp = int(local_heads), dp
+
+    def __call__(self, logits) -> np.ndarray:
+        arr = np.asarray(logits, np.float32)
+        if arr.ndim != 2 or arr.shape[1] != self.local_heads:
+            raise ValueError(f"max attention logits have shape {arr.shape}; a tensor-parallel "
+                             f"rank tracks [layers, {self.local_heads}] (its local heads)")
+        return self.dp.all_reduce_max(arr)
+
+
 class TensorParallelSharding:
     """``optim.build.OptimizerSharding`` for tensor parallel (module docstring).
 
@@ -110,8 +126,11 @@ class TensorParallelSharding:
         is_muon = issubclass(cls, Muon)
         if is_muon:
             kwargs["full_shapes"] = {n: s.full_shape for n, s in specs.items()}
-            if self.dp.world_size > 1:
-                kwargs.setdefault("max_logits_reducer", self.dp.all_reduce_max)
+            model = kwargs.get("model")      # None: Muon raises its own message
+            if model is not None:
+                heads = model.get_gpt_transformer_config().num_attention_heads
+                kwargs.setdefault("max_logits_reducer",
+                                  LocalHeadLogits(heads // self.comm.mesh.size("tp"), self.dp))
         zero = ZeroSharding(self.dp, self.data_parallel_shard)
         opt = zero.build(cls, groups, kwargs)
         if is_muon:

@@ -1,0 +1,132 @@
+"""Muon (both comm strategies, QK-Clip on) and AdamW on tensor-parallel shards: 2 msrun CPU
+workers (tp 2) vs one process on the full weights, 10 steps (``tp_muon_case``).
+
+The workers write their shards of every parameter and of the optimizer state; this process
+unshards them along the test-side ``ShardSpec`` s and compares with the single-process run
+(relative 1e-5), checks that QK-Clip clipped heads (the ranks' counts add up to the
+single-process count: each rank clips its local heads), and that under
+``allgather_deredundency`` each rank ran Newton-Schulz only for the split weights it owns
+(FLOPs from the full shapes' pieces, counted here with the closed form) plus the replicated
+ones, the owners balanced. The CPU backend has no send/recv, so deredundency returns the
+updates by all-gather; the ``_p2p`` case forces the send/recv path (the communicator's
+all-reduce rendezvous on CPU) and must give the same result.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import tp_muon_case as C  # noqa: E402
+from msrun_util import launch  # noqa: E402
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+NAMES = ("muon_allgather", "muon_deredundency", "muon_deredundency_p2p", "adamw")
+
+
+def run_workers(out, names, workers):
+    cmd = f"python {os.path.join(HERE, 'tp_muon_worker.py')} {out} " + " ".join(names)
+    proc, _ = launch(cmd, out / "logs", workers=workers)
+    if proc.returncode != 0:
+        logs = "".join(open(out / "logs" / f).read()[-2000:] for f in
+                       sorted(os.listdir(out / "logs")) if f.startswith("worker_"))
+        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stderr[-2000:]}\n{logs}")
+    return {(n, r): (dict(np.load(out / f"{n}.rank{r}.npz")),
+                     json.load(open(out / f"{n}.rank{r}.json")))
+            for n in names for r in range(workers)}
+
+
+@pytest.fixture(scope="module")
+def tp2(tmp_path_factory):
+    return run_workers(tmp_path_factory.mktemp("tp2"), NAMES, 2)
+
+
+@pytest.fixture(scope="module")
+def references():
+    import mindspore as ms
+    ms.runtime.launch_blocking()
+    return {"muon": C.run("muon_allgather"), "adamw": C.run("adamw")}
+
+
+@pytest.fixture(scope="module")
+def specs():
+    from mindformers_core.models import build_model
+    return C.tp_specs(build_model(C.MODEL, seed=7), 2)
+
+
+def assert_matches(ref, got, specs, ranks):
+    """Unsharded parameters and optimizer state of ``ranks`` (tp index order) == ``ref``."""
+    from mindformers_core.distributed.shard_spec import unshard
+    for kind, table in (("param", ref["params"]), ("state", ref["state"])):
+        for key, want in table.items():
+            pname = key if kind == "param" else key.split(".", 1)[1]
+            parts = [got[r][0][f"{kind}.{key}"] for r in ranks]
+            full = unshard(specs[pname], parts) if pname in specs else parts[0]
+            if pname not in specs:
+                for other in parts[1:]:
+                    np.testing.assert_array_equal(other, parts[0], err_msg=key)
+            np.testing.assert_allclose(full, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(),
+                                       err_msg=f"{kind} {key}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sharded_matches_one_process(tp2, references, specs, name):
+    ref = references["adamw" if name == "adamw" else "muon"]
+    assert_matches(ref, {r: tp2[name, r] for r in (0, 1)}, specs, (0, 1))
+    if name != "adamw":
+        local = [tp2[name, r][1]["clipped"] for r in (0, 1)]
+        assert min(ref["clipped"]) > 0
+        assert [a + b for a, b in zip(*local)] == ref["clipped"]
+
+
+def closed_form_flops(shape, ns_steps=5):
+    """Newton-Schulz FLOPs of an (A, B) piece: ns_steps * (4 L s^2 + 2 s^3)."""
+    big, small = max(shape), min(shape)
+    return ns_steps * (4.0 * big * small ** 2 + 2.0 * small ** 3)
+
+
+def full_pieces(name, shape):
+    """NS pieces of a TP-split Muon weight's FULL shape (model: heads 4, dn 8, dr 4, dv 8)."""
+    m = C.MODEL
+    n, dn, dr, dv = (m["num_attention_heads"], m["qk_nope_head_dim"], m["qk_rope_head_dim"],
+                     m["v_head_dim"])
+    if name.endswith("linear_q_up_proj.weight"):
+        return [(n * dn, shape[1]), (n * dr, shape[1])]
+    if name.endswith("linear_kv_up_proj.weight"):
+        return [(n * dn, shape[1]), (n * dv, shape[1])]
+    if name.endswith("linear_fc1.weight"):
+        return [(shape[0] // 2, shape[1])] * 2
+    return [tuple(shape)]
+
+
+def test_deredundency_splits_newton_schulz_work(tp2, specs):
+    ag = [tp2["muon_allgather", r][1]["ns_flops"] for r in (0, 1)]
+    assert ag[0] == ag[1] > 0
+    for name in ("muon_deredundency", "muon_deredundency_p2p"):
+        meta = [tp2[name, r][1] for r in (0, 1)]
+        owners = meta[0]["owners"]
+        assert owners == meta[1]["owners"]
+        split_muon = {k for k in specs if "embedding" not in k and "output_layer" not in k}
+        assert set(owners) == split_muon
+        weight = {k: sum(closed_form_flops(p) for p in full_pieces(k, specs[k].full_shape))
+                  for k in owners}
+        owned = [sum(f for k, f in weight.items() if owners[k] == q) for q in (0, 1)]
+        # every rank orthogonalises the replicated weights; allgather: every weight
+        replicated = ag[0] - C.STEPS * sum(owned)
+        assert replicated > 0
+        for q in (0, 1):
+            assert meta[q]["ns_flops"] == pytest.approx(C.STEPS * owned[q] + replicated,
+                                                        rel=1e-12)
+        # balanced: both own work, the loads differ by at most the biggest weight
+        assert min(owned) > 0 and abs(owned[0] - owned[1]) <= max(weight.values())
+
+
+def test_deredundency_transport(tp2):
+    cpu = tp2["muon_deredundency", 0][1]["stats"]["calls"]
+    p2p = tp2["muon_deredundency_p2p", 0][1]["stats"]["calls"]
+    assert set(cpu) == {"all_gather"}      # CAPABILITIES: no send/recv on CPU
+    assert p2p.get("send", 0) > 0 and p2p.get("recv", 0) > 0 and "all_gather" not in p2p
