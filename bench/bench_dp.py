@@ -82,8 +82,8 @@ def model_rank(model_cfg: dict, world: int, rank: int) -> dict:
     out["muon_state_bytes"] = optimizer_state_bytes(muon)
     grad_bytes = 2.0 * (world - 1) / world * 4 * n_params
     if world == 1:
-        flops = sum(ns_flops(piece_shapes(muon._rules[i], p.shape, p.name), muon.ns_steps)
-                    for i, p in enumerate(muon.parameters) if muon._is_muon[i])
+        flops = sum(ns_flops(piece_shapes(muon.split_rule(i), p.shape, p.name), muon.ns_steps)
+                    for i, p in enumerate(muon.parameters) if muon.muon_mask[i])
         out.update(ns_flops_allgather=flops, ns_flops_deredundency=flops,
                    bytes_allgather=0.0, bytes_deredundency_cpu=0.0, bytes_deredundency_p2p=0.0)
         return out
@@ -94,10 +94,10 @@ def model_rank(model_cfg: dict, world: int, rank: int) -> dict:
     owned_total = [0.0] * world
     p2p = 0.0
     for i, p in enumerate(muon.parameters):
-        if not muon._is_muon[i]:
+        if not muon.muon_mask[i]:
             continue
-        if muon._zero_gathered[i]:
-            f = ns_flops(muon._zero_pieces[i], muon.ns_steps)
+        if muon.exchange.matrix_levels[i]:
+            f = ns_flops(muon.piece_shapes_of(p.name), muon.ns_steps)
             flops_ag += f
             owner = muon.ns_owner[i]
             flops_dr += f if owner == rank else 0.0
@@ -109,7 +109,7 @@ def model_rank(model_cfg: dict, world: int, rank: int) -> dict:
             p2p += (4 * int(p.size) - mine) if owner == rank else mine
         else:
             shape = layout.entries[i].shard_shape   # expert shard or replicated: local NS
-            f = ns_flops(piece_shapes(muon._rules[i], shape, p.name), muon.ns_steps)
+            f = ns_flops(piece_shapes(muon.split_rule(i), shape, p.name), muon.ns_steps)
             flops_ag += f
             flops_dr += f
     base = grad_bytes + param_bytes

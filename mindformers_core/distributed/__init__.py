@@ -10,7 +10,11 @@ modules load on first use:
     grad_reduce   DataParallelGradReducer: the trainer's grad_reducer (token-weighted SUM)
     zero          ZeroSharding(comm, num_shards) for build_optimizer(..., shard_layout=...):
                   ZeRO-1 state sharding at construction (never a class swap afterwards)
-    zero_muon     Muon's comm_strategy (allgather / allgather_deredundency) on sharded state
+    zero_muon     ZeRO rows as a Muon exchange level (ZeroRowsLevel, ZeroMuonMixin)
+    shard_exchange  ShardedMuonExchange: Muon's comm_strategy (allgather /
+                  allgather_deredundency) over sharding levels (SpecLevel: ShardSpec splits)
+    tp_sharding   TensorParallelSharding(model.shard_specs(), comm) for build_optimizer:
+                  optimizers on tensor-parallel shards (ZeRO-1 over dp on top)
     shard_layout  dim-0 shard layout, NS cost and owner assignment (pure)
     setup         setup_data_parallel(cfg): communicator + reducer for a run
 """
@@ -28,6 +32,7 @@ _LAZY = {
     "optimizer_state_bytes": "zero", "ZeroSharding": "zero",
     "ShardLayout": "shard_layout", "assign_owners": "shard_layout", "ns_cost": "shard_layout",
     "ns_flops": "shard_layout", "setup_data_parallel": "setup",
+    "TensorParallelSharding": "tp_sharding", "ShardedMuonExchange": "shard_exchange",
 }
 
 __all__ = ["env_rank", "env_world_size", "launched_by_msrun"] + sorted(_LAZY)

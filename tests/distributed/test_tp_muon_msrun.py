@@ -1,5 +1,5 @@
 """Muon (both comm strategies, QK-Clip on) and AdamW on tensor-parallel shards: 2 msrun CPU
-workers (tp 2) vs one process on the full weights, 10 steps (``tp_muon_case``).
+workers (tp 2), and 4 (tp 2 x dp 2 with ZeRO-1), vs one process on the full weights, 10 steps (``tp_muon_case``).
 
 The workers write their shards of every parameter and of the optimizer state; this process
 unshards them along the test-side ``ShardSpec`` s and compares with the single-process run
@@ -9,7 +9,8 @@ single-process count: each rank clips its local heads), and that under
 (FLOPs from the full shapes' pieces, counted here with the closed form) plus the replicated
 ones, the owners balanced. The CPU backend has no send/recv, so deredundency returns the
 updates by all-gather; the ``_p2p`` case forces the send/recv path (the communicator's
-all-reduce rendezvous on CPU) and must give the same result.
+all-reduce rendezvous on CPU) and must give the same result. On 4 workers (tp 2 x dp 2) the
+optimizer state is also ZeRO-1-sharded over dp on top of the TP shards.
 """
 import json
 import os
@@ -130,3 +131,19 @@ def test_deredundency_transport(tp2):
     p2p = tp2["muon_deredundency_p2p", 0][1]["stats"]["calls"]
     assert set(cpu) == {"all_gather"}      # CAPABILITIES: no send/recv on CPU
     assert p2p.get("send", 0) > 0 and p2p.get("recv", 0) > 0 and "all_gather" not in p2p
+
+
+@pytest.fixture(scope="module")
+def tp2dp2(tmp_path_factory):
+    return run_workers(tmp_path_factory.mktemp("tp2dp2"), tuple(C.CASES_2D), 4)
+
+
+@pytest.mark.parametrize("name", tuple(C.CASES_2D))
+def test_tp2_dp2_with_zero_matches_one_process(tp2dp2, references, specs, name):
+    """4 workers: tp {0,1} {2,3} x dp {0,2} {1,3}, Muon state ZeRO-1-sharded over dp on top
+    of the TP shards; each tp group holds the whole model, equal to one process."""
+    for ranks in ((0, 1), (2, 3)):
+        assert [tp2dp2[name, r][1]["tp"] for r in ranks] == [0, 1]
+        assert_matches(references["muon"], {r: tp2dp2[name, r] for r in ranks}, specs, ranks)
+        local = [tp2dp2[name, r][1]["clipped"] for r in ranks]
+        assert [a + b for a, b in zip(*local)] == references["muon"]["clipped"]
