@@ -29,7 +29,8 @@ from .collectives import GroupCommunicator
 from .shard_exchange import ShardedMuonExchange, SpecLevel
 from .shard_spec import ShardSpec, local_shape
 
-__all__ = ["TensorParallelSharding", "GroupView", "LocalHeadLogits", "check_shard_specs"]
+__all__ = ["TensorParallelSharding", "GroupView", "LocalHeadLogits", "check_shard_specs",
+           "local_heads"]
 
 
 class GroupView:
@@ -40,10 +41,6 @@ class GroupView:
         self.comm, self.group = comm, group
         self.rank = comm.mesh.local_rank(group, comm.rank)
         self.world_size = comm.mesh.size(group)
-
-    @property
-    def stats(self):
-        return self.comm.stats
 
     def all_gather(self, x):
         return self.comm.all_gather(x, self.group)
@@ -80,6 +77,19 @@ def check_shard_specs(specs: Mapping[str, ShardSpec], params, tp_size: int) -> D
                              f"ShardSpec's local shape is {local_shape(spec)}")
         out[name] = spec
     return out
+
+
+_Q_WEIGHTS = ("linear_q_up_proj.weight", "linear_q_proj.weight")
+
+
+def local_heads(tc, specs: Mapping[str, ShardSpec]) -> int:
+    """Attention heads of this rank: the local rows of a split MLA q weight over the per-head
+    period ``qk_head_dim + qk_pos_emb_head_dim`` (``tc``: the model's transformer config);
+    all ``num_attention_heads`` when no q weight is split."""
+    for name, spec in sorted(specs.items()):
+        if name.endswith(_Q_WEIGHTS) and tc.qk_head_dim is not None:
+            return local_shape(spec)[0] // (tc.qk_head_dim + tc.qk_pos_emb_head_dim)
+    return int(tc.num_attention_heads)
 
 
 class LocalHeadLogits:
@@ -128,9 +138,8 @@ class TensorParallelSharding:
             kwargs["full_shapes"] = {n: s.full_shape for n, s in specs.items()}
             model = kwargs.get("model")      # None: Muon raises its own message
             if model is not None:
-                heads = model.get_gpt_transformer_config().num_attention_heads
-                kwargs.setdefault("max_logits_reducer",
-                                  LocalHeadLogits(heads // self.comm.mesh.size("tp"), self.dp))
+                kwargs.setdefault("max_logits_reducer", LocalHeadLogits(
+                    local_heads(model.get_gpt_transformer_config(), specs), self.dp))
         zero = ZeroSharding(self.dp, self.data_parallel_shard)
         opt = zero.build(cls, groups, kwargs)
         if is_muon:

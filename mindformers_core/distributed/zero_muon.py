@@ -63,15 +63,15 @@ class ZeroRowsLevel:
         buf = np.ascontiguousarray(buf, np.float32)
         return np.asarray(self.comm.all_gather(buf)).reshape(self.size, buf.size)
 
-    def _rows(self, i: int, d0: int, member: int):
+    def _rows(self, d0: int, member: int):
         return shard_rows(d0, self.layout.num_shards, member % self.layout.num_shards)
 
-    def part(self, i, whole, member):
-        start, stop = self._rows(i, whole.shape[0], member)
+    def part(self, i, whole, member):  # noqa: ARG002 - rows depend on the row count only
+        start, stop = self._rows(whole.shape[0], member)
         return np.asarray(whole)[start:stop].copy()
 
-    def part_shape(self, i, whole_shape, member):
-        start, stop = self._rows(i, whole_shape[0], member)
+    def part_shape(self, i, whole_shape, member):  # noqa: ARG002 - as part
+        start, stop = self._rows(whole_shape[0], member)
         return (stop - start,) + tuple(whole_shape[1:])
 
     def join(self, i, parts):

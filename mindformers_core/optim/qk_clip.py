@@ -19,6 +19,11 @@ Data parallel: the tracked maxima must be the max over all ranks before clipping
 all-reduces with MAX over the dp x cp group). `reduce_max_logits`, when given, maps the local
 [num_layers, num_heads] array to the global one; it is written back with
 `model.set_max_attention_logits` before clipping.
+
+Tensor parallel: each rank holds its heads' rows of the q/kv weights (contiguous head blocks)
+and tracks its local heads' logits [num_layers, num_heads / tp]; it clips those rows only,
+which is the unsharded result restricted to them (``distributed.tp_sharding``; the reduction
+is then over the data-parallel group only).
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from mindformers_core.distributed.shard_exchange import ShardedMuonExchange, Spe
 from mindformers_core.distributed.shard_spec import ShardSpec, shard, unshard
 from mindformers_core.distributed.tp_sharding import (LocalHeadLogits, GroupView,
                                                       TensorParallelSharding,
-                                                      check_shard_specs)
+                                                      check_shard_specs, local_heads)
 from mindformers_core.models import build_model
 from mindformers_core.optim.build import optimizer_kwargs
 from mindformers_core.optim.muon import Muon
@@ -120,6 +120,15 @@ def test_qk_clip_on_local_rows_equals_the_unsharded_result():
         for name, want in (("linear_q_up_proj.weight", q), ("linear_kv_up_proj.weight", kv)):
             got = unshard(specs[pre + name], shards[pre + name])
             np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=pre + name)
+
+
+def test_local_heads_from_the_split_q_weight():
+    model = build_model(M, seed=7)
+    tc = model.get_gpt_transformer_config()
+    assert local_heads(tc, C.tp_specs(model, 2)) == N // 2
+    assert local_heads(tc, {}) == N
+    opt = local_muon(1)[0]
+    assert opt.max_logits_reducer.local_heads == N // 2
 
 
 def test_local_head_logits_are_checked():
