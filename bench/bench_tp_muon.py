@@ -1,0 +1,108 @@
+"""Tensor-parallel Muon: Newton-Schulz work and bytes per rank of the two comm strategies.
+
+    python bench/bench_tp_muon.py [--tp 2 4] [--json out.json]
+
+One process, no collective runs: for every rank ``r`` of a ``tp``-rank mesh, the real Muon is
+built over rank r's shards of the tiny DeepSeek-V3 (configs/muon_deepseek_v3_tiny.yaml shapes)
+by ``TensorParallelSharding`` (weights split as the TP models do: q/kv up-projections and
+fc1 on dim 0, linear_proj and fc2 on dim 1). Per optimizer step and rank it reports
+
+* NS FLOPs (``shard_layout.ns_flops`` of the full shapes' pieces): allgather orthogonalises
+  every matrix on every rank; allgather_deredundency only the split weights the rank owns,
+  plus the replicated ones (every rank);
+* bytes received: allgather, the U all-gather of the split Muon weights, ``(tp-1)`` times the
+  local shard bytes; deredundency on CPU (no send/recv) the same gather plus the all-gather
+  of the owners' full updates padded to the largest owner; deredundency with send/recv
+  (Ascend): the owner receives the other shards of U of its weights, each rank receives its
+  shard of every update it does not own.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests", "distributed"))
+
+MODEL = "configs/muon_deepseek_v3_tiny.yaml"
+
+
+def rank_row(tp: int, rank: int, strategy: str) -> dict:
+    import numpy as np
+    from mindspore import Parameter, Tensor
+    from mindformers_core.config import load_config
+    from mindformers_core.distributed.collectives import GroupCommunicator
+    from mindformers_core.distributed.groups import make_mesh
+    from mindformers_core.distributed.shard_layout import ns_flops
+    from mindformers_core.distributed.shard_spec import local_shape, shard
+    from mindformers_core.distributed.tp_sharding import TensorParallelSharding
+    from mindformers_core.models import build_model
+    from mindformers_core.optim.build import optimizer_kwargs
+    from mindformers_core.optim.muon import Muon
+    from tp_muon_case import tp_specs
+
+    cfg = load_config(os.path.join(ROOT, MODEL))
+    model = build_model(cfg.model, seed=0)
+    specs = tp_specs(model, tp)
+    params = [Parameter(Tensor(shard(specs[p.name], p.asnumpy(), rank) if p.name in specs
+                               else p.asnumpy()), name=p.name) for p in model.trainable_params()]
+    kwargs = dict(optimizer_kwargs(cfg.optimizer), model=model, comm_strategy=strategy)
+    comm = GroupCommunicator(make_mesh(tp, tp=tp), rank, backend="cpu")
+    opt = TensorParallelSharding(specs, comm).build(Muon, [{"params": params}], kwargs)
+    ex = opt.exchange
+    flops = gather = owned_bytes = p2p = 0.0
+    for i, p in enumerate(opt.parameters):
+        if not opt.muon_mask[i]:
+            continue
+        f = ns_flops(opt.piece_shapes_of(p.name), opt.ns_steps)
+        full = 4.0 * math.prod(opt.full_shape(i))
+        if not ex.matrix_levels[i]:
+            flops += f
+            continue
+        local = 4.0 * math.prod(local_shape(specs[p.name]))
+        mine = ex.owner[i] == rank
+        flops += f if strategy == "allgather" or mine else 0.0
+        gather += (tp - 1) * local
+        owned_bytes += full if mine else 0.0
+        p2p += (full - local) if mine else local
+    return {"ns_flops": flops, "gather": gather, "owned": owned_bytes, "p2p": p2p}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tp", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    import mindspore as ms
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    rows = []
+    print(f"{MODEL}: per optimizer step, per rank (max over ranks)")
+    print(f"{'tp':>3} {'NS GFLOP ag':>12} {'NS GFLOP dr':>12} {'MB ag':>8} {'MB dr cpu':>10} "
+          f"{'MB dr p2p':>10}")
+    for tp in args.tp:
+        ag = [rank_row(tp, r, "allgather") for r in range(tp)]
+        dr = [rank_row(tp, r, "allgather_deredundency") for r in range(tp)]
+        widest = max(d["owned"] for d in dr)
+        row = {"tp": tp,
+               "ns_flops_allgather": max(a["ns_flops"] for a in ag),
+               "ns_flops_deredundency": max(d["ns_flops"] for d in dr),
+               "bytes_allgather": max(a["gather"] for a in ag),
+               "bytes_deredundency_cpu": max(d["gather"] + (tp - 1) * widest for d in dr),
+               "bytes_deredundency_p2p": max(d["p2p"] for d in dr)}
+        rows.append(row)
+        print(f"{tp:>3} {row['ns_flops_allgather'] / 1e9:>12.4f} "
+              f"{row['ns_flops_deredundency'] / 1e9:>12.4f} {row['bytes_allgather'] / 1e6:>8.3f} "
+              f"{row['bytes_deredundency_cpu'] / 1e6:>10.3f} "
+              f"{row['bytes_deredundency_p2p'] / 1e6:>10.3f}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
