@@ -44,6 +44,7 @@ CASES = {
 CASES_2D = {
     "muon_allgather_zero": (MUON, "allgather", None, -1),
     "muon_deredundency_zero": (MUON, "allgather_deredundency", None, -1),
+    "muon_deredundency_zero_p2p": (MUON, "allgather_deredundency", True, -1),
 }
 
 
