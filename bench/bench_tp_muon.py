@@ -79,10 +79,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import mindspore as ms
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    rows = []
+    #: column -> (header, unit divisor)
+    columns = {"ns_flops_allgather": ("NS GFLOP ag", 1e9), "ns_flops_deredundency":
+               ("NS GFLOP dr", 1e9), "bytes_allgather": ("MB ag", 1e6),
+               "bytes_deredundency_cpu": ("MB dr cpu", 1e6),
+               "bytes_deredundency_p2p": ("MB dr p2p", 1e6)}
     print(f"{MODEL}: per optimizer step, per rank (max over ranks)")
-    print(f"{'tp':>3} {'NS GFLOP ag':>12} {'NS GFLOP dr':>12} {'MB ag':>8} {'MB dr cpu':>10} "
-          f"{'MB dr p2p':>10}")
+    print("tp  " + "  ".join(f"{h:>12}" for h, _ in columns.values()))
+    rows = []
     for tp in args.tp:
         ag = [rank_row(tp, r, "allgather") for r in range(tp)]
         dr = [rank_row(tp, r, "allgather_deredundency") for r in range(tp)]
@@ -94,10 +98,7 @@ def main(argv=None) -> int:
                "bytes_deredundency_cpu": max(d["gather"] + (tp - 1) * widest for d in dr),
                "bytes_deredundency_p2p": max(d["p2p"] for d in dr)}
         rows.append(row)
-        print(f"{tp:>3} {row['ns_flops_allgather'] / 1e9:>12.4f} "
-              f"{row['ns_flops_deredundency'] / 1e9:>12.4f} {row['bytes_allgather'] / 1e6:>8.3f} "
-              f"{row['bytes_deredundency_cpu'] / 1e6:>10.3f} "
-              f"{row['bytes_deredundency_p2p'] / 1e6:>10.3f}")
+        print(f"{tp:<3} " + "  ".join(f"{row[k] / div:>12.4f}" for k, (_, div) in columns.items()))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

@@ -45,6 +45,7 @@ CASES_2D = {
     "muon_allgather_zero": (MUON, "allgather", None, -1),
     "muon_deredundency_zero": (MUON, "allgather_deredundency", None, -1),
     "muon_deredundency_zero_p2p": (MUON, "allgather_deredundency", True, -1),
+    "adamw_zero": (ADAMW, None, None, -1),
 }
 
 
