@@ -53,7 +53,8 @@ from .checkpoint_io import (CheckpointData, CheckpointError, checkpoint_data, en
 
 __all__ = ["SHARD_FORMAT", "INDEX_FORMAT", "Piece", "ZeroRows", "param_of", "describe_pieces",
            "writes_piece", "rank_file_name", "shard_files_of", "save_rank_file", "save_index",
-           "load_sharded", "merge_pieces", "reshard"]
+           "load_sharded", "merge_pieces", "reshard", "RankLayout", "zero_rows_of",
+           "split_checkpoint"]
 
 SHARD_FORMAT = "mindformers_core.checkpoint_shard/1"
 INDEX_FORMAT = "mindformers_core.checkpoint_index/1"
@@ -352,3 +353,48 @@ def reshard(data: CheckpointData, specs: Mapping[str, ShardSpec], coords: Mappin
         out[key] = shard(spec, arr, _coord(coords, spec.group, name))
     dtypes = {k: v for k, v in data.dtypes.items() if k in out}
     return replace(data, tensors=out, dtypes=dtypes)
+
+
+# -- a whole layout from full tensors (tools/convert_checkpoint.py) ------------------------------
+@dataclass(frozen=True)
+class RankLayout:
+    """What one rank of a target layout holds: its index along each group, the parameters it
+    holds (None: all; a pipeline stage: its own) and the ZeRO-1 shards of its optimizer state
+    over ``coords["dp"]`` (1: none)."""
+    coords: Mapping[str, int]
+    names: Optional[Sequence[str]] = None
+    zero_shards: int = 1
+
+
+def zero_rows_of(tensors: Mapping[str, np.ndarray], num_shards: int, dp_index: int) -> ZeroRows:
+    """ZeRO-1's rows (``distributed/shard_layout.py``) of the ``optim.*`` tensors of one rank
+    with data-parallel index ``dp_index``."""
+    from ..distributed.shard_layout import ShardLayout
+    keys = sorted(k for k in tensors if k.startswith("optim."))
+    layout = ShardLayout([np.shape(tensors[k]) for k in keys], num_shards,
+                         dp_index % num_shards, num_shards)
+    rows = {k: layout.rows(i) + (int(np.shape(tensors[k])[0]),)
+            for i, k in enumerate(keys) if layout.is_sharded(i)}
+    return ZeroRows(rows, num_shards, dp_index % num_shards, dp_index // num_shards)
+
+
+def split_checkpoint(data: CheckpointData, directory: str, index_name: str,
+                     specs: Mapping[str, ShardSpec], ranks: Sequence[RankLayout]) -> str:
+    """Write ``data`` (full tensors) as a sharded checkpoint of the layout ``specs`` on
+    ``ranks`` (one rank file each, then the index); returns the index path."""
+    world = len(ranks)
+    for rank, lay in enumerate(ranks):
+        local = reshard(data, specs, lay.coords, lay.names).tensors
+        zero = None
+        if lay.zero_shards > 1:
+            zero = zero_rows_of(local, lay.zero_shards, int(lay.coords.get("dp", 0)))
+            local = {k: (v[zero.rows[k][0]:zero.rows[k][1]] if k in zero.rows else v)
+                     for k, v in local.items()}
+        pieces = describe_pieces(local, specs, lay.coords, zero, data.dtypes)
+        mine = {k: p for k, p in pieces.items()
+                if writes_piece(p, lay.coords, zero.replica if zero is not None else 0)}
+        save_rank_file(directory, index_name, data.step, rank, world,
+                       {k: local[k] for k in mine}, mine, data.run_id)
+    rest = {k: v for k, v in data.tensors.items() if param_of(k) is None}
+    return save_index(directory, index_name, data.step, world, rest, data.state, data.config,
+                      data.run_id)
