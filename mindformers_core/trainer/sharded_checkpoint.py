@@ -15,11 +15,13 @@ atomic writer and digest (``checkpoint_io.py``), with ``NAME = {prefix}_step{NNN
 * ``NAME.safetensors`` (format :data:`INDEX_FORMAT`), written by rank 0 after every rank file
   is complete (the trainer's save waits for all ranks), so the set exists under its final name
   only when whole: the train state, config, RNG tensors and ``run_id`` as a single-process
-  checkpoint holds them, plus ``world`` and ``files`` (the rank files). Listing, resolving and
+  checkpoint holds them, plus ``world`` and ``files`` (each rank file's name and sha256, read
+  back from its header: the index binds exactly those files, so a stale file of another save
+  under the same name is refused; the directory must be shared by all ranks). Listing, resolving and
   pruning see only this file (``checkpoint.list_checkpoints``).
 
 Every file carries its own digest over data and header. Loading (:func:`load_sharded`) checks
-that each listed rank file exists, verifies it, and that it belongs to the index's step and run;
+that each listed rank file exists, verifies it, and that it is the one the index lists;
 then per key the boxes must tile the full shape exactly (identical boxes are replicas and are
 read once; a gap or a partial overlap is refused), and the full tensor is the pieces copied to
 their offsets, so merging is bit-identical. Pipeline stages hold disjoint parameters, so the
@@ -221,10 +223,21 @@ def save_index(directory: str, index_name: str, step: int, world: int,
                run_id: Optional[str], write_hook=None) -> str:
     """Write the index (rank 0, after every rank file is complete) atomically.
 
-    ``tensors``: the replicated non-parameter tensors (``rng.*``)."""
+    ``tensors``: the replicated non-parameter tensors (``rng.*``). The index records each rank
+    file's sha256 (read from its header), which binds exactly these files to it."""
+    files = []
+    for rank in range(world):
+        name = rank_file_name(index_name, rank, world)
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            raise CheckpointError(f"cannot write checkpoint {os.path.join(directory, index_name)}"
+                                  f": rank file {name} is missing (is {directory} shared by all "
+                                  "ranks?); the previous checkpoints are kept")
+        files.append({"name": name, "sha256": read_header(path, os.path.getsize(path))[
+            "__metadata__"].get("sha256", "")})
     meta = run_metadata(INDEX_FORMAT, step, state, config, {}, run_id)
     meta["world"] = str(int(world))
-    meta["files"] = json.dumps([rank_file_name(index_name, r, world) for r in range(world)])
+    meta["files"] = json.dumps(files, sort_keys=True)
     return write_atomic(directory, index_name, encode(dict(tensors), meta), write_hook)
 
 
@@ -234,25 +247,27 @@ def load_sharded(path: str, header: Optional[dict] = None) -> CheckpointData:
     meta, tensors = read_verified(path, (INDEX_FORMAT,), header)
     data = checkpoint_data(path, meta, tensors)
     files = parse_json(meta.get("files", "null"), path, "files")
-    if not isinstance(files, list) or not all(isinstance(f, str) for f in files) or \
-            str(len(files)) != meta.get("world"):
+    if not isinstance(files, list) or str(len(files)) != meta.get("world") or not all(
+            isinstance(f, dict) and isinstance(f.get("name"), str) for f in files):
         raise CheckpointError(f"checkpoint {path} is corrupt: its list of rank files does not "
                               f"match its world size {meta.get('world')!r:.20}")
     directory = os.path.dirname(path)
     located = []
-    for rank, name in enumerate(files):
-        fpath = os.path.join(directory, os.path.basename(name))
+    for rank, entry in enumerate(files):
+        name = os.path.basename(entry["name"])
+        fpath = os.path.join(directory, name)
         if not os.path.isfile(fpath):
             raise CheckpointError(f"sharded checkpoint {path} is incomplete: rank file {name} "
                                   f"(rank {rank} of {len(files)}) is missing")
         fmeta, ftensors = read_verified(fpath, (SHARD_FORMAT,))
-        if fmeta.get("step") != meta["step"] or fmeta.get("run_id", "") != meta.get("run_id", "") \
+        if fmeta.get("sha256") != entry.get("sha256") or fmeta.get("step") != meta["step"] \
                 or fmeta.get("rank") != str(rank):
             raise CheckpointError(
-                f"sharded checkpoint {path}: rank file {name} is rank {fmeta.get('rank')!r:.12} "
-                f"of step {fmeta.get('step')!r:.20} of run {fmeta.get('run_id')!r:.40}, the "
-                f"index expects rank {rank} of step {meta['step']} of run "
-                f"{meta.get('run_id')!r:.40} (a file of another save)")
+                f"sharded checkpoint {path}: rank file {name} is not the one the index was "
+                f"written with (rank {fmeta.get('rank')!r:.12}, step {fmeta.get('step')!r:.20}, "
+                f"sha256 {str(fmeta.get('sha256'))[:12]}..., the index expects rank {rank}, step "
+                f"{meta['step']}, sha256 {str(entry.get('sha256'))[:12]}...: a file of another "
+                "save)")
         raw = parse_json(fmeta.get("pieces", "null"), fpath, "pieces")
         try:
             pieces = {k: Piece.from_json(v) for k, v in raw.items()}

@@ -205,13 +205,14 @@ def test_rank_file_of_another_save_is_refused(tmp_path):
     os.replace(os.path.join(tmp_path / "b", rank_file_name(NAME, 1, 2)),
                os.path.join(tmp_path, rank_file_name(NAME, 1, 2)))
     with pytest.raises(CheckpointError, match=r"rank file ck_step00000007\.rank00001-of-00002"
-                       r"\.safetensors is rank '1' of step '7' of run 'run-b', the index expects "
-                       r"rank 1 of step 7 of run 'run-a' \(a file of another save\)"):
+                       r"\.safetensors is not the one the index was written with \(rank '1', "
+                       r"step '7', sha256 \w{12}\.\.\., the index expects rank 1, step 7, "
+                       r"sha256 \w{12}\.\.\.: a file of another save\)"):
         load_checkpoint(index)
 
 
-def test_pipeline_stage_missing_is_a_gap(tmp_path):
-    """A pp2 set whose stage-1 file holds no pieces: the stage's parameters are missing."""
+def test_a_piece_no_rank_wrote_is_a_gap(tmp_path):
+    """Rank 1 wrote no piece of linear_qkv (its half of the rows is missing)."""
     specs, coords_of, world, names_of, zero = LAYOUTS["tp2"]
     index = write_ranks(tmp_path, specs, coords_of, world)
     # rewrite rank 1 without its half of linear_qkv
@@ -222,6 +223,7 @@ def test_pipeline_stage_missing_is_a_gap(tmp_path):
     pieces = describe_pieces(local, specs, coords_of(1))
     save_rank_file(str(tmp_path), NAME, 7, 1, 2, local, pieces, "run-a")
     assert os.path.exists(path)
+    index = save_index(str(tmp_path), NAME, 7, 2, {}, {"train_state": {}}, {}, "run-a")
     with pytest.raises(CheckpointError, match=r"is incomplete: the pieces of "
                        r"model\.layers\.0\.linear_qkv\.weight cover 24 of the 48 elements of "
                        r"its full shape \(12, 4\)"):
@@ -269,16 +271,25 @@ def test_layout_entries_and_tensors_must_agree(tmp_path):
                        r"differ: \['model\.v', 'model\.w'\]"):
         load_checkpoint(index)
     crafted_rank_file(tmp_path, 0, {"model.w": {"offset": [0]}}, {"model.w": np.zeros(2)})
+    index = save_index(str(tmp_path), NAME, 7, 2, {}, {}, {}, "run-a")
     with pytest.raises(CheckpointError, match=r"is corrupt: unreadable layout entries "
                        r"\(KeyError"):
         load_checkpoint(index)
+
+
+def test_index_needs_every_rank_file_on_its_disk(tmp_path):
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*ck_step00000007\."
+                       r"safetensors: rank file ck_step00000007\.rank00000-of-00002\.safetensors "
+                       r"is missing \(is .* shared by all ranks\?\); the previous checkpoints "
+                       r"are kept"):
+        save_index(str(tmp_path), NAME, 7, 2, {}, {}, {}, "run-a")
 
 
 def test_index_file_list_must_match_its_world(tmp_path):
     from mindformers_core.trainer.checkpoint_io import run_metadata
     from mindformers_core.trainer.sharded_checkpoint import INDEX_FORMAT
     meta = run_metadata(INDEX_FORMAT, 7, {}, {}, {}, "run-a")
-    meta.update(world="3", files=json.dumps(["a", "b"]))
+    meta.update(world="3", files=json.dumps([{"name": "a"}, {"name": "b"}]))
     path = write_atomic(str(tmp_path), NAME, encode({}, meta))
     with pytest.raises(CheckpointError, match="its list of rank files does not match its world "
                        "size '3'"):
