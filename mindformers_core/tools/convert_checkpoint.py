@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import List, Optional
 
@@ -89,8 +90,10 @@ def split(src: str, layout: dict, output_dir: str, prefix: Optional[str] = None)
     from ..trainer.sharded_checkpoint import split_checkpoint
     specs, ranks = parse_layout(layout)
     data = resolve_checkpoint(src)
-    if prefix is None:
-        prefix = (data.config.get("checkpoint") or {}).get("prefix") or "mindformers_core"
+    if prefix is None:   # the input's own ({prefix}_stepNNNNNNNN.safetensors), else the config's
+        match = re.match(r"^(.+)_step\d{8,}\.safetensors$", os.path.basename(data.path))
+        prefix = match.group(1) if match else \
+            (data.config.get("checkpoint") or {}).get("prefix") or "mindformers_core"
     return split_checkpoint(data, output_dir, checkpoint_name(prefix, data.step), specs, ranks)
 
 
@@ -107,7 +110,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     s.add_argument("--input", required=True, help="checkpoint file or directory")
     s.add_argument("--layout", required=True, help="layout JSON file (see the module docstring)")
     s.add_argument("--output", required=True, help="directory for the rank files and index")
-    s.add_argument("--prefix", default=None, help="file prefix (default: the checkpoint's)")
+    s.add_argument("--prefix", default=None,
+                   help="file prefix (default: the input file's)")
     args = parser.parse_args(argv)
     try:
         if args.command == "merge":
