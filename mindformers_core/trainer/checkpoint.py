@@ -21,6 +21,11 @@ name. The write is: temp file in the same directory -> write -> flush -> fsync -
 fsync of the directory. A process killed mid-write leaves only a ``.tmp`` file, which is
 ignored (and removed by the next save). A truncated or bit-flipped file is detected by
 safetensors' own bounds checks or by the digest, and raises :class:`CheckpointError`.
+
+A sharded run writes rank files plus an index under the same name instead
+(``sharded_checkpoint.py``); :func:`load_checkpoint` of an index returns the merged full
+tensors, so everything that reads checkpoints takes either format. The file layer (digest,
+atomic write, verified read) is ``checkpoint_io.py``.
 """
 from __future__ import annotations
 

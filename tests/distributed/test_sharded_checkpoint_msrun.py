@@ -6,7 +6,8 @@ One single-process reference run (6 steps, a checkpoint every 2), then one msrun
 part of every checkpoint (its ZeRO-1 rows of the AdamW state, rank 0 the replicated weights
 and the index); run B resumes the reference's one-process step-4 checkpoint on 2 workers.
 Here: run A's step-4 checkpoint is resumed on one process; its steps 5-6 (loss, grad_norm,
-lr) equal the reference's, and so do run B's.
+lr) equal the reference's, and so do run B's. Run C: rank 1 cannot write its rank file, so
+both ranks stop with their own message and no index is written.
 """
 import io
 import json
@@ -112,3 +113,15 @@ def test_one_process_checkpoint_resumes_on_two_workers(two_workers, single):
     want = load_checkpoint(os.path.join(single["dir"], final.name)).tensors
     for key in (k for k in want if k.startswith(("model.", "optim."))):
         assert rel_err(got[key], want[key]) < 1e-5, key
+
+
+def test_a_rank_that_cannot_write_stops_every_rank_and_no_index_is_written(two_workers):
+    run_c = two_workers / "c"
+    rank0 = (run_c / "error.rank0.txt").read_text()
+    rank1 = (run_c / "error.rank1.txt").read_text()
+    assert rank0 == ("another rank could not write its part of checkpoint "
+                     "mindformers_core_step00000002.safetensors; the previous checkpoints are kept")
+    assert rank1.startswith("cannot write checkpoint ") and \
+        rank1.endswith("mindformers_core_step00000002.rank00001-of-00002.safetensors: Is a "
+                       "directory; the previous checkpoints are kept")
+    assert not (run_c / "checkpoint" / "mindformers_core_step00000002.safetensors").exists()

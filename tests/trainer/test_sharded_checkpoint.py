@@ -328,3 +328,13 @@ def test_prune_removes_the_rank_files_of_a_pruned_sharded_checkpoint(tmp_path):
     assert sorted(os.path.basename(p) for p in removed) == sorted(
         [NAME, rank_file_name(NAME, 0, 2), rank_file_name(NAME, 1, 2)])
     assert sorted(os.listdir(tmp_path)) == [checkpoint_name("ck", 9)]
+
+
+def test_overwrite_moves_a_sharded_checkpoint_with_its_rank_files(tmp_path):
+    from mindformers_core.trainer.run_dir import move_aside
+    write_ranks(tmp_path, *LAYOUTS["tp2"])
+    moved = move_aside(None, str(tmp_path), "another-run")
+    assert sorted(os.path.basename(p) for p in moved) == sorted(
+        [NAME, rank_file_name(NAME, 0, 2), rank_file_name(NAME, 1, 2)])
+    assert_same(load_checkpoint([p for p in moved if p.endswith(NAME)][0]).tensors,
+                full_tensors())
