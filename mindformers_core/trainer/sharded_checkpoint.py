@@ -54,7 +54,8 @@ from .checkpoint_io import (CheckpointData, CheckpointError, checkpoint_data, en
                             read_header, read_verified, run_metadata, write_atomic)
 
 __all__ = ["SHARD_FORMAT", "INDEX_FORMAT", "Piece", "ZeroRows", "param_of", "describe_pieces",
-           "writes_piece", "rank_file_name", "shard_files_of", "save_rank_file", "save_index",
+           "writes_piece", "rank_file_name", "shard_files_of", "save_rank_file", "write_rank",
+           "save_index",
            "load_sharded", "merge_pieces", "reshard", "RankLayout", "zero_rows_of",
            "split_checkpoint"]
 
@@ -216,6 +217,21 @@ def save_rank_file(directory: str, index_name: str, step: int, rank: int, world:
                                  sort_keys=True)}
     return write_atomic(directory, rank_file_name(index_name, rank, world),
                         encode(dict(tensors), meta), write_hook)
+
+
+def write_rank(directory: str, index_name: str, step: int, rank: int, world: int,
+               tensors: Mapping[str, np.ndarray], specs: Mapping[str, ShardSpec],
+               coords: Mapping[str, int], zero: Optional[ZeroRows] = None,
+               dtypes: Optional[Mapping[str, str]] = None, run_id: Optional[str] = None,
+               write_hook=None) -> str:
+    """One rank's part of a save: its ``model.*``/``optim.*`` tensors described
+    (:func:`describe_pieces`), the replicas it does not write left out (:func:`writes_piece`),
+    and its rank file written (:func:`save_rank_file`)."""
+    pieces = describe_pieces(tensors, specs, coords, zero, dtypes)
+    mine = {k: p for k, p in pieces.items()
+            if writes_piece(p, coords, zero.replica if zero is not None else 0)}
+    return save_rank_file(directory, index_name, step, rank, world,
+                          {k: tensors[k] for k in mine}, mine, run_id, write_hook)
 
 
 def save_index(directory: str, index_name: str, step: int, world: int,
@@ -405,11 +421,8 @@ def split_checkpoint(data: CheckpointData, directory: str, index_name: str,
             zero = zero_rows_of(local, lay.zero_shards, int(lay.coords.get("dp", 0)))
             local = {k: (v[zero.rows[k][0]:zero.rows[k][1]] if k in zero.rows else v)
                      for k, v in local.items()}
-        pieces = describe_pieces(local, specs, lay.coords, zero, data.dtypes)
-        mine = {k: p for k, p in pieces.items()
-                if writes_piece(p, lay.coords, zero.replica if zero is not None else 0)}
-        save_rank_file(directory, index_name, data.step, rank, world,
-                       {k: local[k] for k in mine}, mine, data.run_id)
+        write_rank(directory, index_name, data.step, rank, world, local, specs, lay.coords,
+                   zero, data.dtypes, data.run_id)
     rest = {k: v for k, v in data.tensors.items() if param_of(k) is None}
     return save_index(directory, index_name, data.step, world, rest, data.state, data.config,
                       data.run_id)

@@ -19,8 +19,7 @@ from ..distributed.groups import Mesh
 from ..distributed.shard_spec import ShardSpec
 from .checkpoint import checkpoint_name, prune_checkpoints
 from .checkpoint_io import CheckpointData, CheckpointError
-from .sharded_checkpoint import (ZeroRows, describe_pieces, param_of, reshard, save_index,
-                                 save_rank_file, writes_piece)
+from .sharded_checkpoint import ZeroRows, param_of, reshard, save_index, write_rank
 
 __all__ = ["ShardedModel", "RowShardedOptimizer", "MeshReducer", "model_specs", "rank_coords",
            "uses_sharded_checkpoint", "save_sharded", "reshard_for_model"]
@@ -82,18 +81,18 @@ def save_sharded(trainer, write_hook=None) -> Optional[str]:
         else:
             sd = opt.state_dict()
     tensors, dtypes, state = trainer.checkpoint_payload(optimizer_state=sd)
-    coords = rank_coords(trainer.grad_reducer)
-    pieces = describe_pieces(tensors, model_specs(trainer.model), coords, zero, dtypes)
-    mine = {k: p for k, p in pieces.items()
-            if writes_piece(p, coords, zero.replica if zero is not None else 0)}
     step, world, rank = trainer.state.step, trainer.grad_reducer.world_size, trainer.rank
     name = checkpoint_name(ck.prefix, step)
     error = None
     try:
-        save_rank_file(trainer.save_dir, name, step, rank, world,
-                       {k: tensors[k] for k in mine}, mine, trainer.run_id, write_hook)
+        write_rank(trainer.save_dir, name, step, rank, world,
+                   {k: v for k, v in tensors.items() if param_of(k) is not None},
+                   model_specs(trainer.model), rank_coords(trainer.grad_reducer), zero, dtypes,
+                   trainer.run_id, write_hook)
     except CheckpointError as exc:
         error = exc
+    except ValueError as exc:   # a local shape that contradicts its ShardSpec
+        error = CheckpointError(f"cannot save checkpoint {name}: {exc}")
     # the barrier: after it every rank file is complete, or every rank knows one is not
     if trainer.grad_reducer.broadcast_flag(error is not None):
         raise error or CheckpointError(f"another rank could not write its part of checkpoint "

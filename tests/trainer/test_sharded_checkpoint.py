@@ -20,7 +20,8 @@ from mindformers_core.trainer.checkpoint import (CheckpointError, checkpoint_nam
 from mindformers_core.trainer.checkpoint_io import CheckpointData, encode, write_atomic
 from mindformers_core.trainer.sharded_checkpoint import (
     SHARD_FORMAT, RankLayout, ZeroRows, describe_pieces, rank_file_name, reshard, save_index,
-    save_rank_file, shard_files_of, split_checkpoint, writes_piece, zero_rows_of)
+    save_rank_file, shard_files_of, split_checkpoint, write_rank, writes_piece,
+    zero_rows_of)
 
 NAME = checkpoint_name("ck", 7)
 SHAPES = {"embedding.word_embeddings.weight": (8, 4), "layers.0.linear_qkv.weight": (12, 4),
@@ -70,11 +71,8 @@ def write_ranks(directory, specs, coords_of, world, names_of=None, zero_shards=1
             zero = zero_rows_of(local, zero_shards, coords["dp"])
             local = {k: (v[zero.rows[k][0]:zero.rows[k][1]] if k in zero.rows else v)
                      for k, v in local.items()}
-        pieces = describe_pieces(local, specs, coords, zero, data.dtypes)
-        mine = {k: p for k, p in pieces.items()
-                if writes_piece(p, coords, zero.replica if zero else 0)}
-        save_rank_file(str(directory), NAME, 7, rank, world, {k: local[k] for k in mine}, mine,
-                       data.run_id)
+        write_rank(str(directory), NAME, 7, rank, world, local, specs, coords, zero,
+                   data.dtypes, data.run_id)
     return save_index(str(directory), NAME, 7, world, {"rng.numpy_keys": data.tensors[
         "rng.numpy_keys"]}, data.state, data.config, data.run_id)
 
@@ -338,3 +336,19 @@ def test_overwrite_moves_a_sharded_checkpoint_with_its_rank_files(tmp_path):
         [NAME, rank_file_name(NAME, 0, 2), rank_file_name(NAME, 1, 2)])
     assert_same(load_checkpoint([p for p in moved if p.endswith(NAME)][0]).tensors,
                 full_tensors())
+
+
+def test_which_replica_writes_a_piece():
+    from mindformers_core.trainer.sharded_checkpoint import Piece
+    rep = Piece((4,), (0,), (4,))
+    ep = Piece((4, 2), (2, 0), (2, 2), 0, "ep", 1, 2)
+    fsdp = Piece((4, 2), (2, 0), (2, 2), 0, "dp_shard", 1, 2)
+    zero = Piece((4,), (2,), (2,), zero_rows=(2, 4), zero_shards=2, zero_index=1)
+    assert writes_piece(rep, {"dp": 0, "pp": 1}) and not writes_piece(rep, {"dp": 1})
+    assert not writes_piece(rep, {"tp": 1})
+    assert writes_piece(ep, {"dp": 1, "ep": 1, "edp": 0})
+    assert not writes_piece(ep, {"dp": 3, "ep": 1, "edp": 1})
+    assert writes_piece(fsdp, {"dp": 1, "dp_shard": 1})
+    assert not writes_piece(fsdp, {"dp": 1, "dp_shard": 1, "dp_replicate": 1})
+    assert writes_piece(zero, {"dp": 1}, zero_replica=0)
+    assert not writes_piece(zero, {"dp": 3}, zero_replica=1)
