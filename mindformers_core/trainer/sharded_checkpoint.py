@@ -104,8 +104,8 @@ class Piece:
 @dataclass(frozen=True)
 class ZeroRows:
     """ZeRO-1's dim-0 rows of this rank's optimizer state (``distributed/shard_layout.py``):
-    ``rows[key] = (start, stop, rows of the whole local tensor)`` of the sharded keys, ``num_shards``, this rank's
-    ``shard_index`` and ``replica`` (``rank // num_shards``)."""
+    ``rows[key] = (start, stop, rows of the whole local tensor)`` of the sharded keys,
+    ``num_shards``, this rank's ``shard_index`` and ``replica`` (``rank // num_shards``)."""
     rows: Mapping[str, Tuple[int, int, int]]
     num_shards: int
     shard_index: int
