@@ -12,8 +12,9 @@ from mindformers_core.trainer import Trainer, run_training
 from mindformers_core.trainer.checkpoint import (FORMAT, checkpoint_name, list_checkpoints,
                                                  load_checkpoint)
 from mindformers_core.trainer.checkpoint_io import read_header
-from mindformers_core.trainer.sharded_checkpoint import RankLayout, rank_file_name, split_checkpoint
 from mindformers_core.distributed.shard_spec import ShardSpec
+from mindformers_core.trainer.sharded_checkpoint import (RankLayout, rank_file_name,
+                                                         split_checkpoint)
 from tests.trainer.tiny_run import tiny_run_cfg
 
 
@@ -78,5 +79,6 @@ def test_missing_rank_file_stops_the_resume_with_one_line(reference, tmp_path):
     out = io.StringIO()
     code = run_training(cfg(4, load_path=index), str(tmp_path / "run"), stream=out)
     assert code == 1
-    assert "ERROR: sharded checkpoint " + index + " is incomplete: rank file mindformers_core_step00000002.rank00001-of-00002." \
-           "safetensors (rank 1 of 2) is missing" in out.getvalue()
+    assert (f"ERROR: sharded checkpoint {index} is incomplete: rank file mindformers_core_"
+            "step00000002.rank00001-of-00002.safetensors (rank 1 of 2) is missing") \
+        in out.getvalue()
