@@ -204,33 +204,54 @@ class ZeroMixin:
             p.set_data(t if p.dtype == ms.float32 else t.astype(p.dtype))
 
     # -- checkpoints -----------------------------------------------------------------------------
+    def _state_entries(self):
+        """``(key, param index, fp32 array)`` of every master and state slot, this rank's rows
+        for the sharded ones."""
+        for i, p in enumerate(self.parameters):
+            if self.masters.has_distinct_master(i):
+                yield f"main_param.{p.name}", i, _fp32_numpy(self.masters.master(i)).copy()
+        for prefix, slots in self.state_slots.items():
+            for i, (p, t) in enumerate(zip(self.parameters, slots)):
+                if t is not None:
+                    yield f"{prefix}.{p.name}", i, _fp32_numpy(t).copy()
+
     def state_dict(self) -> Dict[str, Any]:
         """The unsharded format of the plain optimizer (collective: one all-gather)."""
         layout = self._zero_layout
         sd: Dict[str, Any] = {"global_step": int(self.global_step)}
         keys, items = [], []
-
-        def add(key, i, tensor):
-            arr = _fp32_numpy(tensor).copy()
+        for key, i, arr in self._state_entries():
             if layout.is_sharded(i):
                 keys.append(key)
                 items.append((i, arr))
             else:
                 sd[key] = arr
-
-        for i, p in enumerate(self.parameters):
-            if self.masters.has_distinct_master(i):
-                add(f"main_param.{p.name}", i, self.masters.master(i))
-        for prefix, slots in self.state_slots.items():
-            for i, (p, t) in enumerate(zip(self.parameters, slots)):
-                if t is not None:
-                    add(f"{prefix}.{p.name}", i, t)
         if items:   # the same on every rank: the layout depends only on the shapes
             gathered = self._zero_comm.all_gather(layout.pack(items))
             for key, arr in zip(keys, layout.unpack_gathered(gathered, [i for i, _ in items])):
                 sd[key] = arr
         self.masters.end_step()
         return sd
+
+    def shard_state_dict(self):
+        """``(state dict, rows)`` of this rank without communication (sharded checkpoints):
+        the sharded entries hold this rank's rows, ``rows[key] = (start, stop, d0)``; the
+        replicated ones are whole, as in :meth:`state_dict`."""
+        layout = self._zero_layout
+        sd: Dict[str, Any] = {"global_step": int(self.global_step)}
+        rows = {}
+        for key, i, arr in self._state_entries():
+            sd[key] = arr
+            if layout.is_sharded(i):
+                rows[key] = layout.rows(i) + (int(self.parameters[i].shape[0]),)
+        self.masters.end_step()
+        return sd, rows
+
+    @property
+    def zero_shards(self):
+        """``(num_shards, shard_index, replica)`` of this rank's optimizer state."""
+        layout = self._zero_layout
+        return layout.num_shards, layout.shard_index, layout.rank // layout.num_shards
 
     def load_state_dict(self, sd: Dict[str, Any]) -> None:
         """Take this rank's rows of a full (unsharded-format) state dict."""

@@ -23,6 +23,7 @@ from typing import List, Optional
 
 from ..config.errors import ConfigError
 from .checkpoint import checkpoint_run_id, list_checkpoints
+from .sharded_checkpoint import shard_files_of
 
 __all__ = ["new_run_id", "metrics_run_id", "claim_run_dir", "move_aside", "RUN_FILES",
            "SUPERSEDED_DIR"]
@@ -109,8 +110,8 @@ def move_aside(output_dir: Optional[str], save_dir: str, keep_run_id: Optional[s
     plan = []
     for _, path in list_checkpoints(save_dir):
         rid = checkpoint_run_id(path) or "unknown"
-        if rid != keep_run_id:
-            plan.append((path, save_dir, rid))
+        if rid != keep_run_id:   # a sharded checkpoint moves with its rank files
+            plan.extend((part, save_dir, rid) for part in shard_files_of(path) + [path])
     if output_dir is not None:
         rid = metrics_run_id(os.path.join(output_dir, "metrics.jsonl"))
         if rid is not None and rid != keep_run_id:

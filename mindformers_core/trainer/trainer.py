@@ -54,6 +54,7 @@ from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .protocols import (DataParallelReducer, ExpertBiasModel, MaxLogitsModel, MoEStatsModel,
                         QKClipOptimizer)
 from .run_dir import claim_run_dir, new_run_id
+from .sharded_save import reshard_for_model, save_sharded, uses_sharded_checkpoint
 from .signals import StopRequest
 from .step_decision import NONFINITE, OVERFLOW, SKIP_LIMIT, THRESHOLD, decide_step
 from .train_state import TrainState
@@ -165,6 +166,7 @@ class Trainer:
             model.set_recompute(cfg.recompute_layers())   # recompute: (config/recompute.py)
         self.model = model
         if loaded is not None:
+            loaded = reshard_for_model(loaded, self.model, self.grad_reducer)  # sharded ckpt
             self._load_model(loaded)
         if lr_scheduler is None:
             lr_scheduler = cfg.build_lr_scheduler()
@@ -292,8 +294,9 @@ class Trainer:
                  + (" (optimizer state not loaded)" if self.ckpt_cfg.no_load_optim else ""))
 
     # ------------------------------------------------------------------ checkpoints
-    def checkpoint_payload(self):
-        """(tensors, dtypes, state) of the current run, as saved."""
+    def checkpoint_payload(self, optimizer_state=None):
+        """(tensors, dtypes, state) of the current run, as saved (``optimizer_state``: a
+        sharded checkpoint's local optimizer state instead of ``state_dict()``)."""
         tensors, dtypes = {}, {}
         for param in self.model.get_parameters():
             arr, orig = _to_numpy(param)
@@ -303,7 +306,8 @@ class Trainer:
         state = {"train_state": self.state.to_dict(), "has_optimizer": False}
         if not self.ckpt_cfg.no_save_optim:
             scalars = {}
-            for key, value in self.optimizer.state_dict().items():
+            sd = self.optimizer.state_dict() if optimizer_state is None else optimizer_state
+            for key, value in sd.items():
                 if isinstance(value, np.ndarray):
                     tensors[f"optim.{key}"] = value
                 elif hasattr(value, "asnumpy"):
@@ -324,6 +328,8 @@ class Trainer:
 
     def save(self, write_hook=None) -> Optional[str]:
         """Write a checkpoint of the current step (rank 0) and prune to ``save_max``."""
+        if uses_sharded_checkpoint(self.model, self.optimizer, not self.ckpt_cfg.no_save_optim):
+            return save_sharded(self, write_hook)   # every rank its part (sharded_save.py)
         # a sharded optimizer's state_dict is a collective: every rank gathers, rank 0 writes
         collective = (getattr(self.optimizer, "collective_state_dict", False)
                       and not self.ckpt_cfg.no_save_optim)

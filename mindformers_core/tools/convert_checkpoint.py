@@ -1,0 +1,135 @@
+"""Sharded checkpoints to one file and back.
+
+    python -m mindformers_core.tools.convert_checkpoint merge --input CKPT --output one.safetensors
+    python -m mindformers_core.tools.convert_checkpoint merge --input CKPT --output w.safetensors \\
+        --weights-only
+    python -m mindformers_core.tools.convert_checkpoint split --input one.safetensors \\
+        --layout layout.json --output DIR
+
+``CKPT`` is a checkpoint file (the index of a sharded one, or a single-process one) or a
+directory (its newest complete checkpoint). ``merge`` writes a single-process checkpoint
+(``trainer/checkpoint.py``: resumable on one process) or, with ``--weights-only``, the model
+weights under their parameter names as ``tools/convert_weights.py`` reads them. ``split``
+writes the sharded checkpoint (``trainer/sharded_checkpoint.py``) of the layout in
+``layout.json``::
+
+    {"world": 2,
+     "mesh": {"tp": 2},                      # make_mesh(world, tp, cp, pp, ep) gives each
+                                             # rank's index along every group ...
+     "coords": [{"tp": 0}, {"tp": 1}],       # ... or give them per rank
+     "specs": {"layers.0.w": {"full_shape": [64, 32], "split_dim": 0, "group": "tp",
+                              "num_shards": 2}},
+     "names": [[...], [...]],                # optional: the parameters each rank holds (pp)
+     "zero_shards": 1}                       # optional: ZeRO-1 shards of the optimizer state
+
+Exit codes: 0 done, 1 unusable checkpoint (``CheckpointError``), 2 bad arguments or layout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from typing import List, Optional
+
+import numpy as np
+
+__all__ = ["parse_layout", "merge", "split", "main"]
+
+
+def parse_layout(spec: dict):
+    """``(specs, [RankLayout])`` of a layout.json object (``ValueError`` naming the field)."""
+    from ..distributed.groups import make_mesh
+    from ..distributed.shard_spec import ShardSpec
+    from ..trainer.sharded_checkpoint import RankLayout
+    if not isinstance(spec, dict) or not isinstance(spec.get("world"), int) or spec["world"] < 1:
+        raise ValueError("layout: 'world' must be a positive integer")
+    world = spec["world"]
+    if "coords" in spec:
+        coords = spec["coords"]
+        if not isinstance(coords, list) or len(coords) != world:
+            raise ValueError(f"layout: 'coords' must list {world} objects, one per rank")
+    else:
+        mesh = make_mesh(world, **spec.get("mesh", {}))
+        coords = [mesh.coords(r) for r in range(world)]
+    names = spec.get("names")
+    if names is not None and (not isinstance(names, list) or len(names) != world):
+        raise ValueError(f"layout: 'names' must list {world} lists of parameter names")
+    specs = {}
+    for name, s in spec.get("specs", {}).items():
+        try:
+            specs[name] = ShardSpec(tuple(s["full_shape"]), s.get("split_dim"), s.get("group"),
+                                    int(s.get("num_shards", 1)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"layout: specs.{name}: {exc}") from None
+    zero = int(spec.get("zero_shards", 1))
+    return specs, [RankLayout(dict(c), names[r] if names else None, zero)
+                   for r, c in enumerate(coords)]
+
+
+def merge(src: str, output: str, weights_only: bool = False) -> str:
+    """One file from the checkpoint at ``src`` (module docstring)."""
+    from ..trainer.checkpoint import FORMAT, resolve_checkpoint
+    from ..trainer.checkpoint_io import encode, run_metadata, write_atomic
+    data = resolve_checkpoint(src)
+    directory, name = os.path.split(os.path.abspath(output))
+    if weights_only:
+        from safetensors.numpy import save_file
+        os.makedirs(directory, exist_ok=True)
+        save_file({k[len("model."):]: np.ascontiguousarray(v) for k, v in data.tensors.items()
+                   if k.startswith("model.")}, output)
+        return output
+    meta = run_metadata(FORMAT, data.step, data.state, data.config, data.dtypes, data.run_id)
+    return write_atomic(directory, name, encode(data.tensors, meta))
+
+
+def split(src: str, layout: dict, output_dir: str, prefix: Optional[str] = None) -> str:
+    """The sharded checkpoint of ``layout`` from the checkpoint at ``src``; the index path."""
+    from ..trainer.checkpoint import checkpoint_name, resolve_checkpoint
+    from ..trainer.sharded_checkpoint import split_checkpoint
+    specs, ranks = parse_layout(layout)
+    data = resolve_checkpoint(src)
+    if prefix is None:   # the input's own ({prefix}_stepNNNNNNNN.safetensors), else the config's
+        match = re.match(r"^(.+)_step\d{8,}\.safetensors$", os.path.basename(data.path))
+        prefix = match.group(1) if match else \
+            (data.config.get("checkpoint") or {}).get("prefix") or "mindformers_core"
+    return split_checkpoint(data, output_dir, checkpoint_name(prefix, data.step), specs, ranks)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from ..trainer.checkpoint import CheckpointError
+    parser = argparse.ArgumentParser(prog="convert_checkpoint", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("merge", help="a (sharded) checkpoint into one safetensors file")
+    m.add_argument("--input", required=True, help="checkpoint file or directory")
+    m.add_argument("--output", required=True, help="safetensors file")
+    m.add_argument("--weights-only", action="store_true",
+                   help="only the model weights, named as tools/convert_weights.py reads them")
+    s = sub.add_parser("split", help="a checkpoint into the rank files of a layout")
+    s.add_argument("--input", required=True, help="checkpoint file or directory")
+    s.add_argument("--layout", required=True, help="layout JSON file (see the module docstring)")
+    s.add_argument("--output", required=True, help="directory for the rank files and index")
+    s.add_argument("--prefix", default=None,
+                   help="file prefix (default: the input file's)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "merge":
+            path = merge(args.input, args.output, args.weights_only)
+        else:
+            try:
+                with open(args.layout, encoding="utf-8") as fh:
+                    layout = json.load(fh)
+                path = split(args.input, layout, args.output, args.prefix)
+            except (OSError, ValueError) as exc:
+                print(f"error: --layout {args.layout}: {exc}", file=sys.stderr)
+                return 2
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

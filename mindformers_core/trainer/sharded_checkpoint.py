@@ -1,0 +1,428 @@
+"""Sharded checkpoints: every rank writes its pieces, rank 0 writes a layout index last.
+
+Files of one save, next to the single-process ones (``checkpoint.py``) and written by the same
+atomic writer and digest (``checkpoint_io.py``), with ``NAME = {prefix}_step{NNNNNNNN}`` and
+``W`` ranks:
+
+* ``NAME.rank{r:05d}-of-{W:05d}.safetensors`` (format :data:`SHARD_FORMAT`), one per rank:
+  the tensors this rank writes, named by their checkpoint key (``model.{param}``,
+  ``optim.{slot}.{param}`` with ``slot`` one of ``main_param``, ``adam_m``, ``adam_v``,
+  ``muon_m``, ...), and in its metadata ``step``, ``run_id``, ``rank``, ``world`` and
+  ``pieces``: per key a :class:`Piece`, the layout entry (the full shape; the box
+  ``offset``/``shape`` the tensor covers in it; how the box came about: the ``ShardSpec``'s
+  ``split_dim``, ``group``, ``shard_index`` and ``num_shards``, and ZeRO-1's own dim-0 rows of
+  the optimizer state ``zero_rows``/``zero_shards``/``zero_index``; the original dtype).
+* ``NAME.safetensors`` (format :data:`INDEX_FORMAT`), written by rank 0 after every rank file
+  is complete (the trainer's save waits for all ranks), so the set exists under its final name
+  only when whole: the train state, config, RNG tensors and ``run_id`` as a single-process
+  checkpoint holds them, plus ``world`` and ``files`` (each rank file's name and sha256, read
+  back from its header: the index binds exactly those files, so a stale file of another save
+  under the same name is refused; the directory must be shared by all ranks). Listing, resolving and
+  pruning see only this file (``checkpoint.list_checkpoints``).
+
+Every file carries its own digest over data and header. Loading (:func:`load_sharded`) checks
+that each listed rank file exists, verifies it, and that it is the one the index lists;
+then per key the boxes must tile the full shape exactly (identical boxes are replicas and are
+read once; a gap or a partial overlap is refused), and the full tensor is the pieces copied to
+their offsets, so merging is bit-identical. Pipeline stages hold disjoint parameters, so the
+rank files of all stages together are such a tiling; nothing but the files is communicated.
+
+Re-splitting (:func:`reshard`) takes full tensors (from either format) to the target layout of
+one rank: its ``ShardSpec`` per sharded parameter (``model.shard_specs()``), the rank's index
+along each group (``coords``, e.g. ``Mesh.coords(rank)``), and the parameter names it holds
+(a pipeline stage's). Optimizer slots follow their parameter's spec. ZeRO-1 targets take the
+per-parameter full tensors and keep their own rows (``distributed/zero.py``).
+
+Replicas are written once (:func:`writes_piece`): a piece is written by the ranks whose index
+is 0 along every axis that replicates it (``tp``, ``cp``, ``dp`` for a replicated parameter;
+the split axis is dropped; ``ep`` pieces replicate over ``edp``; ZeRO rows over the ZeRO
+replicas). Stages (``pp``) never replicate a parameter.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, replace
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..distributed.shard_spec import ShardSpec, local_shape, local_slice, shard
+from .checkpoint_io import (CheckpointData, CheckpointError, checkpoint_data, encode, parse_json,
+                            read_header, read_verified, run_metadata, write_atomic)
+
+__all__ = ["SHARD_FORMAT", "INDEX_FORMAT", "Piece", "ZeroRows", "param_of", "describe_pieces",
+           "writes_piece", "rank_file_name", "shard_files_of", "save_rank_file", "write_rank",
+           "save_index",
+           "load_sharded", "merge_pieces", "reshard", "RankLayout", "zero_rows_of",
+           "split_checkpoint"]
+
+SHARD_FORMAT = "mindformers_core.checkpoint_shard/1"
+INDEX_FORMAT = "mindformers_core.checkpoint_index/1"
+_SUFFIX = ".safetensors"
+_RANK_RE = re.compile(r"\.rank(\d{5,})-of-(\d{5,})\.safetensors$")
+
+#: the axes whose ranks hold the same piece, by the group a parameter is split over
+_REPLICATED_OVER = {None: ("tp", "cp", "dp"), "tp": ("cp", "dp"), "ep": ("tp", "cp", "edp"),
+                    "dp_shard": ("tp", "cp", "dp_replicate")}
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One rank's piece of one checkpoint tensor (module docstring)."""
+    full_shape: Tuple[int, ...]
+    offset: Tuple[int, ...]
+    shape: Tuple[int, ...]
+    split_dim: Optional[int] = None
+    group: Optional[str] = None
+    shard_index: int = 0
+    num_shards: int = 1
+    zero_rows: Optional[Tuple[int, int]] = None
+    zero_shards: int = 1
+    zero_index: int = 0
+    dtype: Optional[str] = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Piece":
+        d = dict(d)
+        for k in ("full_shape", "offset", "shape"):
+            d[k] = tuple(int(x) for x in d[k])
+        if d.get("zero_rows") is not None:
+            d["zero_rows"] = tuple(int(x) for x in d["zero_rows"])
+        return cls(**d)
+
+    @property
+    def box(self) -> Tuple[slice, ...]:
+        return tuple(slice(o, o + n) for o, n in zip(self.offset, self.shape))
+
+
+@dataclass(frozen=True)
+class ZeroRows:
+    """ZeRO-1's dim-0 rows of this rank's optimizer state (``distributed/shard_layout.py``):
+    ``rows[key] = (start, stop, rows of the whole local tensor)`` of the sharded keys,
+    ``num_shards``, this rank's ``shard_index`` and ``replica`` (``rank // num_shards``)."""
+    rows: Mapping[str, Tuple[int, int, int]]
+    num_shards: int
+    shard_index: int
+    replica: int
+
+
+def param_of(key: str) -> Optional[str]:
+    """The parameter a checkpoint key belongs to (``model.x``, ``optim.adam_m.x`` -> ``x``);
+    None for other keys (``rng.*``)."""
+    if key.startswith("model."):
+        return key[len("model."):]
+    if key.startswith("optim."):
+        parts = key.split(".", 2)
+        return parts[2] if len(parts) == 3 else None
+    return None
+
+
+def describe_pieces(tensors: Mapping[str, np.ndarray], specs: Mapping[str, ShardSpec],
+                    coords: Mapping[str, int], zero: Optional[ZeroRows] = None,
+                    dtypes: Optional[Mapping[str, str]] = None) -> Dict[str, Piece]:
+    """The layout entry of every ``model.*``/``optim.*`` tensor of one rank.
+
+    ``tensors``: this rank's local tensors (a sharded parameter's shard; ZeRO rows of it for
+    the keys in ``zero.rows``); ``specs``: the sharded parameters' ``ShardSpec``; ``coords``:
+    this rank's index along each group. ``ValueError`` for a tensor whose shape is not what its
+    spec and rows say.
+    """
+    dtypes = dtypes or {}
+    out = {}
+    for key, arr in tensors.items():
+        name = param_of(key)
+        if name is None:
+            continue
+        shape = tuple(int(d) for d in np.shape(arr))
+        spec = specs.get(name)
+        sharded = spec is not None and spec.is_sharded
+        rows = zero.rows.get(key) if zero is not None else None
+        if sharded:
+            index = _coord(coords, spec.group, name)
+            offset = [s.start for s in local_slice(spec, index)]
+            full, local = spec.full_shape, local_shape(spec)
+        else:
+            index, offset = 0, [0] * len(shape)
+            local = (rows[2],) + shape[1:] if rows is not None else shape
+            full = local
+        expect = local if rows is None else (rows[1] - rows[0],) + tuple(local[1:])
+        if shape != tuple(expect) or (rows is not None and (
+                rows[2] != local[0] or not 0 <= rows[0] <= rows[1] <= rows[2])):
+            raise ValueError(f"{key}: shape {shape} does not match its layout (ShardSpec "
+                             f"{spec}, ZeRO rows {rows}; expected {tuple(expect)})")
+        if rows is not None:
+            offset[0] += rows[0]
+        out[key] = Piece(tuple(full), tuple(offset), shape,
+                         spec.split_dim if sharded else None, spec.group if sharded else None,
+                         index, spec.num_shards if sharded else 1,
+                         (rows[0], rows[1]) if rows is not None else None,
+                         zero.num_shards if rows is not None else 1,
+                         zero.shard_index if rows is not None else 0, dtypes.get(key))
+    return out
+
+
+def _coord(coords: Mapping[str, int], group: str, what: str) -> int:
+    if group not in coords:
+        raise CheckpointError(f"the layout splits {what} over group {group!r}, but this rank has "
+                              f"no index in {group!r} (known groups: {sorted(coords)})")
+    return int(coords[group])
+
+
+def writes_piece(piece: Piece, coords: Mapping[str, int], zero_replica: int = 0) -> bool:
+    """True on the one rank of a piece's replicas that writes it (module docstring)."""
+    axes = _REPLICATED_OVER.get(piece.group, tuple(a for a in _REPLICATED_OVER[None]
+                                                   if a != piece.group))
+    if piece.zero_rows is not None:
+        axes = tuple(a for a in axes if a != "dp")
+        if zero_replica != 0:
+            return False
+    return all(int(coords.get(a, 0)) == 0 for a in axes)
+
+
+# -- files ---------------------------------------------------------------------------------------
+def rank_file_name(index_name: str, rank: int, world: int) -> str:
+    """``NAME.rank{r:05d}-of-{W:05d}.safetensors`` of the index ``NAME.safetensors``."""
+    base = index_name[:-len(_SUFFIX)] if index_name.endswith(_SUFFIX) else index_name
+    return f"{base}.rank{int(rank):05d}-of-{int(world):05d}{_SUFFIX}"
+
+
+def shard_files_of(index_path: str) -> List[str]:
+    """The rank files next to an index path, as found on disk (for pruning)."""
+    directory, name = os.path.split(index_path)
+    base = name[:-len(_SUFFIX)] if name.endswith(_SUFFIX) else name
+    try:
+        names = os.listdir(directory or ".")
+    except OSError:
+        return []
+    return sorted(os.path.join(directory, n) for n in names
+                  if n.startswith(base + ".rank") and _RANK_RE.search(n))
+
+
+def save_rank_file(directory: str, index_name: str, step: int, rank: int, world: int,
+                   tensors: Mapping[str, np.ndarray], pieces: Mapping[str, Piece],
+                   run_id: Optional[str], write_hook=None) -> str:
+    """Write one rank's pieces (``tensors[key]`` described by ``pieces[key]``) atomically."""
+    missing = sorted(set(tensors) ^ set(pieces))
+    if missing:
+        raise ValueError(f"tensors and layout entries differ: {missing[:5]}")
+    meta = {"format": SHARD_FORMAT, "step": str(int(step)), "run_id": str(run_id or ""),
+            "rank": str(int(rank)), "world": str(int(world)),
+            "pieces": json.dumps({k: pieces[k].to_json() for k in sorted(pieces)},
+                                 sort_keys=True)}
+    return write_atomic(directory, rank_file_name(index_name, rank, world),
+                        encode(dict(tensors), meta), write_hook)
+
+
+def write_rank(directory: str, index_name: str, step: int, rank: int, world: int,
+               tensors: Mapping[str, np.ndarray], specs: Mapping[str, ShardSpec],
+               coords: Mapping[str, int], zero: Optional[ZeroRows] = None,
+               dtypes: Optional[Mapping[str, str]] = None, run_id: Optional[str] = None,
+               write_hook=None) -> str:
+    """One rank's part of a save: its ``model.*``/``optim.*`` tensors described
+    (:func:`describe_pieces`), the replicas it does not write left out (:func:`writes_piece`),
+    and its rank file written (:func:`save_rank_file`)."""
+    pieces = describe_pieces(tensors, specs, coords, zero, dtypes)
+    mine = {k: p for k, p in pieces.items()
+            if writes_piece(p, coords, zero.replica if zero is not None else 0)}
+    return save_rank_file(directory, index_name, step, rank, world,
+                          {k: tensors[k] for k in mine}, mine, run_id, write_hook)
+
+
+def save_index(directory: str, index_name: str, step: int, world: int,
+               tensors: Mapping[str, np.ndarray], state: dict, config: dict,
+               run_id: Optional[str], write_hook=None) -> str:
+    """Write the index (rank 0, after every rank file is complete) atomically.
+
+    ``tensors``: the replicated non-parameter tensors (``rng.*``). The index records each rank
+    file's sha256 (read from its header), which binds exactly these files to it."""
+    files = []
+    for rank in range(world):
+        name = rank_file_name(index_name, rank, world)
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            raise CheckpointError(f"cannot write checkpoint {os.path.join(directory, index_name)}"
+                                  f": rank file {name} is missing (is {directory} shared by all "
+                                  "ranks?); the previous checkpoints are kept")
+        files.append({"name": name, "sha256": read_header(path, os.path.getsize(path))[
+            "__metadata__"].get("sha256", "")})
+    meta = run_metadata(INDEX_FORMAT, step, state, config, {}, run_id)
+    meta["world"] = str(int(world))
+    meta["files"] = json.dumps(files, sort_keys=True)
+    return write_atomic(directory, index_name, encode(dict(tensors), meta), write_hook)
+
+
+# -- loading -------------------------------------------------------------------------------------
+def load_sharded(path: str, header: Optional[dict] = None) -> CheckpointData:
+    """The index at ``path`` and its rank files, merged into full tensors (module docstring)."""
+    meta, tensors = read_verified(path, (INDEX_FORMAT,), header)
+    data = checkpoint_data(path, meta, tensors)
+    files = parse_json(meta.get("files", "null"), path, "files")
+    if not isinstance(files, list) or str(len(files)) != meta.get("world") or not all(
+            isinstance(f, dict) and isinstance(f.get("name"), str) for f in files):
+        raise CheckpointError(f"checkpoint {path} is corrupt: its list of rank files does not "
+                              f"match its world size {meta.get('world')!r:.20}")
+    directory = os.path.dirname(path)
+    located = []
+    for rank, entry in enumerate(files):
+        name = os.path.basename(entry["name"])
+        fpath = os.path.join(directory, name)
+        if not os.path.isfile(fpath):
+            raise CheckpointError(f"sharded checkpoint {path} is incomplete: rank file {name} "
+                                  f"(rank {rank} of {len(files)}) is missing")
+        fmeta, ftensors = read_verified(fpath, (SHARD_FORMAT,))
+        if fmeta.get("sha256") != entry.get("sha256") or fmeta.get("step") != meta["step"] \
+                or fmeta.get("rank") != str(rank):
+            raise CheckpointError(
+                f"sharded checkpoint {path}: rank file {name} is not the one the index was "
+                f"written with (rank {fmeta.get('rank')!r:.12}, step {fmeta.get('step')!r:.20}, "
+                f"sha256 {str(fmeta.get('sha256'))[:12]}..., the index expects rank {rank}, step "
+                f"{meta['step']}, sha256 {str(entry.get('sha256'))[:12]}...: a file of another "
+                "save)")
+        raw = parse_json(fmeta.get("pieces", "null"), fpath, "pieces")
+        try:
+            pieces = {k: Piece.from_json(v) for k, v in raw.items()}
+        except (AttributeError, TypeError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"checkpoint {fpath} is corrupt: unreadable layout entries "
+                                  f"({type(exc).__name__}: {str(exc)[:120]})") from None
+        if set(pieces) != set(ftensors):
+            raise CheckpointError(f"checkpoint {fpath} is corrupt: its layout entries and "
+                                  f"tensors differ: {sorted(set(pieces) ^ set(ftensors))[:5]}")
+        located.extend((key, piece, ftensors[key], name) for key, piece in pieces.items())
+    merged, dtypes = merge_pieces(located, path)
+    overlap = sorted(set(merged) & set(data.tensors))
+    if overlap:
+        raise CheckpointError(f"checkpoint {path} is corrupt: {overlap[:3]} are both in the "
+                              "index and in rank files")
+    merged.update(data.tensors)
+    return replace(data, tensors=merged, dtypes=dtypes)
+
+
+def merge_pieces(located: Iterable[Tuple[str, Piece, np.ndarray, str]],
+                 where: str) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
+    """Full tensors (and original dtypes) from ``(key, piece, array, file)`` entries; the
+    pieces of each key must tile its full shape (module docstring)."""
+    by_key: Dict[str, List[Tuple[Piece, np.ndarray, str]]] = {}
+    for key, piece, arr, name in located:
+        by_key.setdefault(key, []).append((piece, arr, name))
+    out, dtypes = {}, {}
+    for key in sorted(by_key):
+        entries = by_key[key]
+        first, _, first_file = entries[0]
+        full = first.full_shape
+        unique: Dict[Tuple, Tuple[Piece, np.ndarray, str]] = {}
+        for piece, arr, name in entries:
+            if piece.full_shape != full:
+                raise CheckpointError(f"sharded checkpoint {where}: {key} has full shape {full} "
+                                      f"in {first_file} but {piece.full_shape} in {name}")
+            if tuple(np.shape(arr)) != piece.shape:
+                raise CheckpointError(f"checkpoint {name} is corrupt: tensor {key} has shape "
+                                      f"{tuple(np.shape(arr))}, its layout entry says "
+                                      f"{piece.shape}")
+            if len(piece.offset) != len(full) or any(
+                    o < 0 or o + n > d for o, n, d in zip(piece.offset, piece.shape, full)):
+                raise CheckpointError(f"checkpoint {name} is corrupt: the piece of {key} at "
+                                      f"offset {piece.offset} with shape {piece.shape} lies "
+                                      f"outside its full shape {full}")
+            unique.setdefault((piece.offset, piece.shape), (piece, arr, name))
+        boxes = list(unique.values())
+        for i, (a, _, fa) in enumerate(boxes):
+            for b, _, fb in boxes[i + 1:]:
+                if _boxes_overlap(a, b):
+                    raise CheckpointError(
+                        f"sharded checkpoint {where} is corrupt: the pieces of {key} in {fa} "
+                        f"(offset {a.offset}, shape {a.shape}) and {fb} (offset {b.offset}, "
+                        f"shape {b.shape}) overlap")
+        covered = sum(int(math.prod(p.shape)) for p, _, _ in boxes)
+        total = int(math.prod(full))
+        if covered != total:
+            raise CheckpointError(f"sharded checkpoint {where} is incomplete: the pieces of {key} "
+                                  f"cover {covered} of the {total} elements of its full shape "
+                                  f"{full}")
+        result = np.empty(full, dtype=boxes[0][1].dtype)
+        for piece, arr, _ in boxes:
+            result[piece.box] = arr
+        out[key] = result
+        if first.dtype:
+            dtypes[key] = first.dtype
+    return out, dtypes
+
+
+def _boxes_overlap(a: Piece, b: Piece) -> bool:
+    return all(oa < ob + nb and ob < oa + na
+               for oa, na, ob, nb in zip(a.offset, a.shape, b.offset, b.shape))
+
+
+# -- re-splitting for a target layout ------------------------------------------------------------
+def reshard(data: CheckpointData, specs: Mapping[str, ShardSpec], coords: Mapping[str, int],
+            names: Optional[Sequence[str]] = None) -> CheckpointData:
+    """``data`` (full tensors) as this rank of the target layout holds it: each sharded
+    parameter's model and optimizer tensors cut to its shard; with ``names``, only the
+    tensors of those parameters (a pipeline stage's); other tensors unchanged."""
+    keep = None if names is None else set(names)
+    out = {}
+    for key, arr in data.tensors.items():
+        name = param_of(key)
+        if name is None:
+            out[key] = arr
+            continue
+        if keep is not None and name not in keep:
+            continue
+        spec = specs.get(name)
+        if spec is None or not spec.is_sharded:
+            out[key] = arr
+            continue
+        if tuple(np.shape(arr)) != spec.full_shape:
+            raise CheckpointError(f"checkpoint {data.path}: {key} has full shape "
+                                  f"{tuple(np.shape(arr))}, the target layout of {name} expects "
+                                  f"{spec.full_shape}")
+        out[key] = shard(spec, arr, _coord(coords, spec.group, name))
+    dtypes = {k: v for k, v in data.dtypes.items() if k in out}
+    return replace(data, tensors=out, dtypes=dtypes)
+
+
+# -- a whole layout from full tensors (tools/convert_checkpoint.py) ------------------------------
+@dataclass(frozen=True)
+class RankLayout:
+    """What one rank of a target layout holds: its index along each group, the parameters it
+    holds (None: all; a pipeline stage: its own) and the ZeRO-1 shards of its optimizer state
+    over ``coords["dp"]`` (1: none)."""
+    coords: Mapping[str, int]
+    names: Optional[Sequence[str]] = None
+    zero_shards: int = 1
+
+
+def zero_rows_of(tensors: Mapping[str, np.ndarray], num_shards: int, dp_index: int) -> ZeroRows:
+    """ZeRO-1's rows (``distributed/shard_layout.py``) of the ``optim.*`` tensors of one rank
+    with data-parallel index ``dp_index``."""
+    from ..distributed.shard_layout import ShardLayout
+    keys = sorted(k for k in tensors if k.startswith("optim."))
+    layout = ShardLayout([np.shape(tensors[k]) for k in keys], num_shards,
+                         dp_index % num_shards, num_shards)
+    rows = {k: layout.rows(i) + (int(np.shape(tensors[k])[0]),)
+            for i, k in enumerate(keys) if layout.is_sharded(i)}
+    return ZeroRows(rows, num_shards, dp_index % num_shards, dp_index // num_shards)
+
+
+def split_checkpoint(data: CheckpointData, directory: str, index_name: str,
+                     specs: Mapping[str, ShardSpec], ranks: Sequence[RankLayout]) -> str:
+    """Write ``data`` (full tensors) as a sharded checkpoint of the layout ``specs`` on
+    ``ranks`` (one rank file each, then the index); returns the index path."""
+    world = len(ranks)
+    for rank, lay in enumerate(ranks):
+        local = reshard(data, specs, lay.coords, lay.names).tensors
+        zero = None
+        if lay.zero_shards > 1:
+            zero = zero_rows_of(local, lay.zero_shards, int(lay.coords.get("dp", 0)))
+            local = {k: (v[zero.rows[k][0]:zero.rows[k][1]] if k in zero.rows else v)
+                     for k, v in local.items()}
+        write_rank(directory, index_name, data.step, rank, world, local, specs, lay.coords,
+                   zero, data.dtypes, data.run_id)
+    rest = {k: v for k, v in data.tensors.items() if param_of(k) is None}
+    return save_index(directory, index_name, data.step, world, rest, data.state, data.config,
+                      data.run_id)

@@ -1,0 +1,117 @@
+"""The trainer's use of sharded checkpoints (``sharded_checkpoint.py``).
+
+A run saves sharded when any parameter is sharded (the model's ``shard_specs()``: tensor,
+expert or fully sharded data parallel) or its optimizer state is row-sharded (ZeRO-1,
+``distributed/zero.py``); otherwise it writes the single-process file as before. Every rank
+writes its own pieces without gathering anything; one all-reduce (the reducer's
+``broadcast_flag``) then tells every rank that all rank files are complete, or that one
+failed, and only then rank 0 writes the index (and prunes). Resuming reads either format as
+full tensors and :func:`reshard_for_model` cuts them to this rank's layout.
+
+A rank's index along each group comes from the reducer's ``mesh`` (``distributed/groups.py``)
+when it has one, else data parallel only: ``{"dp": rank}``.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Protocol, Tuple, runtime_checkable
+
+from ..distributed.groups import Mesh
+from ..distributed.shard_spec import ShardSpec
+from .checkpoint import checkpoint_name, prune_checkpoints
+from .checkpoint_io import CheckpointData, CheckpointError
+from .sharded_checkpoint import ZeroRows, param_of, reshard, save_index, write_rank
+
+__all__ = ["ShardedModel", "RowShardedOptimizer", "MeshReducer", "model_specs", "rank_coords",
+           "uses_sharded_checkpoint", "save_sharded", "reshard_for_model"]
+
+
+@runtime_checkable
+class ShardedModel(Protocol):
+    """A model with sharded parameters: ``{param name: ShardSpec}`` (absent = replicated)."""
+
+    def shard_specs(self) -> Dict[str, ShardSpec]: ...
+
+
+@runtime_checkable
+class RowShardedOptimizer(Protocol):
+    """ZeRO-1: this rank's rows of the optimizer state, read without communication."""
+
+    @property
+    def zero_shards(self) -> Tuple[int, int, int]: ...
+
+    def shard_state_dict(self): ...
+
+
+@runtime_checkable
+class MeshReducer(Protocol):
+    """A gradient reducer that knows the device mesh of the run."""
+    rank: int
+
+    @property
+    def mesh(self) -> Mesh: ...
+
+
+def model_specs(model) -> Dict[str, ShardSpec]:
+    return dict(model.shard_specs()) if isinstance(model, ShardedModel) else {}
+
+
+def rank_coords(reducer) -> Dict[str, int]:
+    """This rank's index along every group."""
+    if isinstance(reducer, MeshReducer):
+        return dict(reducer.mesh.coords(reducer.rank))
+    return {"dp": int(reducer.rank), "world": int(reducer.rank)}
+
+
+def uses_sharded_checkpoint(model, optimizer, save_optim: bool = True) -> bool:
+    """True when any parameter, or (saved) optimizer slot, is sharded."""
+    if any(s.is_sharded and s.num_shards > 1 for s in model_specs(model).values()):
+        return True
+    return save_optim and isinstance(optimizer, RowShardedOptimizer) and \
+        optimizer.zero_shards[0] > 1
+
+
+def save_sharded(trainer, write_hook=None) -> Optional[str]:
+    """Every rank writes its rank file; rank 0 writes the index last and returns its path."""
+    ck, opt = trainer.ckpt_cfg, trainer.optimizer
+    sd, zero = None, None
+    if not ck.no_save_optim:
+        if isinstance(opt, RowShardedOptimizer):
+            sd, rows = opt.shard_state_dict()
+            zero = ZeroRows({f"optim.{k}": r for k, r in rows.items()}, *opt.zero_shards)
+        else:
+            sd = opt.state_dict()
+    tensors, dtypes, state = trainer.checkpoint_payload(optimizer_state=sd)
+    step, world, rank = trainer.state.step, trainer.grad_reducer.world_size, trainer.rank
+    name = checkpoint_name(ck.prefix, step)
+    error = None
+    try:
+        write_rank(trainer.save_dir, name, step, rank, world,
+                   {k: v for k, v in tensors.items() if param_of(k) is not None},
+                   model_specs(trainer.model), rank_coords(trainer.grad_reducer), zero, dtypes,
+                   trainer.run_id, write_hook)
+    except CheckpointError as exc:
+        error = exc
+    except ValueError as exc:   # a local shape that contradicts its ShardSpec
+        error = CheckpointError(f"cannot save checkpoint {name}: {exc}")
+    # the barrier: after it every rank file is complete, or every rank knows one is not
+    if trainer.grad_reducer.broadcast_flag(error is not None):
+        raise error or CheckpointError(f"another rank could not write its part of checkpoint "
+                                       f"{name}; the previous checkpoints are kept")
+    if rank != 0:
+        return None
+    path = save_index(trainer.save_dir, name, step, world,
+                      {k: v for k, v in tensors.items() if param_of(k) is None}, state,
+                      trainer.cfg.to_dict(), trainer.run_id)
+    prune_checkpoints(trainer.save_dir, ck.prefix, ck.save_max, run_id=trainer.run_id,
+                      protect=ck.keep_steps)
+    trainer.log(f"saved checkpoint {path}")
+    return path
+
+
+def reshard_for_model(data: CheckpointData, model, reducer) -> CheckpointData:
+    """The checkpoint's tensors as this rank's model holds them (a model without
+    ``shard_specs`` takes them as they are)."""
+    if not isinstance(model, ShardedModel):
+        return data
+    return reshard(data, model.shard_specs(), rank_coords(reducer),
+                   [p.name for p in model.get_parameters()])

@@ -1,0 +1,127 @@
+"""Sharded checkpoints of a real 2-worker data-parallel + ZeRO-1 run (msrun, CPU) and their
+resume on one process, and the other way round.
+
+One single-process reference run (6 steps, a checkpoint every 2), then one msrun launch
+(``sharded_ckpt_worker.py``): run A trains to step 4 on 2 workers, each rank writing its
+part of every checkpoint (its ZeRO-1 rows of the AdamW state, rank 0 the replicated weights
+and the index); run B resumes the reference's one-process step-4 checkpoint on 2 workers.
+Here: run A's step-4 checkpoint is resumed on one process; its steps 5-6 (loss, grad_norm,
+lr) equal the reference's, and so do run B's. Run C: rank 1 cannot write its rank file, so
+both ranks stop with their own message and no index is written.
+"""
+import io
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from msrun_util import launch  # noqa: E402
+from trainer_case import STEPS, trainer_config  # noqa: E402
+
+STOP_AT = 4
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+
+
+def read_metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        return {r["step"]: r for r in (json.loads(line) for line in fh if line.strip())}
+
+
+def rel_err(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-12))
+
+
+def assert_steps_match(got, want, steps):
+    assert sorted(got) == list(steps)
+    for s in steps:
+        assert abs(got[s]["loss"] - want[s]["loss"]) <= 1e-5 * abs(want[s]["loss"]), s
+        assert abs(got[s]["grad_norm"] - want[s]["grad_norm"]) <= \
+            1e-5 * abs(want[s]["grad_norm"]), s
+        assert got[s]["lr"] == pytest.approx(want[s]["lr"], rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    import mindspore as ms
+    from mindformers_core.trainer import Trainer
+    out = tmp_path_factory.mktemp("single")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    Trainer(trainer_config(str(out)), str(out), stream=io.StringIO()).train()
+    ckpt = os.path.join(out, "checkpoint")
+    return {"metrics": read_metrics(out), "dir": ckpt,
+            "step4": os.path.join(ckpt, f"mindformers_core_step{STOP_AT:08d}.safetensors")}
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory, single):
+    out = tmp_path_factory.mktemp("msrun")
+    proc, _ = launch(f"python {os.path.join(HERE, 'sharded_ckpt_worker.py')} {out} {STOP_AT} "
+                     f"{single['step4']}", out / "logs")
+    if proc.returncode != 0:
+        logs = "".join(open(out / "logs" / f).read()[-3000:] for f in os.listdir(out / "logs")
+                       if f.startswith("worker_"))
+        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stderr[-2000:]}\n{logs}")
+    return out
+
+
+def test_each_rank_wrote_its_part_and_rank0_the_index(two_workers, single):
+    from mindformers_core.trainer.checkpoint import list_checkpoints, load_checkpoint
+    from mindformers_core.trainer.checkpoint_io import read_header
+    from mindformers_core.trainer.sharded_checkpoint import INDEX_FORMAT
+    ckpt = two_workers / "a" / "checkpoint"
+    index = str(ckpt / f"mindformers_core_step{STOP_AT:08d}.safetensors")
+    assert [p for _, p in list_checkpoints(str(ckpt))][-1] == index
+    assert read_header(index, os.path.getsize(index))["__metadata__"]["format"] == INDEX_FORMAT
+    names = sorted(os.listdir(ckpt))
+    for rank in (0, 1):
+        assert f"mindformers_core_step{STOP_AT:08d}.rank{rank:05d}-of-00002.safetensors" in names
+    # merged, it is the one-process checkpoint of the same step (the DP sums round alike)
+    got, want = load_checkpoint(index).tensors, load_checkpoint(single["step4"]).tensors
+    keys = {k for k in want if k.startswith(("model.", "optim."))}
+    assert any(k.startswith("optim.adam_m.") for k in keys)
+    assert keys == {k for k in got if k.startswith(("model.", "optim."))}
+    for key in keys:
+        assert rel_err(got[key], want[key]) < 1e-5, key
+    # the 2-worker steps are the one-process ones
+    assert_steps_match(read_metrics(two_workers / "a"), single["metrics"], range(1, STOP_AT + 1))
+
+
+def test_two_worker_checkpoint_resumes_on_one_process(two_workers, single, tmp_path):
+    import mindspore as ms
+    from mindformers_core.trainer import Trainer
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ckpt = two_workers / "a" / "checkpoint"
+    trainer = Trainer(trainer_config(str(tmp_path), [f"checkpoint.load_path={ckpt}"]),
+                      str(tmp_path), stream=io.StringIO())
+    assert trainer.resumed_from.endswith(f"_step{STOP_AT:08d}.safetensors")
+    trainer.train()
+    assert_steps_match(read_metrics(tmp_path), single["metrics"], range(STOP_AT + 1, STEPS + 1))
+
+
+def test_one_process_checkpoint_resumes_on_two_workers(two_workers, single):
+    from mindformers_core.trainer.checkpoint import load_checkpoint
+    assert_steps_match(read_metrics(two_workers / "b"), single["metrics"],
+                       range(STOP_AT + 1, STEPS + 1))
+    final = two_workers / "b" / "checkpoint" / f"mindformers_core_step{STEPS:08d}.safetensors"
+    got = load_checkpoint(str(final)).tensors
+    want = load_checkpoint(os.path.join(single["dir"], final.name)).tensors
+    for key in (k for k in want if k.startswith(("model.", "optim."))):
+        assert rel_err(got[key], want[key]) < 1e-5, key
+
+
+def test_a_rank_that_cannot_write_stops_every_rank_and_no_index_is_written(two_workers):
+    run_c = two_workers / "c"
+    rank0 = (run_c / "error.rank0.txt").read_text()
+    rank1 = (run_c / "error.rank1.txt").read_text()
+    assert rank0 == ("another rank could not write its part of checkpoint "
+                     "mindformers_core_step00000002.safetensors; the previous checkpoints are kept")
+    assert rank1.startswith("cannot write checkpoint ") and \
+        rank1.endswith("mindformers_core_step00000002.rank00001-of-00002.safetensors: Is a "
+                       "directory; the previous checkpoints are kept")
+    assert not (run_c / "checkpoint" / "mindformers_core_step00000002.safetensors").exists()

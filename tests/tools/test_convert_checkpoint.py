@@ -1,0 +1,104 @@
+"""tools/convert_checkpoint: a sharded checkpoint merged into one safetensors file and one
+split back into a layout (tp2 from a mesh, pp2 from per-rank names, ZeRO rows), bit for bit,
+and the exit codes and messages of its failures."""
+import json
+import os
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from mindformers_core.tools.convert_checkpoint import main, parse_layout
+from mindformers_core.trainer.checkpoint import (FORMAT, load_checkpoint, save_checkpoint)
+from mindformers_core.trainer.checkpoint_io import read_header
+from mindformers_core.trainer.sharded_checkpoint import INDEX_FORMAT, rank_file_name
+from tests.trainer.test_sharded_checkpoint import STAGES, full_data
+
+SPECS = {"layers.0.linear_qkv.weight": {"full_shape": [12, 4], "split_dim": 0, "group": "tp",
+                                        "num_shards": 2},
+         "layers.0.linear_proj.weight": {"full_shape": [4, 6], "split_dim": 1, "group": "tp",
+                                         "num_shards": 2}}
+
+
+@pytest.fixture
+def single(tmp_path):
+    d = full_data()
+    return save_checkpoint(str(tmp_path / "one"), "ck", 7, d.tensors, d.state, d.config,
+                           d.dtypes, run_id=d.run_id)
+
+
+def fmt(path):
+    return read_header(path, os.path.getsize(path))["__metadata__"]["format"]
+
+
+@pytest.mark.parametrize("layout", [
+    {"world": 2, "mesh": {"tp": 2}, "specs": SPECS},
+    {"world": 2, "mesh": {"pp": 2}, "names": STAGES},
+    {"world": 2, "coords": [{"dp": 0}, {"dp": 1}], "zero_shards": 2},
+    {"world": 4, "mesh": {"tp": 2}, "specs": SPECS, "zero_shards": 2},
+])
+def test_split_then_merge_is_the_original(tmp_path, single, capsys, layout):
+    lay = tmp_path / "layout.json"
+    lay.write_text(json.dumps(layout))
+    assert main(["split", "--input", single, "--layout", str(lay),
+                 "--output", str(tmp_path / "sharded")]) == 0
+    index = str(tmp_path / "sharded" / "ck_step00000007.safetensors")
+    assert f"wrote {index}" in capsys.readouterr().out
+    assert fmt(index) == INDEX_FORMAT
+    for r in range(layout["world"]):
+        assert os.path.isfile(tmp_path / "sharded" / rank_file_name(
+            "ck_step00000007.safetensors", r, layout["world"]))
+    out = str(tmp_path / "merged.safetensors")
+    assert main(["merge", "--input", str(tmp_path / "sharded"), "--output", out]) == 0
+    assert fmt(out) == FORMAT
+    got, want = load_checkpoint(out), load_checkpoint(single)
+    assert sorted(got.tensors) == sorted(want.tensors)
+    for k, v in want.tensors.items():
+        assert got.tensors[k].dtype == v.dtype and np.array_equal(got.tensors[k], v), k
+    assert (got.step, got.state, got.config, got.dtypes, got.run_id) == \
+        (want.step, want.state, want.config, want.dtypes, want.run_id)
+
+
+def test_weights_only_merge_has_the_parameter_names(tmp_path, single):
+    out = str(tmp_path / "w.safetensors")
+    assert main(["merge", "--input", single, "--output", out, "--weights-only"]) == 0
+    w = load_file(out)
+    want = {k[len("model."):]: v for k, v in full_data().tensors.items()
+            if k.startswith("model.")}
+    assert sorted(w) == sorted(want)
+    assert all(np.array_equal(w[k], want[k]) for k in want)
+
+
+def test_bad_layouts_exit_2_naming_the_field(tmp_path, single, capsys):
+    cases = [({"world": 0}, "layout: 'world' must be a positive integer"),
+             ({"world": 2, "coords": [{"tp": 0}]},
+              "layout: 'coords' must list 2 objects, one per rank"),
+             ({"world": 2, "mesh": {"tp": 2}, "specs": {"x": {"full_shape": [3], "split_dim": 0,
+                                                             "group": "tp", "num_shards": 2}}},
+              "layout: specs.x: dim 0 of shape (3,) (3) is not divisible by the tp group size 2"),
+             ({"world": 3, "mesh": {"tp": 2}},
+              "world_size(3) must be divisible by tensor_parallel(2)")]
+    for layout, message in cases:
+        lay = tmp_path / "layout.json"
+        lay.write_text(json.dumps(layout))
+        assert main(["split", "--input", single, "--layout", str(lay),
+                     "--output", str(tmp_path / "s")]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_unusable_checkpoint_exits_1(tmp_path, single, capsys):
+    lay = tmp_path / "layout.json"
+    lay.write_text(json.dumps({"world": 2, "mesh": {"tp": 2}, "specs": SPECS}))
+    main(["split", "--input", single, "--layout", str(lay), "--output", str(tmp_path / "s")])
+    os.remove(tmp_path / "s" / rank_file_name("ck_step00000007.safetensors", 0, 2))
+    capsys.readouterr()
+    assert main(["merge", "--input", str(tmp_path / "s" / "ck_step00000007.safetensors"),
+                 "--output", str(tmp_path / "m.safetensors")]) == 1
+    assert "is incomplete: rank file ck_step00000007.rank00000-of-00002.safetensors (rank 0 " \
+           "of 2) is missing" in capsys.readouterr().err
+
+
+def test_parse_layout_coords_from_the_mesh():
+    specs, ranks = parse_layout({"world": 4, "mesh": {"tp": 2}, "specs": SPECS})
+    assert [(r.coords["tp"], r.coords["dp"]) for r in ranks] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert specs["layers.0.linear_proj.weight"].split_dim == 1

@@ -1,0 +1,354 @@
+"""Sharded checkpoints written by several simulated ranks in one process (files are not
+communication), reloaded under other layouts bit for bit, and every refusal's message.
+
+Each simulated rank holds only what its layout gives it (its shard of each sharded parameter
+and of its optimizer slots, its ZeRO rows, its pipeline stage's parameters), describes it
+and writes its rank file exactly as the trainer's save does; the references are numpy slices
+of one full state."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from mindformers_core.distributed.groups import make_mesh
+from mindformers_core.distributed.shard_layout import shard_rows
+from mindformers_core.distributed.shard_spec import ShardSpec, shard
+from mindformers_core.trainer.checkpoint import (CheckpointError, checkpoint_name,
+                                                 list_checkpoints, load_checkpoint,
+                                                 prune_checkpoints, save_checkpoint)
+from mindformers_core.trainer.checkpoint_io import CheckpointData, encode, write_atomic
+from mindformers_core.trainer.sharded_checkpoint import (
+    SHARD_FORMAT, RankLayout, ZeroRows, describe_pieces, rank_file_name, reshard, save_index,
+    save_rank_file, shard_files_of, split_checkpoint, write_rank, writes_piece,
+    zero_rows_of)
+
+NAME = checkpoint_name("ck", 7)
+SHAPES = {"embedding.word_embeddings.weight": (8, 4), "layers.0.linear_qkv.weight": (12, 4),
+          "layers.0.linear_proj.weight": (4, 6), "layers.1.experts.weight1": (4, 4, 6),
+          "layers.1.norm.weight": (4,), "output_layer.weight": (8, 4)}
+SLOTS = ("main_param", "adam_m", "adam_v")
+STAGES = [["embedding.word_embeddings.weight", "layers.0.linear_qkv.weight",
+           "layers.0.linear_proj.weight"],
+          ["layers.1.experts.weight1", "layers.1.norm.weight", "output_layer.weight"]]
+
+
+def full_tensors():
+    rng = np.random.default_rng(0)
+    out = {}
+    for name, shape in SHAPES.items():
+        out[f"model.{name}"] = rng.standard_normal(shape).astype(np.float32)
+        for slot in SLOTS:
+            out[f"optim.{slot}.{name}"] = rng.standard_normal(shape).astype(np.float32)
+    out["rng.numpy_keys"] = np.arange(5, dtype=np.uint32)
+    return out
+
+
+def full_data(path="full"):
+    return CheckpointData(path=path, step=7, tensors=full_tensors(),
+                          state={"train_state": {"step": 7}}, config={"x": 1},
+                          dtypes={"model.layers.1.norm.weight": "bfloat16"}, run_id="run-a")
+
+
+TP = {"layers.0.linear_qkv.weight": ShardSpec((12, 4), 0, "tp", 2),
+      "layers.0.linear_proj.weight": ShardSpec((4, 6), 1, "tp", 2),
+      "output_layer.weight": ShardSpec((8, 4), 0, "tp", 2)}
+EP = {"layers.1.experts.weight1": ShardSpec((4, 4, 6), 0, "ep", 2)}
+FSDP = {n: ShardSpec(s, 0, "dp_shard", 2) for n, s in SHAPES.items()}
+
+
+def write_ranks(directory, specs, coords_of, world, names_of=None, zero_shards=1,
+                data=None, skip=()):
+    """Every rank's file as the trainer writes it (local tensors only), then the index."""
+    data = data or full_data()
+    for rank in range(world):
+        if rank in skip:
+            continue
+        coords = coords_of(rank)
+        local = reshard(data, specs, coords, names_of(rank) if names_of else None).tensors
+        zero = None
+        if zero_shards > 1:
+            zero = zero_rows_of(local, zero_shards, coords["dp"])
+            local = {k: (v[zero.rows[k][0]:zero.rows[k][1]] if k in zero.rows else v)
+                     for k, v in local.items()}
+        write_rank(str(directory), NAME, 7, rank, world, local, specs, coords, zero,
+                   data.dtypes, data.run_id)
+    return save_index(str(directory), NAME, 7, world, {"rng.numpy_keys": data.tensors[
+        "rng.numpy_keys"]}, data.state, data.config, data.run_id)
+
+
+def assert_same(got: dict, want: dict):
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]), k
+
+
+LAYOUTS = {
+    "tp2": (TP, lambda r: make_mesh(2, tp=2).coords(r), 2, None, 1),
+    "ep2": (EP, lambda r: make_mesh(2, ep=2).coords(r), 2, None, 1),
+    "fsdp_dp2": (FSDP, lambda r: {"dp": r, "dp_shard": r}, 2, None, 1),
+    "zero_dp2": ({}, lambda r: {"dp": r}, 2, None, 2),
+    "pp2": ({}, lambda r: make_mesh(2, pp=2).coords(r), 2, lambda r: STAGES[r], 1),
+    "tp2_dp2_zero": (TP, lambda r: make_mesh(4, tp=2).coords(r), 4, None, 2),
+    "tp2_pp2": (TP, lambda r: make_mesh(4, tp=2, pp=2).coords(r), 4,
+                lambda r: STAGES[make_mesh(4, tp=2, pp=2).coords(r)["pp"]], 1),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_sharded_write_merges_to_one_process_bit_identically(tmp_path, layout):
+    specs, coords_of, world, names_of, zero = LAYOUTS[layout]
+    index = write_ranks(tmp_path, specs, coords_of, world, names_of, zero)
+    data = load_checkpoint(index)
+    assert_same(data.tensors, full_tensors())
+    assert data.step == 7 and data.run_id == "run-a" and data.state == full_data().state
+    assert data.dtypes == {"model.layers.1.norm.weight": "bfloat16"}
+    # the index is the checkpoint the directory lists; rank files are not checkpoints
+    assert list_checkpoints(str(tmp_path)) == [(7, index)]
+    assert len(shard_files_of(index)) == world
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_one_process_checkpoint_splits_into_each_layout_and_back(tmp_path, layout):
+    specs, coords_of, world, names_of, zero = LAYOUTS[layout]
+    full = full_data()
+    single = save_checkpoint(str(tmp_path / "one"), "ck", 7, full.tensors, full.state,
+                             full.config, full.dtypes, run_id=full.run_id)
+    loaded = load_checkpoint(single)
+    for rank in range(world):   # 1 -> layout: each rank's tensors are the numpy slices
+        got = reshard(loaded, specs, coords_of(rank), names_of(rank) if names_of else None)
+        for key, arr in got.tensors.items():
+            name = key.split(".", 2)[-1] if key.startswith("optim.") else key[6:]
+            if names_of:
+                assert key.startswith("rng.") or name in names_of(rank)
+            spec = specs.get(name)
+            want = full.tensors[key]
+            if spec is not None and not key.startswith("rng."):
+                want = shard(spec, want, coords_of(rank)[spec.group])
+            assert np.array_equal(arr, want), key
+    # and back: the layout written from those pieces merges to the original
+    index = split_checkpoint(loaded, str(tmp_path / "split"), NAME, specs,
+                             [RankLayout(coords_of(r), names_of(r) if names_of else None, zero)
+                              for r in range(world)])
+    assert_same(load_checkpoint(index).tensors, full.tensors)
+
+
+def test_layout_to_layout_tp2_to_ep2_fsdp_and_zero(tmp_path):
+    """tp2 -> (merge) -> each other layout's shards, equal to slicing the original."""
+    index = write_ranks(tmp_path / "tp", *LAYOUTS["tp2"])
+    merged = load_checkpoint(index)
+    for rank in range(2):
+        got = reshard(merged, FSDP, {"dp_shard": rank}).tensors
+        for key, spec_name in (("optim.adam_m.layers.1.experts.weight1",
+                                "layers.1.experts.weight1"),
+                               ("model.embedding.word_embeddings.weight",
+                                "embedding.word_embeddings.weight")):
+            assert np.array_equal(got[key], shard(FSDP[spec_name], full_tensors()[key], rank))
+    # dp2 ZeRO-1: the optimizer keeps its rows of the full tensors (distributed/zero.py)
+    z = zero_rows_of(merged.tensors, 2, 1)
+    start, stop, d0 = z.rows["optim.adam_v.layers.0.linear_qkv.weight"]
+    assert (start, stop, d0) == shard_rows(12, 2, 1) + (12,)
+
+
+def test_replicas_are_written_once(tmp_path):
+    write_ranks(tmp_path, *LAYOUTS["tp2_dp2_zero"])
+    sizes = {}
+    for path in shard_files_of(str(tmp_path / NAME)):
+        from safetensors.numpy import load_file
+        sizes[os.path.basename(path)] = sorted(load_file(path))
+    files = sorted(sizes)
+    # mesh tp2 x dp2: ranks 0,1 (dp 0) write the model; ZeRO rows go to all four ranks
+    rank0, rank2 = sizes[files[0]], sizes[files[2]]
+    assert "model.embedding.word_embeddings.weight" in rank0
+    assert not any(k.startswith("model.") for k in rank2)
+    assert "optim.adam_m.layers.0.linear_qkv.weight" in rank2
+    # replicated, non-sharded param state (4 rows of 2 ZeRO shards) is written by dp 0 only
+    counts = sum("optim.adam_m.layers.1.norm.weight" in v for v in sizes.values())
+    assert counts == 2  # ZeRO rows of the (4,) norm: dp 0 and dp 1 of tp rank 0
+
+
+def test_missing_rank_file_is_refused(tmp_path):
+    index = write_ranks(tmp_path, *LAYOUTS["tp2"])
+    os.remove(os.path.join(tmp_path, rank_file_name(NAME, 1, 2)))
+    with pytest.raises(CheckpointError, match=r"is incomplete: rank file ck_step00000007\."
+                       r"rank00001-of-00002\.safetensors \(rank 1 of 2\) is missing"):
+        load_checkpoint(index)
+
+
+def test_flipped_byte_in_a_rank_file_is_refused(tmp_path):
+    index = write_ranks(tmp_path, *LAYOUTS["ep2"])
+    path = os.path.join(tmp_path, rank_file_name(NAME, 1, 2))
+    raw = bytearray(open(path, "rb").read())
+    raw[-3] ^= 0x01
+    open(path, "wb").write(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"rank00001-of-00002\.safetensors is corrupt: its "
+                       "header or tensor data does not match its sha256 digest"):
+        load_checkpoint(index)
+
+
+def test_flipped_byte_in_the_index_is_refused(tmp_path):
+    index = write_ranks(tmp_path, *LAYOUTS["ep2"])
+    raw = open(index, "rb").read()
+    assert raw.count(b'\\"step\\": 7') == 1
+    open(index, "wb").write(raw.replace(b'\\"step\\": 7', b'\\"step\\": 8'))
+    with pytest.raises(CheckpointError, match="header or tensor data does not match its sha256"):
+        load_checkpoint(index)
+
+
+def test_rank_file_of_another_save_is_refused(tmp_path):
+    index = write_ranks(tmp_path, *LAYOUTS["tp2"])
+    other = full_data()
+    other.run_id = "run-b"
+    write_ranks(tmp_path / "b", *LAYOUTS["tp2"], data=other)
+    os.replace(os.path.join(tmp_path / "b", rank_file_name(NAME, 1, 2)),
+               os.path.join(tmp_path, rank_file_name(NAME, 1, 2)))
+    with pytest.raises(CheckpointError, match=r"rank file ck_step00000007\.rank00001-of-00002"
+                       r"\.safetensors is not the one the index was written with \(rank '1', "
+                       r"step '7', sha256 \w{12}\.\.\., the index expects rank 1, step 7, "
+                       r"sha256 \w{12}\.\.\.: a file of another save\)"):
+        load_checkpoint(index)
+
+
+def test_a_piece_no_rank_wrote_is_a_gap(tmp_path):
+    """Rank 1 wrote no piece of linear_qkv (its half of the rows is missing)."""
+    specs, coords_of, world, names_of, zero = LAYOUTS["tp2"]
+    index = write_ranks(tmp_path, specs, coords_of, world)
+    # rewrite rank 1 without its half of linear_qkv
+    path = os.path.join(tmp_path, rank_file_name(NAME, 1, 2))
+    local = reshard(full_data(), specs, coords_of(1)).tensors
+    local.pop("rng.numpy_keys")
+    local = {k: v for k, v in local.items() if "linear_qkv" not in k}
+    pieces = describe_pieces(local, specs, coords_of(1))
+    save_rank_file(str(tmp_path), NAME, 7, 1, 2, local, pieces, "run-a")
+    assert os.path.exists(path)
+    index = save_index(str(tmp_path), NAME, 7, 2, {}, {"train_state": {}}, {}, "run-a")
+    with pytest.raises(CheckpointError, match=r"is incomplete: the pieces of "
+                       r"model\.layers\.0\.linear_qkv\.weight cover 24 of the 48 elements of "
+                       r"its full shape \(12, 4\)"):
+        load_checkpoint(index)
+
+
+def crafted_rank_file(tmp_path, rank, pieces: dict, tensors: dict):
+    meta = {"format": SHARD_FORMAT, "step": "7", "run_id": "run-a", "rank": str(rank),
+            "world": "2", "pieces": json.dumps(pieces)}
+    write_atomic(str(tmp_path), rank_file_name(NAME, rank, 2), encode(tensors, meta))
+
+
+def piece(full, offset, shape):
+    return {"full_shape": list(full), "offset": list(offset), "shape": list(shape)}
+
+
+@pytest.mark.parametrize("p0,p1,shape1,message", [
+    (piece((4, 2), (0, 0), (2, 2)), piece((4, 2), (1, 0), (2, 2)), (2, 2),
+     r"the pieces of model\.w in .*rank00000-of-00002\.safetensors \(offset \(0, 0\), shape "
+     r"\(2, 2\)\) and .*rank00001-of-00002\.safetensors \(offset \(1, 0\), shape \(2, 2\)\) "
+     r"overlap"),
+    (piece((4, 2), (0, 0), (2, 2)), piece((6, 2), (2, 0), (2, 2)), (2, 2),
+     r"model\.w has full shape \(4, 2\) in .*rank00000-of-00002\.safetensors but \(6, 2\) in "
+     r".*rank00001-of-00002\.safetensors"),
+    (piece((4, 2), (0, 0), (2, 2)), piece((4, 2), (3, 0), (2, 2)), (2, 2),
+     r"the piece of model\.w at offset \(3, 0\) with shape \(2, 2\) lies outside its full shape"
+     r" \(4, 2\)"),
+    (piece((4, 2), (0, 0), (2, 2)), piece((4, 2), (2, 0), (2, 2)), (1, 2),
+     r"tensor model\.w has shape \(1, 2\), its layout entry says \(2, 2\)"),
+])
+def test_crafted_layouts_are_clear_errors(tmp_path, p0, p1, shape1, message):
+    crafted_rank_file(tmp_path, 0, {"model.w": p0}, {"model.w": np.zeros((2, 2), np.float32)})
+    crafted_rank_file(tmp_path, 1, {"model.w": p1}, {"model.w": np.ones(shape1, np.float32)})
+    index = save_index(str(tmp_path), NAME, 7, 2, {}, {}, {}, "run-a")
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(index)
+
+
+def test_layout_entries_and_tensors_must_agree(tmp_path):
+    crafted_rank_file(tmp_path, 0, {"model.w": piece((2, 2), (0, 0), (2, 2))},
+                      {"model.v": np.zeros((2, 2), np.float32)})
+    crafted_rank_file(tmp_path, 1, {}, {})
+    index = save_index(str(tmp_path), NAME, 7, 2, {}, {}, {}, "run-a")
+    with pytest.raises(CheckpointError, match=r"is corrupt: its layout entries and tensors "
+                       r"differ: \['model\.v', 'model\.w'\]"):
+        load_checkpoint(index)
+    crafted_rank_file(tmp_path, 0, {"model.w": {"offset": [0]}}, {"model.w": np.zeros(2)})
+    index = save_index(str(tmp_path), NAME, 7, 2, {}, {}, {}, "run-a")
+    with pytest.raises(CheckpointError, match=r"is corrupt: unreadable layout entries "
+                       r"\(KeyError"):
+        load_checkpoint(index)
+
+
+def test_index_needs_every_rank_file_on_its_disk(tmp_path):
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*ck_step00000007\."
+                       r"safetensors: rank file ck_step00000007\.rank00000-of-00002\.safetensors "
+                       r"is missing \(is .* shared by all ranks\?\); the previous checkpoints "
+                       r"are kept"):
+        save_index(str(tmp_path), NAME, 7, 2, {}, {}, {}, "run-a")
+
+
+def test_index_file_list_must_match_its_world(tmp_path):
+    from mindformers_core.trainer.checkpoint_io import run_metadata
+    from mindformers_core.trainer.sharded_checkpoint import INDEX_FORMAT
+    meta = run_metadata(INDEX_FORMAT, 7, {}, {}, {}, "run-a")
+    meta.update(world="3", files=json.dumps([{"name": "a"}, {"name": "b"}]))
+    path = write_atomic(str(tmp_path), NAME, encode({}, meta))
+    with pytest.raises(CheckpointError, match="its list of rank files does not match its world "
+                       "size '3'"):
+        load_checkpoint(path)
+
+
+def test_target_layout_mismatch_is_refused(tmp_path):
+    merged = load_checkpoint(write_ranks(tmp_path, *LAYOUTS["tp2"]))
+    wrong = {"layers.0.linear_qkv.weight": ShardSpec((16, 4), 0, "tp", 2)}
+    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.linear_qkv\.weight has full "
+                       r"shape \(12, 4\), the target layout of layers\.0\.linear_qkv\.weight "
+                       r"expects \(16, 4\)"):
+        reshard(merged, wrong, {"tp": 0})
+    with pytest.raises(CheckpointError, match=r"the layout splits layers\.0\.linear_\w+\.weight "
+                       r"over group 'tp', but this rank has no index in 'tp' \(known groups: "
+                       r"\['dp'\]\)"):
+        reshard(merged, TP, {"dp": 0})
+
+
+def test_local_shape_that_contradicts_its_spec_is_refused():
+    with pytest.raises(ValueError, match=r"model\.w: shape \(3, 4\) does not match its layout "
+                       r".*expected \(2, 4\)"):
+        describe_pieces({"model.w": np.zeros((3, 4))}, {"w": ShardSpec((4, 4), 0, "tp", 2)},
+                        {"tp": 0})
+    with pytest.raises(ValueError, match=r"ZeRO rows \(0, 3, 4\); expected \(3, 4\)"):
+        describe_pieces({"optim.adam_m.w": np.zeros((2, 4))}, {},
+                        {"dp": 0}, ZeroRows({"optim.adam_m.w": (0, 3, 4)}, 2, 0, 0))
+
+
+def test_prune_removes_the_rank_files_of_a_pruned_sharded_checkpoint(tmp_path):
+    write_ranks(tmp_path, *LAYOUTS["tp2"])
+    data = full_data()
+    save_checkpoint(str(tmp_path), "ck", 9, data.tensors, data.state, data.config,
+                    run_id="run-a")
+    removed = prune_checkpoints(str(tmp_path), "ck", 1, run_id="run-a")
+    assert sorted(os.path.basename(p) for p in removed) == sorted(
+        [NAME, rank_file_name(NAME, 0, 2), rank_file_name(NAME, 1, 2)])
+    assert sorted(os.listdir(tmp_path)) == [checkpoint_name("ck", 9)]
+
+
+def test_overwrite_moves_a_sharded_checkpoint_with_its_rank_files(tmp_path):
+    from mindformers_core.trainer.run_dir import move_aside
+    write_ranks(tmp_path, *LAYOUTS["tp2"])
+    moved = move_aside(None, str(tmp_path), "another-run")
+    assert sorted(os.path.basename(p) for p in moved) == sorted(
+        [NAME, rank_file_name(NAME, 0, 2), rank_file_name(NAME, 1, 2)])
+    assert_same(load_checkpoint([p for p in moved if p.endswith(NAME)][0]).tensors,
+                full_tensors())
+
+
+def test_which_replica_writes_a_piece():
+    from mindformers_core.trainer.sharded_checkpoint import Piece
+    rep = Piece((4,), (0,), (4,))
+    ep = Piece((4, 2), (2, 0), (2, 2), 0, "ep", 1, 2)
+    fsdp = Piece((4, 2), (2, 0), (2, 2), 0, "dp_shard", 1, 2)
+    zero = Piece((4,), (2,), (2,), zero_rows=(2, 4), zero_shards=2, zero_index=1)
+    assert writes_piece(rep, {"dp": 0, "pp": 1}) and not writes_piece(rep, {"dp": 1})
+    assert not writes_piece(rep, {"tp": 1})
+    assert writes_piece(ep, {"dp": 1, "ep": 1, "edp": 0})
+    assert not writes_piece(ep, {"dp": 3, "ep": 1, "edp": 1})
+    assert writes_piece(fsdp, {"dp": 1, "dp_shard": 1})
+    assert not writes_piece(fsdp, {"dp": 1, "dp_shard": 1, "dp_replicate": 1})
+    assert writes_piece(zero, {"dp": 1}, zero_replica=0)
+    assert not writes_piece(zero, {"dp": 3}, zero_replica=1)
