@@ -52,7 +52,7 @@ from .resume_checks import (check_train_payload, lr_jump_warning,
                             optimizer_tensor_names)
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .protocols import (DataParallelReducer, ExpertBiasModel, MaxLogitsModel, MoEStatsModel,
-                        QKClipOptimizer)
+                        QKClipOptimizer, ShardedGradReducer)
 from .run_dir import claim_run_dir, new_run_id
 from .signals import StopRequest
 from .step_decision import NONFINITE, OVERFLOW, SKIP_LIMIT, THRESHOLD, decide_step
@@ -166,6 +166,9 @@ class Trainer:
         self.model = model
         if loaded is not None:
             self._load_model(loaded)
+        # [expert parallel hook] this rank's experts, expert grads over edp (models/expert_parallel.py)
+        from ..models.expert_parallel import setup_expert_parallel
+        self.model, self.grad_reducer = setup_expert_parallel(cfg, self.model, self.grad_reducer)
         if lr_scheduler is None:
             lr_scheduler = cfg.build_lr_scheduler()
         self.lr_scheduler = lr_scheduler
@@ -178,6 +181,8 @@ class Trainer:
             optimizer = build_optimizer(cfg.optimizer, self.model, lr_scheduler=lr_scheduler,
                                         shard_layout=dp.optimizer_sharding(cfg) if dp else None)
         self.optimizer = optimizer
+        if isinstance(self.grad_reducer, ShardedGradReducer):   # [expert parallel hook]
+            self.grad_reducer.bind_parameters(self.optimizer.parameters)
         self.monitor = TrainStateMonitor(cfg.monitor.train_state,
                                          [p.name for p in self.optimizer.parameters])
         self.profiler = StepProfiler(cfg.profiler, output_dir, self.rank)
@@ -393,7 +398,9 @@ class Trainer:
             grads = [g * inv for g in grads]
         for hook in self.grad_hooks:
             grads = hook(step_number, grads)
-        norm = float(global_grad_norm(grads))
+        norm = float(self.grad_reducer.grad_norm(grads)  # [expert parallel hook]
+                     if isinstance(self.grad_reducer, ShardedGradReducer)
+                     else global_grad_norm(grads))
         finite = math.isfinite(norm)
 
         clipped = False
