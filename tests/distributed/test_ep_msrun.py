@@ -1,7 +1,7 @@
 """``parallelism.expert_parallel: 2`` on 2 msrun CPU workers == 1 process with the same global
 batch (the tiny DeepSeek-V3 of configs/muon_deepseek_v3_tiny.yaml: 4 routed experts, top-2):
 per-step loss and grad norm over 10 steps (rel 1e-4), with AdamW and with Muon (both comm
-strategies), the real Trainer on both sides (ZeRO-1 over both ranks, the default
+strategies) and with an expert capacity, the real Trainer on both sides (ZeRO-1 over both ranks, the default
 data_parallel_shard -1, shards the dense state only).
 
 Also checked: each rank holds its 2 whole experts (the single-process experts' halves at the
@@ -18,7 +18,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from ep_case import CASES, STEPS  # noqa: E402
+from ep_case import CASES, STEPS, reference  # noqa: E402
 from msrun_util import launch  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
@@ -63,7 +63,7 @@ def references(tmp_path_factory):
     from mindformers_core.trainer import Trainer
     from ep_case import case_config
     out = {}
-    for name in ("adamw", "muon"):
+    for name in sorted({reference(c) for c in CASES}):
         run_dir = tmp_path_factory.mktemp(f"single_{name}")
         ms.set_context(mode=ms.PYNATIVE_MODE)
         trainer = Trainer(case_config(name, 1), str(run_dir), overwrite=True)
@@ -76,7 +76,7 @@ def references(tmp_path_factory):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_loss_and_grad_norm_match_one_process(ep_runs, references, case):
-    ref = references[CASES[case][0]]["metrics"]
+    ref = references[reference(case)]["metrics"]
     got = ep_runs[case]
     assert [r["step"] for r in got] == [r["step"] for r in ref] == list(range(1, STEPS + 1))
     for g, w in zip(got, ref):
@@ -86,12 +86,14 @@ def test_loss_and_grad_norm_match_one_process(ep_runs, references, case):
         # every rank routes with the full router: the global loads are the 1-process ones
         assert g["moe"]["layers"]["1"]["tokens_per_expert"] == \
             w["moe"]["layers"]["1"]["tokens_per_expert"]
+    if CASES[case][2] is not None:   # the capacity drops pairs, as in one process
+        assert sum(r["moe"]["layers"]["1"]["dropped"] for r in ref) > 0
     assert ref[-1]["loss"] < ref[0]["loss"] - 0.3       # the runs trained
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_each_rank_holds_its_whole_experts(ep_runs, references, case):
-    ref = references[CASES[case][0]]["params"]
+    ref = references[reference(case)]["params"]
     for rank in (0, 1):
         meta, experts = ep_runs[case, rank]
         for name in EXPERTS:
