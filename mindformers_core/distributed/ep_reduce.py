@@ -14,8 +14,9 @@ the wrapped reducer as without EP. The global gradient norm counts each expert s
 
     ||g||^2 = sum_dense ||g||^2 + AllReduce_ep( sum_local experts ||g||^2 )
 
-(``shard_spec.global_sq_norm``). Token counts, loss sums, the stop flag, QK-Clip's MAX and the
-MoE loads go through the wrapped reducer over every rank: each rank routes its own tokens with
+(``shard_spec.global_sq_norm``). Token counts, loss sums, the stop flag, QK-Clip's MAX, the
+logged aux losses (means over every rank's micro-batches), dropped pairs and the MoE loads go
+over every rank: each rank routes its own tokens with
 the full router, so the summed tokens per expert are the global ones and every rank applies
 the same expert-bias update to its (replicated) router.
 
@@ -112,8 +113,29 @@ class ExpertParallelReducer:
             sharding.keep_whole = frozenset(sharding.keep_whole | set(self.specs))
         return sharding
 
+    def mean_over_ranks(self, value: float) -> float:
+        """The mean of ``value`` over every rank: the logged aux loss of one process (the mean
+        over all micro-batches of the step) from each rank's mean over its own."""
+        total = self.inner.comm.all_reduce_sum(np.array([value], np.float32))
+        return float(total[0]) / self.world_size
+
     def sync_moe_stats(self, model) -> None:
+        """The wrapped reducer's global loads; and each MoE layer's logged aux loss (the mean
+        over every rank's micro-batches) and dropped pairs (all ranks), as one process logs
+        them (one all-reduce of the sums and counts)."""
         self.inner.sync_moe_stats(model)
+        import mindspore as ms
+        layers = [m for _, m in sorted(model.moe_layers().items())]
+        if not layers:
+            return
+        rows = [[0.0 if m.aux_sum is None else float(m.aux_sum.asnumpy()), m.num_forwards,
+                 m.dropped] for m in layers]
+        total = self.inner.comm.all_reduce_sum(np.array(rows, np.float32))
+        for m, (aux_sum, forwards, dropped) in zip(layers, total):
+            if m.aux_sum is not None:
+                m.aux_sum = ms.Tensor(np.float32(aux_sum))
+            m.num_forwards = int(round(float(forwards)))
+            m.dropped = int(round(float(dropped)))
 
     def reduce_max(self, values: np.ndarray) -> np.ndarray:
         return self.inner.reduce_max(values)

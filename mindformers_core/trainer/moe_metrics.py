@@ -10,8 +10,10 @@ update after the optimizer step reads the same global counts). Every ``log_inter
 * ``imbalance``: max / mean of ``tokens_per_expert`` (1 = perfectly balanced; 0 if nothing
   was routed);
 * ``aux_loss``: the layer's load-balancing loss (coefficient included), mean over this
-  rank's micro-batches; null when the layer has none;
-* ``dropped``: pairs dropped by the expert capacity in this rank's micro-batches;
+  rank's micro-batches (under expert parallelism over every rank's); null when the layer has
+  none;
+* ``dropped``: pairs dropped by the expert capacity in this rank's micro-batches (under
+  expert parallelism every rank's);
 * ``tokens_per_ep_rank`` (expert parallel only) [ep]: the pairs routed to each EP rank's
   experts, ``sum of tokens_per_expert`` over that rank's block of ``E / ep`` experts (the
   rows its experts compute, before drops).

@@ -58,6 +58,9 @@ class ShardedGradReducer(Protocol):
     def grad_norm(self, grads: Sequence) -> float:
         """The global L2 norm of the reduced gradients over parameters split across ranks."""
 
+    def mean_over_ranks(self, value: float) -> float:
+        """The mean of a per-rank value (the step's aux loss) over every rank."""
+
 
 @runtime_checkable
 class ExpertBiasModel(Protocol):

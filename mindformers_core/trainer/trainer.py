@@ -391,6 +391,8 @@ class Trainer:
         mtp_loss = step_mtp_loss(self.model)   # inside aux; logged on its own
         aux = aux - mtp_loss if mtp_loss is not None else aux
         grads, loss_sum, _ = self.grad_reducer.reduce(grads, loss_sum, local_tokens)
+        if isinstance(self.grad_reducer, ShardedGradReducer):   # [expert parallel hook]
+            aux = self.grad_reducer.mean_over_ranks(aux)         # the global mean aux loss
         moe_stats = moe_step_stats(self.model, self.grad_reducer,   # DP-summed expert loads
                                    log_due(step_number, self.writer.log_interval, self.total_steps))
         if scale != 1.0:

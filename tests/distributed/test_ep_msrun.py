@@ -84,8 +84,12 @@ def test_loss_and_grad_norm_match_one_process(ep_runs, references, case):
         assert g["grad_norm"] == pytest.approx(w["grad_norm"], rel=1e-4), g["step"]
         assert g["lr"] == pytest.approx(w["lr"], rel=1e-12)
         # every rank routes with the full router: the global loads are the 1-process ones
-        assert g["moe"]["layers"]["1"]["tokens_per_expert"] == \
-            w["moe"]["layers"]["1"]["tokens_per_expert"]
+        got_layer, want_layer = g["moe"]["layers"]["1"], w["moe"]["layers"]["1"]
+        assert got_layer["tokens_per_expert"] == want_layer["tokens_per_expert"]
+        assert got_layer["dropped"] == want_layer["dropped"]
+        # the aux losses are the means over every micro-batch of the step, as in one process
+        assert g["aux_loss"] == pytest.approx(w["aux_loss"], rel=1e-4)
+        assert got_layer["aux_loss"] == pytest.approx(want_layer["aux_loss"], rel=1e-4)
     if CASES[case][2] is not None:   # the capacity drops pairs, as in one process
         assert sum(r["moe"]["layers"]["1"]["dropped"] for r in ref) > 0
     assert ref[-1]["loss"] < ref[0]["loss"] - 0.3       # the runs trained
