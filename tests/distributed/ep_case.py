@@ -1,7 +1,8 @@
 """The expert-parallel Trainer runs shared by the msrun worker and the single-process reference:
 configs/muon_deepseek_v3_tiny.yaml's model (4 routed experts, top-2, one MoE layer, shared
 expert, aux loss, expert bias) for 10 steps, global batch 4 = 2 ranks x local batch 2 (one
-process: 2 micro-batches of 2), a MoE log line every step, no checkpoints.
+process: 2 micro-batches of 2; on 4 ranks global batch 8), a MoE log line every step, no
+checkpoints.
 
 name -> (optimizer, Muon comm_strategy, moe_expert_capacity_factor); ``reference(name)`` is
 the single-process run it is compared with (the comm strategy is irrelevant on one rank)."""
@@ -29,7 +30,7 @@ def reference(name: str) -> str:
 ADAMW = {"type": "AdamW", "betas": [0.9, 0.95], "eps": 1.0e-8, "weight_decay": 0.1}
 
 
-def case_config(name: str, expert_parallel: int):
+def case_config(name: str, expert_parallel: int, global_batch: int = 4):
     from mindformers_core.config import load_config
     with open(os.path.join(ROOT, "configs", "muon_deepseek_v3_tiny.yaml")) as fh:
         data = yaml.safe_load(fh)
@@ -40,7 +41,8 @@ def case_config(name: str, expert_parallel: int):
         data["lr_scheduler"]["learning_rate"] = 3.0e-3
     else:
         data["optimizer"]["comm_strategy"] = strategy
-    data["training"].update({"steps": STEPS, "local_batch_size": 2, "global_batch_size": 4,
+    data["training"].update({"steps": STEPS, "local_batch_size": 2,
+                             "global_batch_size": global_batch,
                              "log_interval": 1})
     data["checkpoint"] = {"enable_save": False}
     if capacity is not None:
@@ -49,8 +51,3 @@ def case_config(name: str, expert_parallel: int):
     return load_config(data)
 
 
-def run(name: str, out_dir: str, expert_parallel: int) -> None:
-    import mindspore as ms
-    from mindformers_core.trainer import Trainer
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    Trainer(case_config(name, expert_parallel), out_dir, overwrite=True).train()

@@ -1,7 +1,7 @@
 """msrun worker: the expert-parallel Trainer runs of ``ep_case.CASES`` (``expert_parallel: 2``)
 and this rank's model layout.
 
-    python tests/distributed/ep_worker.py OUT_DIR CASE [CASE ...]
+    python tests/distributed/ep_worker.py OUT_DIR CASE [CASE ...] [--global-batch N]
 
 Writes ``OUT_DIR/CASE/`` (the run directory, rank 0's metrics.jsonl) and
 ``OUT_DIR/CASE.rank{r}.json`` (``model.shard_specs()``, the local expert shapes, the
@@ -17,7 +17,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 
-def main(out_dir, cases):
+def main(out_dir, cases, global_batch=4):
     import mindspore as ms
     from mindformers_core.distributed.comm import init_distributed
     from mindformers_core.trainer import Trainer
@@ -28,7 +28,8 @@ def main(out_dir, cases):
     os.makedirs(out_dir, exist_ok=True)
     for name in cases:
         ms.set_context(mode=ms.PYNATIVE_MODE)
-        trainer = Trainer(case_config(name, 2), os.path.join(out_dir, name), overwrite=True)
+        trainer = Trainer(case_config(name, 2, global_batch), os.path.join(out_dir, name),
+                          overwrite=True)
         trainer.train()
         specs = trainer.model.shard_specs()
         params = {p.name: p for p in trainer.model.get_parameters()}
@@ -48,4 +49,9 @@ def main(out_dir, cases):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    args = sys.argv[2:]
+    batch = 4
+    if "--global-batch" in args:
+        k = args.index("--global-batch")
+        batch, args = int(args[k + 1]), args[:k] + args[k + 2:]
+    main(sys.argv[1], args, batch)

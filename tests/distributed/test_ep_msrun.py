@@ -121,3 +121,34 @@ def test_logs_the_tokens_of_each_ep_rank(ep_runs):
         assert row["moe"]["tokens_per_ep_rank"] == [sum(load[:2]), sum(load[2:])]
         # 4 sequences x 32 tokens x top-2 pairs routed in all
         assert sum(row["moe"]["tokens_per_ep_rank"]) == 4 * 32 * 2
+
+
+# -- 4 ranks: dp 4 = ep 2 x edp 2, the expert gradients reduced over the edp replicas ----------
+@pytest.fixture(scope="module")
+def edp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("edp")
+    proc, _ = launch(f"python {os.path.join(HERE, 'ep_worker.py')} {out} adamw --global-batch 8",
+                     out / "logs", workers=4)
+    if proc.returncode != 0:
+        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    ranks = [np.load(out / f"adamw.rank{r}.npz") for r in range(4)]
+    return {"metrics": read_metrics(out / "adamw"), "experts": ranks}
+
+
+def test_four_ranks_with_expert_data_parallel_match_one_process(edp_run, tmp_path):
+    import mindspore as ms
+    from mindformers_core.trainer import Trainer
+    from ep_case import case_config
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    trainer = Trainer(case_config("adamw", 1, 8), str(tmp_path), overwrite=True)
+    trainer.train()
+    ref = read_metrics(tmp_path)
+    for g, w in zip(edp_run["metrics"], ref):
+        assert g["loss"] == pytest.approx(w["loss"], rel=1e-4), g["step"]
+        assert g["grad_norm"] == pytest.approx(w["grad_norm"], rel=1e-4), g["step"]
+    assert len(edp_run["metrics"]) == len(ref) == STEPS
+    params = {p.name: p.asnumpy() for p in trainer.model.get_parameters()}
+    for rank in range(4):   # ep rank = dp rank % 2; ranks 0, 2 (and 1, 3) are edp replicas
+        e = rank % 2
+        for name in EXPERTS:
+            assert rel(edp_run["experts"][rank][name], params[name][2 * e:2 * e + 2]) < 1e-4
