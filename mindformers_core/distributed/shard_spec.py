@@ -24,12 +24,13 @@ reduced in the order of their names, identical on every rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import (Callable, Dict, Iterable, Optional, Protocol, Sequence, Tuple,
+                    runtime_checkable)
 
 import numpy as np
 
-__all__ = ["ShardedCell", "collect_shard_specs", "ShardSpec", "replicated", "local_shape", "local_slice", "shard", "unshard",
-           "partial_sq_norms", "global_sq_norm"]
+__all__ = ["ShardedCell", "collect_shard_specs", "ShardSpec", "replicated", "local_shape",
+           "local_slice", "shard", "unshard", "partial_sq_norms", "global_sq_norm"]
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ from typing import Any, Dict, List, Optional, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["MoELayerStats", "MoEStepStats", "ep_rank_load", "load_imbalance", "log_due", "moe_step_stats"]
+__all__ = ["MoELayerStats", "MoEStepStats", "ep_rank_load", "load_imbalance", "log_due",
+           "moe_step_stats"]
 
 
 @runtime_checkable

@@ -21,8 +21,8 @@ from typing import Any, List, Optional, Protocol, Sequence, Tuple, runtime_check
 
 from ..optim.qk_clip import QKClipModel  # declared where QK-Clip reads it
 
-__all__ = ["GradReducer", "DataParallelReducer", "ShardedGradReducer", "ExpertBiasModel", "MoEStatsModel",
-           "MaxLogitsModel", "QKClipModel", "QKClipOptimizer"]
+__all__ = ["GradReducer", "DataParallelReducer", "ShardedGradReducer", "ExpertBiasModel",
+           "MoEStatsModel", "MaxLogitsModel", "QKClipModel", "QKClipOptimizer"]
 
 
 @runtime_checkable

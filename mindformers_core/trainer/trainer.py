@@ -166,7 +166,7 @@ class Trainer:
         self.model = model
         if loaded is not None:
             self._load_model(loaded)
-        # [expert parallel hook] this rank's experts, expert grads over edp (models/expert_parallel.py)
+        # [expert parallel hook] this rank's experts only (models/expert_parallel.py)
         from ..models.expert_parallel import setup_expert_parallel
         self.model, self.grad_reducer = setup_expert_parallel(cfg, self.model, self.grad_reducer)
         if lr_scheduler is None:
