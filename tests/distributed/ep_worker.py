@@ -32,6 +32,12 @@ def main(out_dir, cases, global_batch=4):
                           overwrite=True)
         trainer.train()
         specs = trainer.model.shard_specs()
+        from mindformers_core.models.expert_parallel import shard_experts
+        try:   # a model is split once
+            shard_experts(trainer.model, trainer.grad_reducer.comm)
+            again = None
+        except ValueError as exc:
+            again = str(exc)
         params = {p.name: p for p in trainer.model.get_parameters()}
         state = {k: list(v.shape) for k, v in trainer.optimizer.state_dict().items()
                  if hasattr(v, "shape") and any(k.endswith(n) for n in specs)}
@@ -42,7 +48,7 @@ def main(out_dir, cases, global_batch=4):
             json.dump({"specs": {k: [list(s.full_shape), s.split_dim, s.group, s.num_shards]
                                  for k, s in specs.items()},
                        "local_shapes": {k: list(params[k].shape) for k in specs},
-                       "state_shapes": state,
+                       "state_shapes": state, "split_again": again,
                        "expert_bias": {k: params[k].asnumpy().tolist() for k in params
                                        if k.endswith("expert_bias")}}, fh)
     comm.barrier()

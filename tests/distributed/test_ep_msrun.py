@@ -109,6 +109,8 @@ def test_each_rank_holds_its_whole_experts(ep_runs, references, case):
                 if key.endswith(name):
                     assert shape == [2] + list(full[1:]), key
             assert rel(experts[name], ref[name][2 * rank:2 * rank + 2]) < 1e-4, name
+        assert meta["split_again"] == ("the experts of this model are already split over "
+                                       "expert parallel ranks")
         # the aux-loss-free bias update saw the global loads on both ranks
         assert np.array_equal(np.float32(meta["expert_bias"][BIAS]), ref[BIAS])
         assert np.abs(ref[BIAS]).max() > 0
