@@ -1,8 +1,9 @@
 """Upstream `parallelism:` keys of features that do not exist here: the accepted values.
 
-Only data parallelism with ZeRO-1 optimizer-state sharding (``data_parallel_shard``) is
-implemented. A key is accepted with its no-op value; any other value is a ConfigError naming
-the field and saying the feature is not implemented (``noop.require_noop``).
+Only data parallelism with ZeRO-1 optimizer-state sharding (``data_parallel_shard``) and expert
+parallelism (``expert_parallel``, config/expert_layout.py) are implemented. A key is accepted
+with its no-op value; any other value is a ConfigError naming the field and saying the feature
+is not implemented (``noop.require_noop``).
 
 ``data_parallel_shard_strategy`` (upstream's default ``optim_grads_params`` is FSDP/ZeRO-3)
 and ``disable_gradient_division`` are no-ops while the optimizer state is not sharded
@@ -26,7 +27,6 @@ SHARD_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 _NOOP = {
     "cpu_offload": ((False,), "FSDP CPU offload"),
     "dense_fsdp_shard_size": ((None,), "FSDP dense shard limits"),
-    "expert_parallel": ((1,), "expert parallelism"),
     "context_parallel_async": ((False,), "context parallelism"),
     "ulysses_degree_in_cp": ((None,), "Ulysses context parallelism"),
     "context_parallel_mask_type": (("causal",), "a non-causal context-parallel mask"),

@@ -2,7 +2,9 @@
 
 Fields: ``tensor_parallel``, ``context_parallel``, ``pipeline_parallel`` (1 each; only data
 parallelism is implemented, so a larger value on a world where it would fit is a ConfigError)
-and ``data_parallel_shard`` (-1 default). ``data_parallel`` is not a field: it is derived from
+``data_parallel_shard`` (-1 default) and ``expert_parallel`` (1; the routed experts split over
+that many data-parallel ranks, docs/expert_parallel.md; its rules against the model and the
+world are config/expert_layout.py's). ``data_parallel`` is not a field: it is derived from
 the launcher's world size,
 
     dp = world_size // (tensor_parallel * pipeline_parallel * context_parallel)
@@ -75,7 +77,7 @@ class ParallelismConfig(Section):
     reshard_after_forward_policy: str = "default"
     cpu_offload: bool = False
     dense_fsdp_shard_size: Optional[int] = None
-    expert_parallel: int = 1
+    expert_parallel: int = 1          # implemented (config/expert_layout.py checks it)
     context_parallel_method: str = "colossal"
     context_parallel_async: bool = False
     ulysses_degree_in_cp: Optional[int] = None

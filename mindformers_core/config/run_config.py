@@ -37,6 +37,7 @@ from .model import ModelConfig
 from .monitor import MonitorConfig
 from .disabled_sections import LoraConfig, RecomputeCommConfig, SwapConfig
 from .optimizer import OptimizerConfig
+from .expert_layout import ExpertPlan, check_expert_parallel, expert_plan
 from .parallelism import ParallelismConfig
 from .profiler import ProfilerConfig
 from .recompute import RecomputeConfig
@@ -73,6 +74,8 @@ class RunPlan:
     lr_scheduler_type: str = ""
     peak_lr: float = 0.0
     optimizer_type: str = ""
+    #: experts per expert-parallel rank (config/expert_layout.py); None without routed experts
+    experts: Optional[ExpertPlan] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -103,6 +106,8 @@ class RunPlan:
             f"(= {self.local_batch_size} x {self.data_parallel} x {self.num_accumulation_steps})",
             f"tokens per step  : {self.tokens_per_step} (seq_length {self.seq_length})",
         ]
+        if self.experts is not None:
+            lines.append(self.experts.format())
         return "\n".join(lines)
 
 
@@ -174,6 +179,7 @@ class RunConfig(Section):
 
     def validate(self, path: str = "") -> None:
         self._check_optimizer_vs_model()
+        check_expert_parallel(self)   # experts vs expert_parallel, whatever the world size
         check_context_vs_training(self.context, self.training)
         check_text_sections(self)
         self._check_recompute_vs_jit()
@@ -244,6 +250,7 @@ class RunConfig(Section):
         ws = env_world_size() if world_size is None else int(world_size)
         dp = self.data_parallel(ws)
         self.parallelism.dp_shard(dp)  # raises ConfigError for a shard size that does not fit
+        experts = expert_plan(self, dp)   # expert_parallel vs n_routed_experts and dp
         tr = self.training
         base_units = dp * tr.local_batch_size
         if tr.global_batch_size % base_units != 0:
@@ -271,7 +278,7 @@ class RunConfig(Section):
             tokens_per_step=tr.global_batch_size * self.model.seq_length,
             lr_boundaries=bounds, lr_scheduler_type=self.lr_scheduler.type,
             peak_lr=float(getattr(sched, "peak_lr", self.lr_scheduler.learning_rate)),
-            optimizer_type=self.optimizer.type,
+            optimizer_type=self.optimizer.type, experts=experts,
         )
 
     def to_dict(self) -> Dict[str, Any]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
+from ..core.expert_rules import check_expert_dp
+
 __all__ = ["AXES", "Mesh", "make_mesh", "group_name"]
 
 AXES = ("tp", "cp", "dp", "pp", "ep", "edp", "world")
@@ -98,6 +100,5 @@ def make_mesh(world: int, tp: int = 1, cp: int = 1, pp: int = 1, ep: int = 1) ->
     if dp * tp * pp * cp != world:
         raise ValueError(f"world_size({world}) must be divisible by tensor_parallel({tp}) * "
                          f"pipeline_parallel({pp}) * context_parallel({cp}).")
-    if dp % ep:
-        raise ValueError(f"data_parallel({dp}) must be divisible by expert_parallel({ep}).")
+    check_expert_dp(dp, ep)
     return Mesh(world=world, tp=tp, cp=cp, dp=dp, pp=pp, ep=ep)

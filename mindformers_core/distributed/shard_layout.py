@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -70,7 +70,9 @@ class ShardLayout:
     """Dim-0 shards of a list of parameter shapes for one rank (see the module docstring)."""
 
     def __init__(self, shapes: Sequence[Sequence[int]], num_shards: int, rank: int,
-                 world_size: int):
+                 world_size: int, whole: Optional[Sequence[bool]] = None):
+        """``whole[i]``: keep parameter i's state whole on every rank (an expert weight: its
+        ranks hold different experts, so its rows must not be spread over them)."""
         if num_shards < 1 or world_size % num_shards != 0:
             raise ValueError(f"num_shards ({num_shards}) must divide world_size ({world_size})")
         self.num_shards = int(num_shards)
@@ -78,11 +80,12 @@ class ShardLayout:
         self.rank = int(rank)
         self.shard_index = self.rank % self.num_shards
         self.entries: List[ParamShard] = []
-        for shape in shapes:
+        whole = list(whole) if whole is not None else [False] * len(shapes)
+        for shape, keep in zip(shapes, whole):
             shape = tuple(int(d) for d in shape)
             d0 = shape[0] if shape else 1
             row = int(math.prod(shape[1:])) if shape else 1
-            if not shape or d0 < self.num_shards or self.num_shards == 1:
+            if keep or not shape or d0 < self.num_shards or self.num_shards == 1:
                 self.entries.append(ParamShard(shape, 0, d0, d0, row, False))
             else:
                 start, stop = shard_rows(d0, self.num_shards, self.shard_index)

@@ -24,12 +24,13 @@ reduced in the order of their names, identical on every rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
+from typing import (Callable, Dict, Iterable, Optional, Protocol, Sequence, Tuple,
+                    runtime_checkable)
 
 import numpy as np
 
-__all__ = ["ShardSpec", "replicated", "local_shape", "local_slice", "shard", "unshard",
-           "partial_sq_norms", "global_sq_norm"]
+__all__ = ["ShardedCell", "collect_shard_specs", "ShardSpec", "replicated", "local_shape",
+           "local_slice", "shard", "unshard", "partial_sq_norms", "global_sq_norm"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,24 @@ class ShardSpec:
     @property
     def is_sharded(self) -> bool:
         return self.split_dim is not None
+
+
+@runtime_checkable
+class ShardedCell(Protocol):
+    """A Cell whose own parameters are split across ranks (tensor / expert parallel layers)."""
+
+    def sharded_params(self) -> Dict[str, "ShardSpec"]:
+        """Parameter name -> ShardSpec of its split parameters (replicated ones absent)."""
+
+
+def collect_shard_specs(cell) -> Dict[str, "ShardSpec"]:
+    """``model.shard_specs()``: the specs of every :class:`ShardedCell` inside ``cell`` (a
+    MindSpore Cell; its ``cells_and_names``), keyed by parameter name."""
+    out: Dict[str, ShardSpec] = {}
+    for _, sub in cell.cells_and_names():
+        if isinstance(sub, ShardedCell):
+            out.update(sub.sharded_params())
+    return out
 
 
 def replicated(full_shape: Sequence[int]) -> ShardSpec:

@@ -26,7 +26,7 @@ count; ``load_state_dict`` takes that format and keeps this rank's rows.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 import mindspore as ms
@@ -145,6 +145,7 @@ class ZeroMixin:
     def __init__(self, *args, zero: "ZeroSharding", **kwargs):
         self._zero_comm = zero.comm
         self._zero_shards = zero.num_shards
+        self._zero_whole = zero.keep_whole
         super().__init__(*args, **kwargs)
         self.set_masters(ShardedMainParams(self.parameters, self._layout(), self.masters))
         self._zero_setup()
@@ -156,7 +157,8 @@ class ZeroMixin:
         if layout is None:
             comm = self._zero_comm
             layout = ShardLayout([p.shape for p in self.parameters], self._zero_shards,
-                                 comm.rank, comm.world_size)
+                                 comm.rank, comm.world_size,
+                                 [p.name in self._zero_whole for p in self.parameters])
             self._zero_layout = layout
         return layout
 
@@ -322,7 +324,11 @@ class ZeroSharding:
     data parallelism over ``comm``: its state sharded over ``num_shards`` ranks (None or -1:
     all; 1: replicated, the plain class) and Muon's QK-Clip logits MAX-reduced over ranks."""
 
-    def __init__(self, comm: Communicator, num_shards: Optional[int] = None):
+    def __init__(self, comm: Communicator, num_shards: Optional[int] = None,
+                 keep_whole: Iterable[str] = ()):
+        """``keep_whole``: names of parameters whose state stays whole on each rank (expert
+        weights under expert parallelism: ranks hold different experts)."""
+        self.keep_whole = frozenset(keep_whole)
         world = comm.world_size
         shards = world if num_shards in (None, -1) else int(num_shards)
         if shards < 1 or world % shards != 0:

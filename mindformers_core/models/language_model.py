@@ -18,6 +18,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, mint, nn, ops
 
+from ..distributed.shard_spec import collect_shard_specs
 from . import compiled, qk_clip, yarn
 from .attention import MLASelfAttention, SelfAttention
 from .blockwise_attention import attention_function
@@ -353,6 +354,12 @@ class GPTModel(nn.Cell):
         if param_map is None:
             param_map = {p.name: p for p in self.get_parameters()}
         return qk_clip.apply_qk_clip(layout, max_logits, tau, param_map), max_logit
+
+    def shard_specs(self) -> dict:
+        """Parameter name -> ShardSpec of the parameters split across ranks (expert / tensor
+        parallel; replicated ones absent): what the optimizer, the grad norm and checkpoints
+        read layouts from."""
+        return collect_shard_specs(self)
 
     # ----------------------------------------------------------------- MoE statistics
     def moe_layers(self) -> Dict[int, MoE]:

@@ -25,6 +25,7 @@ from mindspore import mint, nn, ops
 
 from . import router as rt
 from .dispatch import expert_ffn
+from .ep_dispatch import ep_expert_ffn
 from .layers import placeholder
 from .mlp import MLP
 from .precision import Precision
@@ -76,7 +77,10 @@ class Router(nn.Cell):
 
 
 class GroupedExperts(nn.Cell):
-    """E SwiGLU experts held as two 3-D weights, run by token dispatch (``dispatch.expert_ffn``)."""
+    """E SwiGLU experts held as two 3-D weights, run by token dispatch (``dispatch.expert_ffn``).
+
+    Under expert parallelism (``models.expert_parallel.shard_experts``) the weights hold this
+    rank's ``E / ep`` experts and the tokens travel by all-to-all (``ep_dispatch``)."""
 
     def __init__(self, hidden_size: int, num_experts: int, ffn: int, precision: Precision):
         super().__init__()
@@ -84,9 +88,20 @@ class GroupedExperts(nn.Cell):
         self.ffn = ffn
         self.weight1 = placeholder((num_experts, hidden_size, 2 * ffn), precision.param, "weight1")
         self.weight2 = placeholder((num_experts, ffn, hidden_size), precision.param, "weight2")
+        self.ep_comm = None       # GroupCommunicator once the experts are split over "ep"
+        self.exchange = None      # ep_dispatch.AllToAll over "ep"
+        self.specs = {}           # parameter name -> ShardSpec (empty: replicated)
+
+    def sharded_params(self) -> dict:
+        """Parameter name -> ShardSpec of the split weights (``shard_spec.ShardedCell``)."""
+        return dict(self.specs)
 
     def construct(self, x2d, gate_w, topk_idx, capacity_factor=None, drop_policy="probs"):
         p = self.precision
+        if self.ep_comm is not None:
+            return ep_expert_ffn(p.cast(x2d), gate_w, topk_idx, p.cast(self.weight1),
+                                 p.cast(self.weight2), self.ffn, self.ep_comm, self.exchange,
+                                 capacity_factor, drop_policy)
         return expert_ffn(p.cast(x2d), gate_w, topk_idx, p.cast(self.weight1),
                           p.cast(self.weight2), self.ffn, capacity_factor, drop_policy)
 
@@ -103,6 +118,7 @@ class MoE(nn.Cell):
         self.experts = GroupedExperts(hidden_size, spec.num_experts, spec.ffn, precision)
         self.shared_experts = MLP(hidden_size, spec.shared_ffn, precision) if spec.shared_ffn > 0 else None
         self.last_topk = None
+        self.expert_parallel = 1   # ranks the experts are split over (models/expert_parallel.py)
         self.reset_stats()
 
     def reset_stats(self) -> None:

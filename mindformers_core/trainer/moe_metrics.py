@@ -10,11 +10,17 @@ update after the optimizer step reads the same global counts). Every ``log_inter
 * ``imbalance``: max / mean of ``tokens_per_expert`` (1 = perfectly balanced; 0 if nothing
   was routed);
 * ``aux_loss``: the layer's load-balancing loss (coefficient included), mean over this
-  rank's micro-batches; null when the layer has none;
-* ``dropped``: pairs dropped by the expert capacity in this rank's micro-batches.
+  rank's micro-batches (under expert parallelism over every rank's); null when the layer has
+  none;
+* ``dropped``: pairs dropped by the expert capacity in this rank's micro-batches (under
+  expert parallelism every rank's);
+* ``tokens_per_ep_rank`` (expert parallel only) [ep]: the pairs routed to each EP rank's
+  experts, ``sum of tokens_per_expert`` over that rank's block of ``E / ep`` experts (the
+  rows its experts compute, before drops).
 
 ``metrics.jsonl`` gets ``"moe": {"layers": {"<i>": {...}}, "max_imbalance", "dropped"}``; the step
-line gets ``moe_imbalance: <max over layers>, moe_dropped: <sum>``.
+line gets ``moe_imbalance: <max over layers>, moe_dropped: <sum>`` and, under expert
+parallelism, ``moe_ep_rank_tokens: [per EP rank, summed over layers]``.
 """
 from __future__ import annotations
 
@@ -23,7 +29,8 @@ from typing import Any, Dict, List, Optional, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["MoELayerStats", "MoEStepStats", "load_imbalance", "log_due", "moe_step_stats"]
+__all__ = ["MoELayerStats", "MoEStepStats", "ep_rank_load", "load_imbalance", "log_due",
+           "moe_step_stats"]
 
 
 @runtime_checkable
@@ -43,6 +50,14 @@ def load_imbalance(load) -> float:
     return float(load.max() / mean) if mean > 0 else 0.0
 
 
+def ep_rank_load(load, ep: int) -> List[float]:
+    """Pairs routed to each of ``ep`` ranks' consecutive expert blocks."""
+    load = np.asarray(load, np.float64)
+    if ep < 1 or load.size % ep:
+        raise ValueError(f"{load.size} experts cannot be split over {ep} expert-parallel ranks")
+    return [float(x) for x in load.reshape(ep, -1).sum(1)]
+
+
 def log_due(step: int, log_interval: int, total_steps: int) -> bool:
     return step % log_interval == 0 or step == total_steps
 
@@ -53,10 +68,14 @@ class MoELayerStats:
     imbalance: float
     aux_loss: Optional[float]
     dropped: int
+    tokens_per_ep_rank: Optional[List[float]] = None
 
     def row(self) -> dict:
-        return {"tokens_per_expert": self.tokens_per_expert, "imbalance": self.imbalance,
-                "aux_loss": self.aux_loss, "dropped": self.dropped}
+        out = {"tokens_per_expert": self.tokens_per_expert, "imbalance": self.imbalance,
+               "aux_loss": self.aux_loss, "dropped": self.dropped}
+        if self.tokens_per_ep_rank is not None:
+            out["tokens_per_ep_rank"] = self.tokens_per_ep_rank
+        return out
 
 
 @dataclass(frozen=True)
@@ -71,12 +90,26 @@ class MoEStepStats:
     def dropped(self) -> int:
         return sum(s.dropped for s in self.layers.values())
 
+    @property
+    def tokens_per_ep_rank(self) -> Optional[List[float]]:
+        """Pairs per EP rank summed over the layers (None without expert parallelism)."""
+        per = [s.tokens_per_ep_rank for s in self.layers.values()
+               if s.tokens_per_ep_rank is not None]
+        return [float(x) for x in np.sum(per, 0)] if per else None
+
     def row(self) -> dict:
-        return {"layers": {str(i): s.row() for i, s in sorted(self.layers.items())},
-                "max_imbalance": self.max_imbalance, "dropped": self.dropped}
+        out = {"layers": {str(i): s.row() for i, s in sorted(self.layers.items())},
+               "max_imbalance": self.max_imbalance, "dropped": self.dropped}
+        if self.tokens_per_ep_rank is not None:
+            out["tokens_per_ep_rank"] = self.tokens_per_ep_rank
+        return out
 
     def short(self) -> str:
-        return f"moe_imbalance: {self.max_imbalance:.2f}, moe_dropped: {self.dropped}"
+        text = f"moe_imbalance: {self.max_imbalance:.2f}, moe_dropped: {self.dropped}"
+        ranks = self.tokens_per_ep_rank
+        if ranks is not None:
+            text += f", moe_ep_rank_tokens: {[int(x) for x in ranks]}"
+        return text
 
 
 def layer_stats(moe) -> MoELayerStats:
@@ -86,7 +119,9 @@ def layer_stats(moe) -> MoELayerStats:
     aux = None
     if moe.aux_sum is not None and moe.num_forwards:
         aux = float(moe.aux_sum.asnumpy()) / moe.num_forwards
-    return MoELayerStats([float(x) for x in load], load_imbalance(load), aux, int(moe.dropped))
+    ep = int(moe.expert_parallel)
+    return MoELayerStats([float(x) for x in load], load_imbalance(load), aux, int(moe.dropped),
+                         ep_rank_load(load, ep) if ep > 1 else None)
 
 
 def moe_step_stats(model, grad_reducer, due: bool) -> Optional[MoEStepStats]:

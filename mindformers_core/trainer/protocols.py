@@ -6,6 +6,8 @@ The trainer checks what a model, an optimizer or a gradient reducer offers with
 * :class:`GradReducer` every reducer (``trainer.grad_reducer.IdentityGradReducer``);
   :class:`DataParallelReducer` the data-parallel one (``distributed.grad_reduce``): it also
   builds the optimizer for the ranks (ZeRO sharding, QK-Clip MAX) and SUMs MoE loads;
+  :class:`ShardedGradReducer` one over parameters split across ranks (expert parallel): it
+  learns the parameters and computes the global gradient norm;
 * :class:`ExpertBiasModel` MoE models with the aux-loss-free expert-bias update, and
   :class:`MoEStatsModel` those whose expert loads a skipped step must drop;
 * :class:`MaxLogitsModel` models that track max attention logits (QK-Clip input);
@@ -19,8 +21,8 @@ from typing import Any, List, Optional, Protocol, Sequence, Tuple, runtime_check
 
 from ..optim.qk_clip import QKClipModel  # declared where QK-Clip reads it
 
-__all__ = ["GradReducer", "DataParallelReducer", "ExpertBiasModel", "MoEStatsModel",
-           "MaxLogitsModel", "QKClipModel", "QKClipOptimizer"]
+__all__ = ["GradReducer", "DataParallelReducer", "ShardedGradReducer", "ExpertBiasModel",
+           "MoEStatsModel", "MaxLogitsModel", "QKClipModel", "QKClipOptimizer"]
 
 
 @runtime_checkable
@@ -46,6 +48,18 @@ class DataParallelReducer(GradReducer, Protocol):
 
     def sync_moe_stats(self, model) -> None:
         """SUM the MoE token-per-expert counts over ranks before the expert-bias update."""
+
+
+@runtime_checkable
+class ShardedGradReducer(Protocol):
+    def bind_parameters(self, params: Sequence) -> None:
+        """The parameters the gradients come aligned with (once the optimizer exists)."""
+
+    def grad_norm(self, grads: Sequence) -> float:
+        """The global L2 norm of the reduced gradients over parameters split across ranks."""
+
+    def mean_over_ranks(self, value: float) -> float:
+        """The mean of a per-rank value (the step's aux loss) over every rank."""
 
 
 @runtime_checkable

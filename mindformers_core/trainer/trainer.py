@@ -52,7 +52,7 @@ from .resume_checks import (check_train_payload, lr_jump_warning,
                             optimizer_tensor_names)
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .protocols import (DataParallelReducer, ExpertBiasModel, MaxLogitsModel, MoEStatsModel,
-                        QKClipOptimizer)
+                        QKClipOptimizer, ShardedGradReducer)
 from .run_dir import claim_run_dir, new_run_id
 from .sharded_save import reshard_for_model, save_sharded, uses_sharded_checkpoint
 from .signals import StopRequest
@@ -168,6 +168,9 @@ class Trainer:
         if loaded is not None:
             loaded = reshard_for_model(loaded, self.model, self.grad_reducer)  # sharded ckpt
             self._load_model(loaded)
+        # [expert parallel hook] this rank's experts only (models/expert_parallel.py)
+        from ..models.expert_parallel import setup_expert_parallel
+        self.model, self.grad_reducer = setup_expert_parallel(cfg, self.model, self.grad_reducer)
         if lr_scheduler is None:
             lr_scheduler = cfg.build_lr_scheduler()
         self.lr_scheduler = lr_scheduler
@@ -180,6 +183,8 @@ class Trainer:
             optimizer = build_optimizer(cfg.optimizer, self.model, lr_scheduler=lr_scheduler,
                                         shard_layout=dp.optimizer_sharding(cfg) if dp else None)
         self.optimizer = optimizer
+        if isinstance(self.grad_reducer, ShardedGradReducer):   # [expert parallel hook]
+            self.grad_reducer.bind_parameters(self.optimizer.parameters)
         self.monitor = TrainStateMonitor(cfg.monitor.train_state,
                                          [p.name for p in self.optimizer.parameters])
         self.profiler = StepProfiler(cfg.profiler, output_dir, self.rank)
@@ -392,6 +397,8 @@ class Trainer:
         mtp_loss = step_mtp_loss(self.model)   # inside aux; logged on its own
         aux = aux - mtp_loss if mtp_loss is not None else aux
         grads, loss_sum, _ = self.grad_reducer.reduce(grads, loss_sum, local_tokens)
+        if isinstance(self.grad_reducer, ShardedGradReducer):   # [expert parallel hook]
+            aux = self.grad_reducer.mean_over_ranks(aux)         # the global mean aux loss
         moe_stats = moe_step_stats(self.model, self.grad_reducer,   # DP-summed expert loads
                                    log_due(step_number, self.writer.log_interval, self.total_steps))
         if scale != 1.0:
@@ -399,7 +406,9 @@ class Trainer:
             grads = [g * inv for g in grads]
         for hook in self.grad_hooks:
             grads = hook(step_number, grads)
-        norm = float(global_grad_norm(grads))
+        norm = float(self.grad_reducer.grad_norm(grads)  # [expert parallel hook]
+                     if isinstance(self.grad_reducer, ShardedGradReducer)
+                     else global_grad_norm(grads))
         finite = math.isfinite(norm)
 
         clipped = False

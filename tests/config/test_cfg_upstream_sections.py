@@ -85,7 +85,6 @@ def test_upstream_parallelism_keys_load_on_one_process(monkeypatch):
 
 
 @pytest.mark.parametrize("key,value,msg", [
-    ("expert_parallel", 2, r"2 needs expert parallelism, which is not implemented"),
     ("pipeline_parallel_interleave_num", 2, r"2 needs interleaved pipeline parallelism"),
     ("cpu_offload", True, r"True needs FSDP CPU offload"),
     ("hsdp_shard_size", 8, r"8 needs HSDP sharding"),
@@ -100,6 +99,14 @@ def test_parallelism_feature_values_are_refused(monkeypatch, key, value, msg):
     monkeypatch.delenv("MS_WORKER_NUM", raising=False)
     with pytest.raises(ConfigError, match=rf"^parallelism\.{key}: {msg}"):
         ParallelismConfig.from_dict({**UPSTREAM_PAR, key: value}, "parallelism")
+
+
+def test_expert_parallel_is_a_feature_value_now(monkeypatch):
+    """Expert parallelism is implemented: the section takes any size; its rules (experts,
+    data parallel) are RunConfig's (tests/config/test_expert_parallel_config.py)."""
+    monkeypatch.delenv("MS_WORKER_NUM", raising=False)
+    assert ParallelismConfig.from_dict({**UPSTREAM_PAR, "expert_parallel": 2},
+                                       "parallelism").expert_parallel == 2
 
 
 def two_workers(monkeypatch):

@@ -91,3 +91,15 @@ def test_plan_buckets_keeps_order_and_limits_size():
     assert plan_buckets([], bucket_bytes=8) == [[]]
     flat = [i for b in plan_buckets(list(range(1, 30)), 64) for i in b]
     assert flat == list(range(29))
+
+
+def test_layout_keeps_whole_the_params_it_is_told_to():
+    """Expert weights under expert parallelism: the ranks hold different experts, so their
+    state is never row-sharded (``whole``), whatever their row count."""
+    shapes = [(8, 3), (4, 6, 6), (8, 2)]
+    for rank in (0, 1):
+        layout = ShardLayout(shapes, 2, rank, 2, whole=[False, True, False])
+        assert [layout.is_sharded(i) for i in range(3)] == [True, False, True]
+        assert layout.shard_shape(1) == (4, 6, 6) and layout.rows(1) == (0, 4)
+        assert layout.shard_shape(0) == (4, 3)
+    assert ShardLayout(shapes, 2, 0, 2).is_sharded(1)

@@ -12,6 +12,7 @@
   ``python -m pytest PATH`` name existing paths.
 * Relative links and images in the Markdown point to existing files.
 """
+import contextlib
 import functools
 import glob
 import importlib.util
@@ -118,6 +119,24 @@ def _check_run_mindformer(args, where, capsys):
                                  f"{out.err}"
 
 
+@contextlib.contextmanager
+def _launched_by_msrun(workers: int):
+    """The environment msrun gives its workers (a world of ``workers``; 1: unchanged)."""
+    if workers <= 1:
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in ("MS_ROLE", "MS_WORKER_NUM")}
+    os.environ.update({"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": str(workers)})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _check_command(argv, where, capsys):
     prog = os.path.basename(argv[0])
     if prog in ("python", "python3"):
@@ -146,8 +165,11 @@ def _check_command(argv, where, capsys):
     elif prog in ("bash", "sh") and len(argv) >= 2 and argv[1].endswith(".sh"):
         assert os.path.isfile(os.path.join(ROOT, argv[1])), f"{where}: no script {argv[1]}"
         if len(argv) >= 3 and argv[2] != "CMD":
-            for inner in shell_commands(argv[2]):
-                _check_command(inner, where, capsys)
+            # the launcher's worker count is the world the inner command is checked on
+            workers = argv[3] if len(argv) >= 4 and argv[3].isdigit() else "1"
+            with _launched_by_msrun(int(workers)):
+                for inner in shell_commands(argv[2]):
+                    _check_command(inner, where, capsys)
     elif prog == "pip":
         for path in (a for a in argv[2:] if not a.startswith("-") and a.startswith(".")):
             target = re.sub(r"\[.*\]$", "", path)

@@ -57,3 +57,22 @@ def test_not_due_and_gpt_give_no_stats():
     assert moe_step_stats(model, IdentityGradReducer(), due=False) is None
     assert moe_step_stats(model, IdentityGradReducer(), due=True) is not None
     assert moe_step_stats(build_model(tiny_gpt(), seed=0), IdentityGradReducer(), due=True) is None
+
+
+def test_ep_rank_load_and_its_log_fields():
+    from mindformers_core.trainer.moe_metrics import MoELayerStats, MoEStepStats, ep_rank_load
+    assert ep_rank_load([3, 1, 4, 1, 5, 9], 2) == [8.0, 15.0]
+    assert ep_rank_load([3, 1, 4, 1, 5, 9], 3) == [4.0, 5.0, 14.0]
+    with pytest.raises(ValueError, match=r"^6 experts cannot be split over 4 expert-parallel "
+                                         r"ranks$"):
+        ep_rank_load(np.zeros(6), 4)
+    layers = {1: MoELayerStats([3, 1, 4, 1], 1.6, None, 0, ep_rank_load([3, 1, 4, 1], 2)),
+              2: MoELayerStats([2, 2, 2, 2], 1.0, None, 1, ep_rank_load([2, 2, 2, 2], 2))}
+    stats = MoEStepStats(layers)
+    assert stats.tokens_per_ep_rank == [8.0, 9.0]
+    assert stats.row()["tokens_per_ep_rank"] == [8.0, 9.0]
+    assert stats.row()["layers"]["1"]["tokens_per_ep_rank"] == [4.0, 5.0]
+    assert stats.short() == "moe_imbalance: 1.60, moe_dropped: 1, moe_ep_rank_tokens: [8, 9]"
+    plain = MoEStepStats({1: MoELayerStats([3, 1], 1.5, None, 0)})
+    assert plain.tokens_per_ep_rank is None and "tokens_per_ep_rank" not in plain.row()
+    assert "moe_ep_rank_tokens" not in plain.short()

@@ -1,0 +1,141 @@
+"""Expert parallelism in a run: the reducer that keeps expert gradients on their experts' ranks.
+
+``models.expert_parallel.setup_expert_parallel(cfg, model, reducer)`` (``parallelism.
+expert_parallel`` = ep > 1) builds the mesh (:func:`expert_mesh`: EP carved out of DP) and its
+``GroupCommunicator``, cuts the model's routed experts to this rank's ``E / ep`` (recording
+each expert weight's ShardSpec, split dim 0, group ``ep``, for ``model.shard_specs()``) and
+wraps the data-parallel reducer in :class:`ExpertParallelReducer`.
+
+Gradients. Rank r's expert gradient already sums the tokens of every rank of its ``ep`` group
+(the dispatch's backward brings them back), so an expert gradient is reduced only over the
+ranks that hold the same experts, the ``edp`` group (size dp / ep; the identity for dp = ep);
+summing it over dp would add different experts together. Dense gradients are reduced over dp by
+the wrapped reducer as without EP. The global gradient norm counts each expert shard once:
+
+    ||g||^2 = sum_dense ||g||^2 + AllReduce_ep( sum_local experts ||g||^2 )
+
+(``shard_spec.global_sq_norm``). Token counts, loss sums, the stop flag, QK-Clip's MAX, the
+logged aux losses (means over every rank's micro-batches), dropped pairs and the MoE loads go
+over every rank: each rank routes its own tokens with
+the full router, so the summed tokens per expert are the global ones and every rank applies
+the same expert-bias update to its (replicated) router.
+
+Optimizer state. ZeRO-1 (``data_parallel_shard``) shards dense state over the dp ranks as
+without EP; expert weights keep their whole state on their rank (``ZeroSharding.keep_whole``):
+the ranks of a ZeRO group hold different experts, so their rows must not be spread over them.
+Their state is already 1/ep of the single-process one. Muon orthogonalises each local expert
+matrix on its rank with no communication under both comm strategies (3-D weights are never
+gathered, ``zero_muon``).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .collectives import GroupCommunicator
+from .groups import make_mesh
+from .shard_spec import ShardSpec, global_sq_norm, replicated
+
+__all__ = ["ExpertParallelReducer", "expert_mesh"]
+
+
+def expert_mesh(cfg, world_size: int):
+    """The mesh of a run (upstream's messages for sizes that do not fit)."""
+    par = cfg.parallelism
+    return make_mesh(world_size, tp=par.tensor_parallel, cp=par.context_parallel,
+                     pp=par.pipeline_parallel, ep=par.expert_parallel)
+
+
+class ExpertParallelReducer:
+    """The trainer's reducer under expert parallelism (see the module docstring): dense
+    gradients through ``inner`` (the data-parallel reducer), expert gradients over ``edp``.
+
+    ``bind_parameters(params)`` (the trainer, once the optimizer exists) says which gradient
+    belongs to which parameter; gradients come aligned with those parameters."""
+
+    def __init__(self, inner, comm: GroupCommunicator, specs: Dict[str, ShardSpec]):
+        self.inner = inner
+        self.comm = comm
+        self.specs = dict(specs)
+        self.world_size = inner.world_size
+        self.rank = inner.rank
+        self._specs: Optional[List[ShardSpec]] = None
+
+    # -- which gradient is which ---------------------------------------------------------------
+    def bind_parameters(self, params: Sequence) -> None:
+        self._specs = [self.specs.get(p.name) or replicated(p.shape) for p in params]
+
+    def _bound(self, grads) -> List[ShardSpec]:
+        if self._specs is None or len(self._specs) != len(grads):
+            raise RuntimeError("ExpertParallelReducer: bind_parameters(optimizer.parameters) "
+                               "must be called before the first reduction (got "
+                               f"{len(grads)} gradients)")
+        return self._specs
+
+    # -- the reducer protocol ------------------------------------------------------------------
+    def global_token_count(self, local_tokens: float) -> float:
+        return self.inner.global_token_count(local_tokens)
+
+    def reduce(self, grads: Sequence, loss_sum: float,
+               n_tokens: float) -> Tuple[List, float, float]:
+        grads = list(grads)
+        specs = self._bound(grads)
+        expert = [i for i, s in enumerate(specs) if s.group == "ep"]
+        dense = [None if i in set(expert) else g for i, g in enumerate(grads)]
+        out, loss_sum, n_tokens = self.inner.reduce(dense, loss_sum, n_tokens)
+        for i in expert:
+            if grads[i] is not None:
+                out[i] = self.comm.all_reduce(grads[i], "edp")
+        return out, loss_sum, n_tokens
+
+    def grad_norm(self, grads: Sequence) -> float:
+        """The global L2 norm of the reduced gradients (each expert shard counted once)."""
+        from ..optim.clip_grad import global_grad_norm
+        specs = self._bound(list(grads))
+        by_group: Dict[Optional[str], Tuple[ShardSpec, list]] = {}
+        for s, g in zip(specs, grads):
+            if g is not None:
+                key = s.group if s.is_sharded and s.num_shards > 1 else None
+                by_group.setdefault(key, (s, []))[1].append(g)
+        local = [(s, global_grad_norm(gs) ** 2) for s, gs in by_group.values()]
+        total = global_sq_norm(local, lambda group, x: float(
+            self.comm.all_reduce(np.array([x], np.float32), group)[0]))
+        return float(np.sqrt(total))
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        return self.inner.broadcast_flag(flag)
+
+    def optimizer_sharding(self, cfg):
+        """The wrapped reducer's ZeRO sharding, with expert weights kept whole."""
+        sharding = self.inner.optimizer_sharding(cfg)
+        if sharding is not None:
+            sharding.keep_whole = frozenset(sharding.keep_whole | set(self.specs))
+        return sharding
+
+    def mean_over_ranks(self, value: float) -> float:
+        """The mean of ``value`` over every rank: the logged aux loss of one process (the mean
+        over all micro-batches of the step) from each rank's mean over its own."""
+        total = self.inner.comm.all_reduce_sum(np.array([value], np.float32))
+        return float(total[0]) / self.world_size
+
+    def sync_moe_stats(self, model) -> None:
+        """The wrapped reducer's global loads; and each MoE layer's logged aux loss (the mean
+        over every rank's micro-batches) and dropped pairs (all ranks), as one process logs
+        them (one all-reduce of the sums and counts)."""
+        self.inner.sync_moe_stats(model)
+        import mindspore as ms
+        layers = [m for _, m in sorted(model.moe_layers().items())]
+        if not layers:
+            return
+        rows = [[0.0 if m.aux_sum is None else float(m.aux_sum.asnumpy()), m.num_forwards,
+                 m.dropped] for m in layers]
+        total = self.inner.comm.all_reduce_sum(np.array(rows, np.float32))
+        for m, (aux_sum, forwards, dropped) in zip(layers, total):
+            if m.aux_sum is not None:
+                m.aux_sum = ms.Tensor(np.float32(aux_sum))
+            m.num_forwards = int(round(float(forwards)))
+            m.dropped = int(round(float(dropped)))
+
+    def reduce_max(self, values: np.ndarray) -> np.ndarray:
+        return self.inner.reduce_max(values)

@@ -1,0 +1,76 @@
+"""Split a model's routed experts over the expert-parallel group (``parallelism.expert_parallel``).
+
+Megatron's layout: EP is carved out of data parallelism (``distributed.groups``), so the ``ep``
+ranks of a group see different data, hold the same dense weights (replicated, reduced over dp
+as without EP) and each hold ``E / ep`` whole experts of every MoE layer: rank ``r`` of the
+group keeps experts ``[r * E/ep, (r + 1) * E/ep)`` of ``experts.weight1`` [E, H, 2F] and
+``experts.weight2`` [E, F, H], i.e. shard ``r`` of the ShardSpec ``(full shape, split_dim 0,
+group "ep", ep)``. The router (and its ``expert_bias``) and the shared experts stay replicated.
+
+The model is built whole with the single-process initialisation (same seed, same values) and
+then cut, so an EP run starts from exactly the single-process weights (and a whole-model
+checkpoint loaded before the cut resumes under EP). The full expert tensors exist on every rank
+once, at start-up; building only the local experts would need the initialiser to draw the
+same values for a slice.
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor
+
+from ..distributed.collectives import GroupCommunicator
+from ..distributed.ep_reduce import ExpertParallelReducer, expert_mesh
+from ..distributed.shard_spec import ShardSpec, shard
+from .ep_dispatch import AllToAll
+from .moe import GroupedExperts
+
+__all__ = ["expert_spec", "shard_experts", "setup_expert_parallel"]
+
+
+def expert_spec(full_shape, ep: int) -> ShardSpec:
+    """The layout of a grouped expert weight split over ``ep`` ranks (dim 0 = experts)."""
+    return ShardSpec(tuple(full_shape), 0, "ep", int(ep))
+
+
+def _keep_shard(param, spec: ShardSpec, index: int) -> None:
+    full = param.astype(ms.float32).asnumpy() if param.dtype != ms.float32 else param.asnumpy()
+    piece = Tensor(shard(spec, np.asarray(full, np.float32), index))
+    param.set_data(piece if param.dtype == ms.float32 else piece.astype(param.dtype))
+
+
+def shard_experts(model, comm) -> Dict[str, ShardSpec]:
+    """Keep this rank's experts in every MoE layer of ``model`` (``moe_layers()``) and route
+    their tokens over the ``ep`` group of ``comm`` (a ``GroupCommunicator``); returns the specs
+    recorded (name -> ShardSpec). ``ep == 1``: nothing changes, {}."""
+    ep = len(comm.ranks("ep"))
+    if ep == 1:
+        return {}
+    index = comm.mesh.local_rank("ep", comm.rank)
+    out: Dict[str, ShardSpec] = {}
+    for moe in model.moe_layers().values():
+        experts: GroupedExperts = moe.experts
+        if experts.ep_comm is not None:
+            raise ValueError("the experts of this model are already split over expert parallel "
+                             "ranks")
+        for param in (experts.weight1, experts.weight2):
+            spec = expert_spec(param.shape, ep)
+            _keep_shard(param, spec, index)
+            experts.specs[param.name] = spec
+            out[param.name] = spec
+        experts.ep_comm = comm
+        experts.exchange = AllToAll(comm, "ep")
+        moe.expert_parallel = ep
+    return out
+
+
+def setup_expert_parallel(cfg, model, reducer):
+    """``(model, reducer)`` of a run with ``parallelism.expert_parallel`` > 1: the model's
+    experts cut to this rank's, the data-parallel reducer wrapped in
+    ``distributed.ep_reduce.ExpertParallelReducer``; both unchanged for expert_parallel 1."""
+    if cfg.parallelism.expert_parallel == 1:
+        return model, reducer
+    comm = GroupCommunicator(expert_mesh(cfg, reducer.world_size), reducer.rank)
+    return model, ExpertParallelReducer(reducer, comm, shard_experts(model, comm))

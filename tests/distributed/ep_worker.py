@@ -1,0 +1,63 @@
+"""msrun worker: the expert-parallel Trainer runs of ``ep_case.CASES`` (``expert_parallel: 2``)
+and this rank's model layout.
+
+    python tests/distributed/ep_worker.py OUT_DIR CASE [CASE ...] [--global-batch N]
+
+Writes ``OUT_DIR/CASE/`` (the run directory, rank 0's metrics.jsonl) and
+``OUT_DIR/CASE.rank{r}.json`` (``model.shard_specs()``, the local expert shapes, the
+optimizer-state shapes of the expert weights, the router's expert bias) and
+``OUT_DIR/CASE.rank{r}.npz`` (this rank's final expert weights).
+"""
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+
+
+def main(out_dir, cases, global_batch=4):
+    import mindspore as ms
+    from mindformers_core.distributed.comm import init_distributed
+    from mindformers_core.trainer import Trainer
+    from ep_case import case_config
+
+    ms.runtime.launch_blocking()
+    comm = init_distributed()
+    os.makedirs(out_dir, exist_ok=True)
+    for name in cases:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        trainer = Trainer(case_config(name, 2, global_batch), os.path.join(out_dir, name),
+                          overwrite=True)
+        trainer.train()
+        specs = trainer.model.shard_specs()
+        from mindformers_core.models.expert_parallel import shard_experts
+        try:   # a model is split once
+            shard_experts(trainer.model, trainer.grad_reducer.comm)
+            again = None
+        except ValueError as exc:
+            again = str(exc)
+        params = {p.name: p for p in trainer.model.get_parameters()}
+        state = {k: list(v.shape) for k, v in trainer.optimizer.state_dict().items()
+                 if hasattr(v, "shape") and any(k.endswith(n) for n in specs)}
+        import numpy as np
+        np.savez(os.path.join(out_dir, f"{name}.rank{comm.rank}.npz"),
+                 **{k: params[k].asnumpy() for k in specs})
+        with open(os.path.join(out_dir, f"{name}.rank{comm.rank}.json"), "w") as fh:
+            json.dump({"specs": {k: [list(s.full_shape), s.split_dim, s.group, s.num_shards]
+                                 for k, s in specs.items()},
+                       "local_shapes": {k: list(params[k].shape) for k in specs},
+                       "state_shapes": state, "split_again": again,
+                       "expert_bias": {k: params[k].asnumpy().tolist() for k in params
+                                       if k.endswith("expert_bias")}}, fh)
+    comm.barrier()
+
+
+if __name__ == "__main__":
+    args = sys.argv[2:]
+    batch = 4
+    if "--global-batch" in args:
+        k = args.index("--global-batch")
+        batch, args = int(args[k + 1]), args[:k] + args[k + 2:]
+    main(sys.argv[1], args, batch)

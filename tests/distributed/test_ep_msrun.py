@@ -1,0 +1,156 @@
+"""``parallelism.expert_parallel: 2`` on 2 msrun CPU workers == 1 process with the same global
+batch (the tiny DeepSeek-V3 of configs/muon_deepseek_v3_tiny.yaml: 4 routed experts, top-2):
+per-step loss and grad norm over 10 steps (rel 1e-4), with AdamW and with Muon (both comm
+strategies) and with an expert capacity, the real Trainer on both sides (ZeRO-1 over both ranks, the default
+data_parallel_shard -1, shards the dense state only).
+
+Also checked: each rank holds its 2 whole experts (the single-process experts' halves at the
+end of the run), records their ShardSpecs, keeps their optimizer state whole, applies the
+single-process expert-bias update, and logs the tokens routed to each EP rank.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from ep_case import CASES, STEPS, reference  # noqa: E402
+from msrun_util import launch  # noqa: E402
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+EXPERTS = ("decoder.layers.1.mlp.experts.weight1", "decoder.layers.1.mlp.experts.weight2")
+BIAS = "decoder.layers.1.mlp.router.expert_bias"
+
+
+def read_metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def rel(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-12))
+
+
+@pytest.fixture(scope="module")
+def ep_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ep")
+    proc, _ = launch(f"python {os.path.join(HERE, 'ep_worker.py')} {out} " + " ".join(CASES),
+                     out / "logs")
+    if proc.returncode != 0:
+        logs = "".join(open(out / "logs" / f).read()[-3000:] for f in
+                       ("worker_0.log", "worker_1.log") if (out / "logs" / f).exists())
+        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stderr[-2000:]}\n{logs}")
+    res = {}
+    for name in CASES:
+        for rank in (0, 1):
+            with open(out / f"{name}.rank{rank}.json") as fh:
+                meta = json.load(fh)
+            z = np.load(out / f"{name}.rank{rank}.npz")
+            res[name, rank] = (meta, {k: z[k] for k in z.files})
+        res[name] = read_metrics(out / name)
+    return res
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """One process per optimizer (the comm strategy is irrelevant on one rank)."""
+    import mindspore as ms
+    from mindformers_core.trainer import Trainer
+    from ep_case import case_config
+    out = {}
+    for name in sorted({reference(c) for c in CASES}):
+        run_dir = tmp_path_factory.mktemp(f"single_{name}")
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        trainer = Trainer(case_config(name, 1), str(run_dir), overwrite=True)
+        trainer.train()
+        assert trainer.model.shard_specs() == {}
+        params = {p.name: p.asnumpy().copy() for p in trainer.model.get_parameters()}
+        out[name] = {"metrics": read_metrics(run_dir), "params": params}
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_loss_and_grad_norm_match_one_process(ep_runs, references, case):
+    ref = references[reference(case)]["metrics"]
+    got = ep_runs[case]
+    assert [r["step"] for r in got] == [r["step"] for r in ref] == list(range(1, STEPS + 1))
+    for g, w in zip(got, ref):
+        assert g["loss"] == pytest.approx(w["loss"], rel=1e-4), g["step"]
+        assert g["grad_norm"] == pytest.approx(w["grad_norm"], rel=1e-4), g["step"]
+        assert g["lr"] == pytest.approx(w["lr"], rel=1e-12)
+        # every rank routes with the full router: the global loads are the 1-process ones
+        got_layer, want_layer = g["moe"]["layers"]["1"], w["moe"]["layers"]["1"]
+        assert got_layer["tokens_per_expert"] == want_layer["tokens_per_expert"]
+        assert got_layer["dropped"] == want_layer["dropped"]
+        # the aux losses are the means over every micro-batch of the step, as in one process
+        assert g["aux_loss"] == pytest.approx(w["aux_loss"], rel=1e-4)
+        assert got_layer["aux_loss"] == pytest.approx(want_layer["aux_loss"], rel=1e-4)
+    if CASES[case][2] is not None:   # the capacity drops pairs, as in one process
+        assert sum(r["moe"]["layers"]["1"]["dropped"] for r in ref) > 0
+    assert ref[-1]["loss"] < ref[0]["loss"] - 0.3       # the runs trained
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_rank_holds_its_whole_experts(ep_runs, references, case):
+    ref = references[reference(case)]["params"]
+    for rank in (0, 1):
+        meta, experts = ep_runs[case, rank]
+        for name in EXPERTS:
+            full = ref[name].shape
+            assert meta["specs"][name] == [list(full), 0, "ep", 2]
+            assert meta["local_shapes"][name] == [2] + list(full[1:])
+            # the state of the experts stays whole on their rank (not row-sharded by ZeRO)
+            for key, shape in meta["state_shapes"].items():
+                if key.endswith(name):
+                    assert shape == [2] + list(full[1:]), key
+            assert rel(experts[name], ref[name][2 * rank:2 * rank + 2]) < 1e-4, name
+        assert meta["split_again"] == ("the experts of this model are already split over "
+                                       "expert parallel ranks")
+        # the aux-loss-free bias update saw the global loads on both ranks
+        assert np.array_equal(np.float32(meta["expert_bias"][BIAS]), ref[BIAS])
+        assert np.abs(ref[BIAS]).max() > 0
+    assert any(key.startswith(("adam_m", "muon_m")) for key in ep_runs[case, 0][0]["state_shapes"])
+
+
+def test_logs_the_tokens_of_each_ep_rank(ep_runs):
+    for row in ep_runs["adamw"]:
+        load = row["moe"]["layers"]["1"]["tokens_per_expert"]
+        assert row["moe"]["tokens_per_ep_rank"] == [sum(load[:2]), sum(load[2:])]
+        # 4 sequences x 32 tokens x top-2 pairs routed in all
+        assert sum(row["moe"]["tokens_per_ep_rank"]) == 4 * 32 * 2
+
+
+# -- 4 ranks: dp 4 = ep 2 x edp 2, the expert gradients reduced over the edp replicas ----------
+@pytest.fixture(scope="module")
+def edp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("edp")
+    proc, _ = launch(f"python {os.path.join(HERE, 'ep_worker.py')} {out} adamw --global-batch 8",
+                     out / "logs", workers=4)
+    if proc.returncode != 0:
+        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    ranks = [np.load(out / f"adamw.rank{r}.npz") for r in range(4)]
+    return {"metrics": read_metrics(out / "adamw"), "experts": ranks}
+
+
+def test_four_ranks_with_expert_data_parallel_match_one_process(edp_run, tmp_path):
+    import mindspore as ms
+    from mindformers_core.trainer import Trainer
+    from ep_case import case_config
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    trainer = Trainer(case_config("adamw", 1, 8), str(tmp_path), overwrite=True)
+    trainer.train()
+    ref = read_metrics(tmp_path)
+    for g, w in zip(edp_run["metrics"], ref):
+        assert g["loss"] == pytest.approx(w["loss"], rel=1e-4), g["step"]
+        assert g["grad_norm"] == pytest.approx(w["grad_norm"], rel=1e-4), g["step"]
+    assert len(edp_run["metrics"]) == len(ref) == STEPS
+    params = {p.name: p.asnumpy() for p in trainer.model.get_parameters()}
+    for rank in range(4):   # ep rank = dp rank % 2; ranks 0, 2 (and 1, 3) are edp replicas
+        e = rank % 2
+        for name in EXPERTS:
+            assert rel(edp_run["experts"][rank][name], params[name][2 * e:2 * e + 2]) < 1e-4
