@@ -18,7 +18,8 @@ chunks in groups of ``pp`` micro-batches,
 
 with ``w = min((pp - s - 1) * 2 + (vpp - 1) * pp, M * vpp)`` warm-up forwards (all of them when
 ``M == pp``), then 1F1B, then the cool-down. ``M`` must be a multiple of ``pp`` (upstream's
-rule), so the groups are whole.
+rule), so the groups are whole. ``pipeline_parallel_schedule`` names the family: ``1f1b``
+and ``interleaved_1f1b`` both run interleaved 1F1B when ``vpp > 1`` and plain 1F1B otherwise.
 
 :func:`p2p_program` turns the schedules of all ranks into each rank's program of compute and
 transfer operations, ordered by one simulated global timeline, so every pair of ranks issues
@@ -74,12 +75,9 @@ def check_schedule_args(pp: int, num_micro: int, vpp: int = 1, name: str = "1f1b
     if pp < 1 or vpp < 1 or num_micro < 1:
         raise ValueError(f"pipeline_parallel({pp}), pipeline_parallel_interleave_num({vpp}) and "
                          f"the number of micro-batches({num_micro}) must be positive")
-    if name == "1f1b" and vpp != 1:
-        raise ValueError(f"pipeline_parallel_interleave_num({vpp}) > 1 needs "
-                         f"pipeline_parallel_schedule: interleaved_1f1b, got '1f1b'")
     if vpp > 1 and pp == 1:
         raise ValueError("pipeline_parallel_interleave_num > 1 needs pipeline_parallel > 1")
-    if name == "interleaved_1f1b" and num_micro % pp:
+    if vpp > 1 and num_micro % pp:
         raise ValueError(f"number of microbatches ({num_micro}) is not divisible by "
                          f"pipeline-model-parallel-size ({pp}) when using interleaved schedule")
 
@@ -97,7 +95,7 @@ def _interleave(warmup: int, total: int, fwd, bwd) -> Iterator[Tuple[str, int]]:
 
 def one_f_one_b(pp: int, stage: int, num_micro: int) -> Iterator[Action]:
     """Stage ``stage``'s actions under 1F1B (module docstring)."""
-    check_schedule_args(pp, num_micro, 1, "1f1b")
+    check_schedule_args(pp, num_micro, 1)
     warmup = min(pp - stage - 1, num_micro)
     yield from _interleave(warmup, num_micro,
                            lambda k: Action(stage, 0, k, FORWARD),
@@ -120,9 +118,11 @@ def interleaved_one_f_one_b(pp: int, stage: int, num_micro: int, vpp: int) -> It
 
 
 def schedule(name: str, pp: int, stage: int, num_micro: int, vpp: int = 1) -> List[Action]:
-    """The actions of ``stage`` under ``pipeline_parallel_schedule`` ``name``."""
+    """The actions of ``stage`` under ``pipeline_parallel_schedule`` ``name``: with ``vpp > 1``
+    chunks both names run the interleaved order (as Megatron's 1F1B with a virtual pipeline
+    size), with one chunk both run plain 1F1B."""
     check_schedule_args(pp, num_micro, vpp, name)
-    if name == "1f1b":
+    if vpp == 1:
         return list(one_f_one_b(pp, stage, num_micro))
     return list(interleaved_one_f_one_b(pp, stage, num_micro, vpp))
 

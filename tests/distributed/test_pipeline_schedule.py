@@ -115,6 +115,11 @@ def test_run_programs_detects_a_crossed_order():
         run_programs({0: [b, a], 1: [a, b]}, {0: 0, 1: 1})
 
 
+def test_the_schedule_name_is_the_family_the_chunks_decide():
+    assert schedule("1f1b", 2, 0, 4, 2) == schedule("interleaved_1f1b", 2, 0, 4, 2)
+    assert schedule("interleaved_1f1b", 4, 1, 8, 1) == schedule("1f1b", 4, 1, 8, 1)
+
+
 def test_virtual_stage_numbering_is_upstreams():
     # chunk c of rank s is virtual stage c * pp + s
     assert [virtual_stage(4, s, c) for c, s in itertools.product(range(2), range(4))] == \
@@ -126,8 +131,7 @@ def test_virtual_stage_numbering_is_upstreams():
     ((2, 3, 2, "interleaved_1f1b"), r"number of microbatches \(3\) is not divisible by "
                                     r"pipeline-model-parallel-size \(2\) when using interleaved "
                                     r"schedule"),
-    ((2, 4, 2, "1f1b"), r"pipeline_parallel_interleave_num\(2\) > 1 needs "
-                        r"pipeline_parallel_schedule: interleaved_1f1b"),
+    ((2, 3, 2, "1f1b"), r"number of microbatches \(3\) is not divisible"),
     ((1, 4, 2, "interleaved_1f1b"), "needs pipeline_parallel > 1"),
     ((2, 0, 1, "1f1b"), "must be positive"),
     ((2, 4, 1, "gpipe"), r"must be one of \['1f1b', 'interleaved_1f1b'\]"),

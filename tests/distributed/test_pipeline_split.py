@@ -1,0 +1,110 @@
+"""Stage split (core/pipeline_split.py) and the pipeline config rules (config/pipeline.py)."""
+import pytest
+
+from mindformers_core.config import ConfigError, load_config
+from mindformers_core.core.pipeline_split import StageSplit, split_layers
+
+
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch):
+    for key in ("MS_ROLE", "MS_WORKER_NUM", "RANK_ID"):
+        monkeypatch.delenv(key, raising=False)
+
+
+def msrun_world(monkeypatch, n):
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    monkeypatch.setenv("MS_WORKER_NUM", str(n))
+
+
+def test_auto_is_even_in_virtual_stage_order():
+    assert split_layers(8, 2) == [range(0, 4), range(4, 8)]
+    # pp 2, interleave 2: virtual stages 0..3 = (s0 c0, s1 c0, s0 c1, s1 c1)
+    assert split_layers(4, 2, 2) == [range(0, 1), range(1, 2), range(2, 3), range(3, 4)]
+    s = StageSplit.build(8, 2, 2)
+    assert s.stage_layers(0) == [0, 1, 4, 5] and s.stage_layers(1) == [2, 3, 6, 7]
+
+
+def test_explicit_uneven_and_interleaved():
+    assert split_layers(5, 2, 1, ["0-1", "2-4"]) == [range(0, 2), range(2, 5)]
+    assert split_layers(6, 2, 2, ["0,3-4", "1-2,5"]) == [range(0, 1), range(1, 3), range(3, 5),
+                                                        range(5, 6)]
+
+
+@pytest.mark.parametrize("args,msg", [
+    ((5, 2, 1, None), r"Number of layers \(5\) is not divisible by total stages \(2\).Please "
+                      r"configure the model distribution via 'pipeline_parallel_layers_per_stage'"),
+    ((4, 2, 1, ["0-1"]), r"has 1 entries, but pipeline_parallel is 2"),
+    ((4, 2, 2, ["0-1", "2-3"]), r"stage 0 lists 1 layer ranges \('0-1'\), but "
+                                r"pipeline_parallel_interleave_num is 2"),
+    ((4, 2, 1, ["0-1", "3-3"]), r"virtual stage 1 starts at layer 3, expected 2"),
+    ((4, 2, 1, ["0-1", "2-2"]), r"the ranges cover layers 0..2, but the model has 4 layers"),
+    ((4, 2, 1, ["0-1", "3-2"]), r"Invalid layer range format: 3-2. layer_start must be less "
+                                r"than or equal to layer_end."),
+    ((4, 2, 1, ["0-1", "a-3"]), r"Invalid layer range format: a-3. Layer IDs must be integers"),
+    ((4, 2, 1, ["0-1", "2-3-4"]), r"Expected format is 'start-end' or 'single_layer'"),
+])
+def test_split_errors(args, msg):
+    with pytest.raises(ValueError, match=msg):
+        split_layers(*args)
+
+
+def test_owners_embedding_first_head_and_mtp_last():
+    s = StageSplit.build(4, 2, 1, ["0-0", "1-3"], shares_embedding=True)
+    assert s.owner("embedding.word_embeddings.weight") == 0
+    assert s.holders("embedding.word_embeddings.weight") == (0, 1)
+    assert s.owner("decoder.layers.0.mlp.linear_fc1.weight") == 0
+    assert s.owner("decoder.layers.3.input_layernorm.weight") == 1
+    for name in ("decoder.final_layernorm.weight", "output_layer.weight",
+                 "mtp.layers.0.enorm.weight"):
+        assert s.owner(name) == 1
+    names = ["embedding.word_embeddings.weight", "decoder.layers.0.a", "decoder.layers.2.a",
+             "output_layer.weight"]
+    assert s.stage_params(names, 0) == names[:2]
+    assert s.stage_params(names, 1) == [names[0]] + names[2:]
+    assert StageSplit.build(4, 2).holders("embedding.word_embeddings.weight") == (0,)
+
+
+def base(**par):
+    return {"training": {"steps": 4, "local_batch_size": 1, "global_batch_size": 4},
+            "optimizer": {"type": "AdamW"},
+            "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": 1e-3},
+            "model": {"num_layers": 4},
+            "parallelism": {"pipeline_parallel": 2, **par}}
+
+
+def test_pp2_loads_on_two_workers(monkeypatch):
+    msrun_world(monkeypatch, 2)
+    cfg = load_config(base(pipeline_parallel_interleave_num=2,
+                           pipeline_parallel_layers_per_stage=["0,2", "1,3"]))
+    assert cfg.plan().data_parallel == 1 and cfg.plan().num_accumulation_steps == 4
+
+
+@pytest.mark.parametrize("world,par,field,msg", [
+    (2, {"pipeline_parallel_schedule": "gpipe"}, "parallelism.pipeline_parallel_schedule",
+     r"'gpipe' needs the GPipe schedule, which is not implemented"),
+    (2, {"pipeline_parallel_interleave_num": 0}, "parallelism.pipeline_parallel_interleave_num",
+     r"must be >= 1, got 0"),
+    (2, {"pipeline_parallel_microbatch_size": 0}, "parallelism.pipeline_parallel_microbatch_size",
+     r"must be >= 1, got 0"),
+    (2, {"pipeline_parallel_layers_per_stage": ["0-1", "2-2"]},
+     "parallelism.pipeline_parallel_layers_per_stage",
+     r"the ranges cover layers 0..2, but the model has 4 layers"),
+    (2, {"pipeline_parallel_interleave_num": 4}, "parallelism.pipeline_parallel_layers_per_stage",
+     r"Number of layers \(4\) is not divisible by total stages \(8\)"),
+    (4, {}, "parallelism.pipeline_parallel",
+     r"pipeline_parallel\(2\) runs with data_parallel 1 here: world_size\(4\) must equal"),
+])
+def test_pipeline_config_errors(monkeypatch, world, par, field, msg):
+    msrun_world(monkeypatch, world)
+    with pytest.raises(ConfigError, match=rf"^{field}: {msg}"):
+        load_config(base(**par))
+
+
+def test_interleaved_needs_micro_batches_divisible_by_pp(monkeypatch):
+    msrun_world(monkeypatch, 2)
+    d = base(pipeline_parallel_interleave_num=2)
+    d["training"]["global_batch_size"] = 3
+    with pytest.raises(ConfigError, match=r"^training.global_batch_size: number of microbatches "
+                                          r"\(3\) is not divisible by pipeline-model-parallel-size "
+                                          r"\(2\) when using interleaved schedule"):
+        load_config(d)
