@@ -273,6 +273,20 @@ class GPTModel(nn.Cell):
             self.record_max_logits(ops.unstack(max_logits, 0))
             return loss_sum, n_tokens, mint.zeros((), dtype=ms.float32)
         h, aux = self._last_hidden(input_ids)
+        return self.finish(h, aux, input_ids, labels, loss_mask)
+
+    def run_layers(self, h, tables, indices) -> tuple:
+        """Decoder layers ``indices`` (consecutive, ascending) on h [B*S, H]: (h, summed aux
+        loss or None); records their max logits in their rows (a pipeline stage's part)."""
+        indices = list(indices)
+        h, aux, max_logits = self._runner.layers(h, tables, indices)
+        if indices:
+            self.record_max_logits(max_logits, start=indices[0])
+        return h, aux
+
+    def finish(self, h, aux, input_ids, labels, loss_mask) -> tuple:
+        """(loss_sum, n_tokens, aux) of the last hidden states h [B*S, H] (before the final
+        norm) and the decoder's summed aux loss (or None): head, loss and the MTP depths."""
         loss_sum, n_tokens = self._runner.head(h, labels.reshape(-1), loss_mask.reshape(-1))
         aux = mint.zeros((), dtype=ms.float32) if aux is None else aux.astype(ms.float32)
         if self.mtp is not None:

@@ -6,6 +6,9 @@ The trainer checks what a model, an optimizer or a gradient reducer offers with
 * :class:`GradReducer` every reducer (``trainer.grad_reducer.IdentityGradReducer``);
   :class:`DataParallelReducer` the data-parallel one (``distributed.grad_reduce``): it also
   builds the optimizer for the ranks (ZeRO sharding, QK-Clip MAX) and SUMs MoE loads;
+* :class:`PipelineReducer` the pipeline-parallel one (``distributed.pipeline_parallel``): it
+  runs the forward+backward of a step's micro-batches for this rank's stage and sums the
+  gradient norm over the stages;
 * :class:`ExpertBiasModel` MoE models with the aux-loss-free expert-bias update, and
   :class:`MoEStatsModel` those whose expert loads a skipped step must drop;
 * :class:`MaxLogitsModel` models that track max attention logits (QK-Clip input);
@@ -19,7 +22,7 @@ from typing import Any, List, Optional, Protocol, Sequence, Tuple, runtime_check
 
 from ..optim.qk_clip import QKClipModel  # declared where QK-Clip reads it
 
-__all__ = ["GradReducer", "DataParallelReducer", "ExpertBiasModel", "MoEStatsModel",
+__all__ = ["GradReducer", "DataParallelReducer", "PipelineReducer", "ExpertBiasModel", "MoEStatsModel",
            "MaxLogitsModel", "QKClipModel", "QKClipOptimizer"]
 
 
@@ -46,6 +49,27 @@ class DataParallelReducer(GradReducer, Protocol):
 
     def sync_moe_stats(self, model) -> None:
         """SUM the MoE token-per-expert counts over ranks before the expert-bias update."""
+
+
+@runtime_checkable
+class PipelineReducer(GradReducer, Protocol):
+    data_rank: int   #: this rank's index along data parallel (which rows it reads)
+
+    def attach(self, model) -> None:
+        """Keep only this stage's parameters trainable (before the optimizer is built)."""
+
+    def describe(self, num_micro: int) -> str:
+        """The stage, its layers and the schedule, for the run log."""
+
+    def forward_backward(self, params: Sequence, batches: Sequence[dict], total_tokens: float,
+                         loss_scale: float = 1.0) -> Tuple[List, float, float]:
+        """(gradients aligned with params, the step's loss sum, mean aux loss)."""
+
+    def global_grad_norm(self, grads: Sequence) -> float:
+        """The L2 norm over every stage's gradients."""
+
+    def combine_qk_stats(self, stats) -> Any:
+        """One QK-Clip report for the step from every stage's."""
 
 
 @runtime_checkable

@@ -52,7 +52,7 @@ from .resume_checks import (check_train_payload, lr_jump_warning,
                             optimizer_tensor_names)
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .protocols import (DataParallelReducer, ExpertBiasModel, MaxLogitsModel, MoEStatsModel,
-                        QKClipOptimizer)
+                        PipelineReducer, QKClipOptimizer)
 from .run_dir import claim_run_dir, new_run_id
 from .signals import StopRequest
 from .step_decision import NONFINITE, OVERFLOW, SKIP_LIMIT, THRESHOLD, decide_step
@@ -96,10 +96,13 @@ def _jsonable(value):
     return value
 
 
-def _default_grad_reducer():
+def _default_grad_reducer(cfg):
     """The data-parallel reducer when launched by msrun (communication initialised there),
     the identity in a plain process (no communication init)."""
     from ..distributed.env import launched_by_msrun
+    if launched_by_msrun() and cfg.parallelism.pipeline_parallel > 1:   # pipeline parallel
+        from ..distributed.pipeline_parallel import setup_pipeline_parallel
+        return setup_pipeline_parallel(cfg)
     if launched_by_msrun():
         from ..distributed.setup import setup_data_parallel
         return setup_data_parallel()
@@ -127,7 +130,7 @@ class Trainer:
         self.cfg = cfg
         self.output_dir = output_dir
         # under msrun: the data-parallel all-reduce (distributed package); else the identity
-        self.grad_reducer = grad_reducer or _default_grad_reducer()
+        self.grad_reducer = grad_reducer or _default_grad_reducer(cfg)
         ws = self.grad_reducer.world_size if world_size is None else world_size
         self.rank = self.grad_reducer.rank if rank is None else rank
         self.plan = cfg.plan(ws) if plan is None else plan
@@ -164,6 +167,11 @@ class Trainer:
                                 jit=cfg.model_jit_mode())
             model.set_recompute(cfg.recompute_layers())   # recompute: (config/recompute.py)
         self.model = model
+        # pipeline parallel (distributed/pipeline_parallel.py): this rank trains one stage
+        self.pipeline = self.grad_reducer if isinstance(self.grad_reducer, PipelineReducer) \
+            else None
+        if self.pipeline is not None:
+            self.pipeline.attach(self.model)
         if loaded is not None:
             self._load_model(loaded)
         if lr_scheduler is None:
@@ -192,7 +200,8 @@ class Trainer:
         tokenizer = load_run_tokenizer(cfg)
         if dataset is None:
             from ..data.run_data import build_run_datasets
-            dataset, eval_dataset = build_run_datasets(cfg, self.rank, self.plan.data_parallel,
+            data_rank = self.rank if self.pipeline is None else self.pipeline.data_rank
+            dataset, eval_dataset = build_run_datasets(cfg, data_rank, self.plan.data_parallel,
                                                        tokenizer)
         self.dataset = dataset
         from .progress import RunProgress
@@ -379,9 +388,13 @@ class Trainer:
 
         on_micro = (lambda *a: self.monitor.on_micro_batch(*a, loss_scale=scale)
                     ) if self.monitor.watches_micro_batches else None
-        grads, loss_sum, aux = accumulate_gradients(self._grad_fn, batches, total_tokens, scale,
-                                                    data_parallel=self.grad_reducer.world_size,
-                                                    on_micro=on_micro)
+        if self.pipeline is not None:   # this stage's schedule (distributed/pipeline_parallel.py)
+            grads, loss_sum, aux = self.pipeline.forward_backward(
+                self.optimizer.parameters, batches, total_tokens, scale)
+        else:
+            grads, loss_sum, aux = accumulate_gradients(
+                self._grad_fn, batches, total_tokens, scale,
+                data_parallel=self.grad_reducer.world_size, on_micro=on_micro)
         self.monitor.on_device_step(loss_sum, local_tokens, grads, loss_scale=scale)
         mtp_loss = step_mtp_loss(self.model)   # inside aux; logged on its own
         aux = aux - mtp_loss if mtp_loss is not None else aux
@@ -393,7 +406,8 @@ class Trainer:
             grads = [g * inv for g in grads]
         for hook in self.grad_hooks:
             grads = hook(step_number, grads)
-        norm = float(global_grad_norm(grads))
+        norm = float(global_grad_norm(grads) if self.pipeline is None   # pipeline: all stages
+                     else self.pipeline.global_grad_norm(grads))
         finite = math.isfinite(norm)
 
         clipped = False
@@ -440,6 +454,9 @@ class Trainer:
             self.optimizer.step(grads)
             qk_stats = self.optimizer.last_qk_clip \
                 if isinstance(self.optimizer, QKClipOptimizer) else None
+            if self.pipeline is not None and isinstance(self.optimizer, QKClipOptimizer):
+                # every stage's QK-Clip in one report
+                qk_stats = self.pipeline.combine_qk_stats(qk_stats)
             if isinstance(self.model, ExpertBiasModel):
                 # expert loads were summed over micro-batches and DP ranks once this step
                 # (moe_step_stats, after the gradient reduction)
@@ -503,6 +520,8 @@ class Trainer:
         if self.state.step == 0:
             self.log(self.plan.format() if hasattr(self.plan, "format") else str(self.plan))
             self.log(format_memory_plan(plan_memory(self.cfg, self.plan.world_size)))
+            if self.pipeline is not None:
+                self.log(self.pipeline.describe(self.num_micro_batches()))
             if self.mup_width_mult is not None:
                 self.log(f"muP              : width_mult {self.mup_width_mult:g} (hidden_size "
                          f"{self.cfg.model.hidden_size} / base "
