@@ -34,10 +34,11 @@ import numpy as np
 from ..core.pipeline_split import EMBEDDING, StageSplit
 from .collectives import GroupCommunicator
 from .groups import make_mesh
-from .pipeline_schedule import p2p_program, schedule
-from .pipeline_stage import StageRunner
+from .pipeline_schedule import Transfer, p2p_program, schedule
+from .pipeline_stage import StageExecutor, StageRunner
 
-__all__ = ["PipelineParallel", "setup_pipeline_parallel", "stage_split_for"]
+__all__ = ["PipelineParallel", "setup_pipeline_parallel", "stage_split_for",
+           "micro_batch_tensors"]
 
 MICROBATCH_MESSAGE = ("pipeline_parallel_microbatch_size {old} is overwritten with the "
                       "accumulation count {new} (global_batch_size // (data_parallel * "
@@ -141,6 +142,22 @@ class PipelineParallel:
         return QKClipStats(int(round(float(vals[ran, 0].sum()))),
                            mx if mx > -3.0e38 else float("-inf"))
 
+    def gather_checkpoint(self, tensors: Dict[str, np.ndarray], state: dict):
+        """(tensors, state) of the whole model on rank 0 from every stage's payload (a
+        collective; distributed/pipeline_checkpoint.py); other ranks get theirs back."""
+        from .pipeline_checkpoint import (gather_to_all, merge_stage_payloads, stage_map,
+                                          stage_payload)
+        parts = gather_to_all(self.comm, stage_payload(self.split, self.stage, tensors))
+        if self.rank != 0:
+            return tensors, state
+        merged = merge_stage_payloads(tensors, parts)
+        state = dict(state, pipeline_stages=stage_map(
+            self.split, [k[len("model."):] for k in merged if k.startswith("model.")]))
+        if state.get("has_optimizer"):
+            state["optimizer_tensors"] = sorted(k[len("optim."):] for k in merged
+                                                if k.startswith("optim."))
+        return merged, state
+
     # -- one step's micro-batches ---------------------------------------------------------------
     def forward_backward(self, params: Sequence, batches: Sequence[dict], total_tokens: float,
                          loss_scale: float = 1.0) -> Tuple[List, float, float]:
@@ -148,7 +165,6 @@ class PipelineParallel:
         loss sum from the last stage, the mean aux loss over micro-batches summed over
         stages)."""
         import mindspore as ms
-        from .pipeline_schedule import Transfer, stage_of
         if total_tokens <= 0:
             raise ValueError("the optimizer step has no loss tokens (every loss_mask is 0); "
                              "check the dataset's loss_mask")
@@ -156,48 +172,29 @@ class PipelineParallel:
         if self.runner is None or self.runner.params != self._params:
             self.runner = StageRunner(self.model, self.split, self.stage, self._params)
         num_micro = len(batches)
-        loss_weight = ms.Tensor(np.float32(loss_scale / total_tokens))
-        aux_weight = ms.Tensor(np.float32(loss_scale / num_micro))
-        tensors = [{k: ms.Tensor(np.asarray(b[k], dtype=np.float32 if k == "loss_mask"
-                                            else np.int32))
-                    for k in ("input_ids", "labels", "loss_mask")} for b in batches]
+        ex = StageExecutor(self.runner, micro_batch_tensors(batches),
+                           ms.Tensor(np.float32(loss_scale / total_tokens)),
+                           ms.Tensor(np.float32(loss_scale / num_micro)))
         rows, seq = np.asarray(batches[0]["input_ids"]).shape
         like = ms.Tensor(np.zeros(self.runner.activation_shape(rows, seq),
                                   np.float32)).astype(self.model.precision.compute)
-        inbox: Dict[tuple, object] = {}
-        outbox: Dict[tuple, object] = {}
-        acc = None
-        loss_parts, aux_parts = [], []
-        pp = self.split.pp
         for op in self.program(num_micro):
-            if isinstance(op, Transfer):
-                if op.src == self.rank:
-                    self.comm.send(outbox.pop((op.src_v, op.micro, op.kind)), op.dst)
-                else:
-                    inbox[(op.dst_v, op.micro, op.kind)] = self.comm.recv(like, op.src)
-                continue
-            v = op.chunk * pp + op.stage
-            if op.kind == "forward":
-                h_in = inbox.pop((v, op.micro, "forward")) if v > 0 else None
-                out, stats = self.runner.forward(v, op.micro, h_in, tensors[op.micro],
-                                                 loss_weight, aux_weight)
-                if out is not None:
-                    outbox[(v, op.micro, "forward")] = out
-                if len(stats) == 3:
-                    loss_parts.append(stats[0])
-                aux_parts.append(stats[-1])
+            if not isinstance(op, Transfer):
+                ex.compute(op)
+            elif op.src == self.rank:
+                self.comm.send(ex.outgoing(op), op.dst)
             else:
-                g_out = inbox.pop((v, op.micro, "backward"), None)
-                g_in, grads = self.runner.backward(v, op.micro, g_out)
-                if g_in is not None:
-                    outbox[(v, op.micro, "backward")] = g_in
-                grads = [g if g.dtype == ms.float32 else g.astype(ms.float32) for g in grads]
-                acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
-        assert not inbox and not outbox, (inbox.keys(), outbox.keys())
-        local_loss = float(sum(float(x.asnumpy()) for x in loss_parts))
-        local_aux = float(sum(float(np.asarray(x.asnumpy())) for x in aux_parts)) / num_micro
+                ex.incoming(op, self.comm.recv(like, op.src))
+        grads, local_loss, local_aux = ex.result()
         both = self.comm.all_reduce(np.array([local_loss, local_aux], np.float32), "pp")
-        return acc, float(both[0]), float(both[1])
+        return grads, float(both[0]), float(both[1])
+
+
+def micro_batch_tensors(batches: Sequence[dict]) -> List[dict]:
+    """The micro-batches as Tensors (int32 ids and labels, float32 mask)."""
+    import mindspore as ms
+    return [{k: ms.Tensor(np.asarray(b[k], dtype=np.float32 if k == "loss_mask" else np.int32))
+             for k in ("input_ids", "labels", "loss_mask")} for b in batches]
 
 
 def setup_pipeline_parallel(cfg) -> PipelineParallel:

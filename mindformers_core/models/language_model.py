@@ -12,6 +12,7 @@ effective weight W_out / w has std ~ 1/fan_in. w None or 1.0: no multiply at all
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -306,6 +307,20 @@ class GPTModel(nn.Cell):
         self.record_max_logits(max_logits, start=self.cfg.num_layers)
         self._mtp_losses.append(ops.stop_gradient(loss))
         return loss if aux is None else loss + aux.astype(ms.float32)
+
+    @contextlib.contextmanager
+    def recomputing(self):
+        """Within: a forward that repeats one already run (a pipeline stage's recompute for its
+        backward) leaves the expert loads and the recorded MTP losses as they were."""
+        moes = self.moe_layers()
+        loads = {i: moe.tokens_per_expert for i, moe in moes.items()}
+        mtp = list(self._mtp_losses)
+        try:
+            yield
+        finally:
+            for i, moe in moes.items():
+                moe.tokens_per_expert = loads[i]
+            self._mtp_losses = mtp
 
     def pop_mtp_losses(self) -> List[float]:
         """The MTP losses of the forwards since the last call (empty without MTP)."""

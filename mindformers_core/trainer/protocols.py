@@ -71,6 +71,9 @@ class PipelineReducer(GradReducer, Protocol):
     def combine_qk_stats(self, stats) -> Any:
         """One QK-Clip report for the step from every stage's."""
 
+    def gather_checkpoint(self, tensors: dict, state: dict) -> Tuple[dict, dict]:
+        """Every stage's checkpoint entries on rank 0 (a collective)."""
+
 
 @runtime_checkable
 class ExpertBiasModel(Protocol):

@@ -335,10 +335,12 @@ class Trainer:
         """Write a checkpoint of the current step (rank 0) and prune to ``save_max``."""
         # a sharded optimizer's state_dict is a collective: every rank gathers, rank 0 writes
         collective = (getattr(self.optimizer, "collective_state_dict", False)
-                      and not self.ckpt_cfg.no_save_optim)
+                      and not self.ckpt_cfg.no_save_optim) or self.pipeline is not None
         if self.rank != 0 and not collective:
             return None
         tensors, dtypes, state = self.checkpoint_payload()
+        if self.pipeline is not None:   # every stage's weights and optimizer state on rank 0
+            tensors, state = self.pipeline.gather_checkpoint(tensors, state)
         if self.rank != 0:
             return None
         step, config = self.state.step, self.cfg.to_dict()
