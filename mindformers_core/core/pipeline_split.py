@@ -21,12 +21,30 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["StageSplit", "split_layers", "AUTO_MESSAGE"]
+__all__ = ["StageSplit", "split_layers", "AUTO_MESSAGE", "warmup_forwards", "peak_in_flight_bound"]
 
 AUTO_MESSAGE = ("Number of layers ({n}) is not divisible by total stages ({t}).Please configure "
                 "the model distribution via 'pipeline_parallel_layers_per_stage'.")
 EMBEDDING = "embedding.word_embeddings.weight"
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+
+
+def warmup_forwards(pp: int, stage: int, num_micro: int, vpp: int = 1) -> int:
+    """Forwards ``stage`` runs before its first backward: 1F1B ``min(pp - stage - 1, M)``;
+    interleaved (``vpp`` > 1) ``min((pp - stage - 1) * 2 + (vpp - 1) * pp, M * vpp)``, all of
+    them when ``M == pp`` (Megatron's counts; distributed/pipeline_schedule.py)."""
+    if vpp == 1:
+        return min(pp - stage - 1, num_micro)
+    total = num_micro * vpp
+    if num_micro == pp:
+        return total
+    return min((pp - stage - 1) * 2 + (vpp - 1) * pp, total)
+
+
+def peak_in_flight_bound(pp: int, stage: int, num_micro: int, vpp: int = 1) -> int:
+    """Micro-batch chunks whose activations ``stage`` holds at most: the warm-up plus the one
+    forward before the first backward, never more than all of them (1F1B: ``pp - stage``)."""
+    return min(warmup_forwards(pp, stage, num_micro, vpp) + 1, num_micro * vpp)
 
 
 def _parse_range(text: str) -> Tuple[int, int]:

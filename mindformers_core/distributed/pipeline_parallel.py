@@ -83,9 +83,10 @@ class PipelineParallel:
 
     def describe(self, num_micro: int) -> str:
         old = self.cfg.parallelism.pipeline_parallel_microbatch_size
+        order = "interleaved 1F1B" if self.split.vpp > 1 else "1F1B"
         lines = [f"pipeline parallel: stage {self.stage} of {self.split.pp} "
-                 f"(interleave {self.split.vpp}, schedule {self.schedule_name}, "
-                 f"{num_micro} micro-batches); {self.split.describe()}"]
+                 f"(interleave {self.split.vpp}, {order}, {num_micro} micro-batches, "
+                 f"activations recomputed in the backward); {self.split.describe()}"]
         if old != num_micro:
             lines.append(MICROBATCH_MESSAGE.format(old=old, new=num_micro))
         return "\n".join(lines)

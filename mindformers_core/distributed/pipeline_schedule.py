@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from typing import Dict, Iterator, List, NamedTuple, Tuple
 
+from ..core.pipeline_split import warmup_forwards
+
 __all__ = ["Action", "Transfer", "SCHEDULES", "one_f_one_b", "interleaved_one_f_one_b",
            "schedule", "check_schedule_args", "virtual_stage", "stage_of", "p2p_program",
            "run_programs", "peak_in_flight"]
@@ -96,7 +98,7 @@ def _interleave(warmup: int, total: int, fwd, bwd) -> Iterator[Tuple[str, int]]:
 def one_f_one_b(pp: int, stage: int, num_micro: int) -> Iterator[Action]:
     """Stage ``stage``'s actions under 1F1B (module docstring)."""
     check_schedule_args(pp, num_micro, 1)
-    warmup = min(pp - stage - 1, num_micro)
+    warmup = warmup_forwards(pp, stage, num_micro)
     yield from _interleave(warmup, num_micro,
                            lambda k: Action(stage, 0, k, FORWARD),
                            lambda k: Action(stage, 0, k, BACKWARD))
@@ -106,7 +108,7 @@ def interleaved_one_f_one_b(pp: int, stage: int, num_micro: int, vpp: int) -> It
     """Stage ``stage``'s actions under interleaved 1F1B with ``vpp`` chunks."""
     check_schedule_args(pp, num_micro, vpp, "interleaved_1f1b")
     total = num_micro * vpp
-    warmup = total if num_micro == pp else min((pp - stage - 1) * 2 + (vpp - 1) * pp, total)
+    warmup = warmup_forwards(pp, stage, num_micro, vpp)
 
     def micro(k):
         return (k // (pp * vpp)) * pp + k % pp

@@ -3,6 +3,8 @@ import itertools
 
 import pytest
 
+from mindformers_core.core.pipeline_split import peak_in_flight_bound
+
 from mindformers_core.distributed.pipeline_schedule import (
     Action, Transfer, check_schedule_args, p2p_program, peak_in_flight, run_programs, schedule,
     stage_of, virtual_stage)
@@ -33,7 +35,7 @@ def test_each_forward_once_and_before_its_backward(name, pp, m, vpp):
 @pytest.mark.parametrize("pp,m", CASES_1F1B)
 def test_1f1b_holds_at_most_pp_minus_stage_activations(pp, m):
     for s, acts in all_schedules("1f1b", pp, m).items():
-        assert peak_in_flight(acts) == min(pp - s, m)
+        assert peak_in_flight(acts) == min(pp - s, m) == peak_in_flight_bound(pp, s, m)
 
 
 def test_1f1b_order_closed_form():
@@ -58,7 +60,8 @@ def test_interleaved_peak_is_the_warmup_plus_one(pp, m, vpp):
     for s, acts in all_schedules("interleaved_1f1b", pp, m, vpp).items():
         total = m * vpp
         warmup = total if m == pp else min((pp - s - 1) * 2 + (vpp - 1) * pp, total)
-        assert peak_in_flight(acts) == min(warmup + 1, total)
+        assert peak_in_flight(acts) == min(warmup + 1, total) == \
+            peak_in_flight_bound(pp, s, m, vpp)
         # fewer than GPipe's all-forwards-first once there are more micro-batches than stages
         if m > pp:
             assert peak_in_flight(acts) < total
