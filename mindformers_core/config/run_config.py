@@ -178,7 +178,7 @@ class RunConfig(Section):
         check_context_vs_training(self.context, self.training)
         check_text_sections(self)
         self._check_recompute_vs_jit()
-        check_pipeline_vs_model(self.parallelism, self.model)   # config/pipeline.py
+        check_pipeline_vs_model(self.parallelism, self.model, self.training)   # config/pipeline.py
         self.plan()  # schedule against training.steps, data parallel, accumulation
 
     def recompute_layers(self) -> list:

@@ -72,6 +72,7 @@ class PipelineParallel:
         self.runner: Optional[StageRunner] = None
         self._programs: Dict[int, list] = {}
         self.model = None
+        self.last_mtp_loss: Optional[float] = None   # the step's MTP loss (last stage's)
 
     # -- construction ---------------------------------------------------------------------------
     def attach(self, model) -> None:
@@ -127,6 +128,31 @@ class PipelineParallel:
             sq = float("nan") if math.isnan(sq) else float("inf")
         total = self.comm.all_reduce(np.array([sq], np.float32), "pp")
         return float(math.sqrt(float(total[0])))
+
+    def sync_moe_stats(self, model) -> None:
+        """Every MoE layer's step statistics on every stage (a layer's are non-zero only on
+        its stage: a SUM over the pipeline group), so the logged MoE line is the same
+        everywhere and each stage's expert-bias update sees its layers' loads."""
+        import mindspore as ms
+        moes = sorted(model.moe_layers().items())
+        rows = []
+        for _, moe in moes:
+            load, dropped, aux_sum, n = moe.stats_state()
+            load = np.zeros(moe.num_experts, np.float32) if load is None else load.asnumpy()
+            aux = 0.0 if aux_sum is None else float(aux_sum.asnumpy())
+            rows.append(np.concatenate([load.astype(np.float32), np.array(
+                [dropped, aux, n, aux_sum is not None], np.float32)]))
+        if not rows:
+            return
+        width = max(r.size for r in rows)
+        table = np.stack([np.pad(r, (0, width - r.size)) for r in rows])
+        total = self.comm.all_reduce(table, "pp")
+        for (_, moe), row in zip(moes, total):
+            e = moe.num_experts
+            load = row[:e]
+            moe.load_stats_state((ms.Tensor(load) if load.any() else None, int(row[e]),
+                                  ms.Tensor(np.float32(row[e + 1])) if row[e + 3] else None,
+                                  int(row[e + 2])))
 
     def combine_qk_stats(self, stats):
         """QK-Clip's step report over every stage (a collective: every stage calls it):
@@ -187,8 +213,12 @@ class PipelineParallel:
             else:
                 ex.incoming(op, self.comm.recv(like, op.src))
         grads, local_loss, local_aux = ex.result()
-        both = self.comm.all_reduce(np.array([local_loss, local_aux], np.float32), "pp")
-        return grads, float(both[0]), float(both[1])
+        from ..models.mtp import step_mtp_loss   # the last stage's MTP depths
+        mtp = step_mtp_loss(self.model)
+        out = self.comm.all_reduce(np.array([local_loss, local_aux, 0.0 if mtp is None else mtp,
+                                             mtp is not None], np.float32), "pp")
+        self.last_mtp_loss = float(out[2]) if out[3] else None
+        return grads, float(out[0]), float(out[1])
 
 
 def micro_batch_tensors(batches: Sequence[dict]) -> List[dict]:

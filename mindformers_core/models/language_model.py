@@ -311,15 +311,15 @@ class GPTModel(nn.Cell):
     @contextlib.contextmanager
     def recomputing(self):
         """Within: a forward that repeats one already run (a pipeline stage's recompute for its
-        backward) leaves the expert loads and the recorded MTP losses as they were."""
+        backward) leaves the MoE statistics and the recorded MTP losses as they were."""
         moes = self.moe_layers()
-        loads = {i: moe.tokens_per_expert for i, moe in moes.items()}
+        stats = {i: moe.stats_state() for i, moe in moes.items()}
         mtp = list(self._mtp_losses)
         try:
             yield
         finally:
             for i, moe in moes.items():
-                moe.tokens_per_expert = loads[i]
+                moe.load_stats_state(stats[i])
             self._mtp_losses = mtp
 
     def pop_mtp_losses(self) -> List[float]:

@@ -54,6 +54,7 @@ class DataParallelReducer(GradReducer, Protocol):
 @runtime_checkable
 class PipelineReducer(GradReducer, Protocol):
     data_rank: int   #: this rank's index along data parallel (which rows it reads)
+    last_mtp_loss: Optional[float]   #: the last step's MTP loss (from the last stage)
 
     def attach(self, model) -> None:
         """Keep only this stage's parameters trainable (before the optimizer is built)."""
