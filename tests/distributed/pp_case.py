@@ -22,6 +22,13 @@ CASES = {
     "gpt_1f1b": ("markov_check.yaml", ["model.hidden_size=32"],
                  ["parallelism.pipeline_parallel=2",
                   "parallelism.pipeline_parallel_schedule=1f1b"]),
+    # uneven stages (1 + 3 layers) with the output layer tied to the embedding: the table's
+    # gradient is summed over the first and last stage
+    "gpt_tied_uneven": ("markov_check.yaml",
+                        ["model.hidden_size=32", "model.num_layers=4",
+                         "model.tie_word_embeddings=True"],
+                        ["parallelism.pipeline_parallel=2",
+                         "parallelism.pipeline_parallel_layers_per_stage=['0-0','1-3']"]),
     # interleave 2 on a 4-layer tiny DeepSeek-V3 with Muon (QK-Clip, expert bias, MoE aux)
     "dsv3_interleaved": ("muon_deepseek_v3_tiny.yaml",
                          ["model.num_layers=4", "optimizer.qk_clip_threshold=0.05"],

@@ -120,3 +120,28 @@ def test_interleaved_needs_micro_batches_divisible_by_pp(monkeypatch):
                                           r"\(3\) is not divisible by pipeline-model-parallel-size "
                                           r"\(2\) when using interleaved schedule"):
         load_config(d)
+
+
+def test_memory_plan_uses_the_configs_stages_and_in_flight_bound(monkeypatch):
+    from mindformers_core.core.memory_plan import (
+        Layout, config_stage_layers, estimate_memory, layer_activation_bytes,
+        optimizer_state_from_config, param_counts, settings_from_config, stage_items)
+    msrun_world(monkeypatch, 2)
+    uneven = load_config(base(pipeline_parallel_layers_per_stage=["0-0", "1-3"]))
+    plan = estimate_memory(uneven, Layout(pp=2))
+    assert (plan.stage, plan.stage_layers) == (1, 3)   # the 3-layer stage is the busiest
+    assert config_stage_layers(uneven, uneven.model, Layout(pp=2)) == ([[0], [1, 2, 3]], 1)
+    # another layout than the config's: the contiguous split
+    assert config_stage_layers(uneven, uneven.model, Layout(pp=4)) == ([[0], [1], [2], [3]], 1)
+    # interleave 2, 4 micro-batches: stage 0 holds min((2-1)*2 + 2 + 1, 8) = 5 chunks of half
+    # its layers, 1F1B holds 2 micro-batches of all of them
+    plain = load_config(base())
+    inter = load_config(base(pipeline_parallel_interleave_num=2))
+    settings = settings_from_config(plain, Layout(pp=2))
+    layer = sum(layer_activation_bytes(plain.model, Layout(pp=2), settings, False).values())
+    one = estimate_memory(plain, Layout(pp=2))
+    assert one.stage == 0 and one.items["activations"] == 2 * 2 * layer
+    items, _ = stage_items(inter.model, param_counts(inter.model), Layout(pp=2), settings,
+                           optimizer_state_from_config(inter.optimizer, "float32"), 0, [0, 2],
+                           False, vpp=2)
+    assert items["activations"] == 2 * layer * 5 // 2

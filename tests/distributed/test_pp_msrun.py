@@ -5,6 +5,8 @@ real Trainer (10 steps, 4 micro-batches of 1 sequence):
 
 * ``gpt_1f1b``: the tiny GPT with AdamW under 1f1b (one layer per stage), a checkpoint at
   step 5 and 10;
+* ``gpt_tied_uneven``: 4 layers split 1 + 3, the output layer tied to the embedding (its
+  gradient summed over the first and last stage);
 * ``dsv3_interleaved``: a 4-layer tiny DeepSeek-V3 (MLA, MoE with expert bias and aux loss)
   with Muon and QK-Clip, interleave 2 (layers 0,2 on stage 0 and 1,3 on stage 1).
 
@@ -12,7 +14,6 @@ This process runs the same configs on one process and compares the logged loss a
 per step (relative 1e-4), then resumes the pp2 checkpoint of step 5 on one process and
 checks that steps 6..10 are the uninterrupted ones.
 """
-import json
 import os
 import sys
 
@@ -21,21 +22,10 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from msrun_util import launch  # noqa: E402
+from msrun_util import launch, read_metrics, worker_logs  # noqa: E402
 from pp_case import CASES, SAVE_AT, STEPS, run_case  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
-
-
-def read_metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
-def worker_logs(log_dir) -> str:
-    return "".join(open(os.path.join(log_dir, f)).read()[-3000:]
-                   for f in ("worker_0.log", "worker_1.log")
-                   if os.path.exists(os.path.join(log_dir, f)))
 
 
 @pytest.fixture(scope="module")
