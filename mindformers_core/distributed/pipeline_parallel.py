@@ -72,7 +72,6 @@ class PipelineParallel:
         self.runner: Optional[StageRunner] = None
         self._programs: Dict[int, list] = {}
         self.model = None
-        self.last_mtp_loss: Optional[float] = None   # the step's MTP loss (last stage's)
 
     # -- construction ---------------------------------------------------------------------------
     def attach(self, model) -> None:
@@ -128,6 +127,12 @@ class PipelineParallel:
             sq = float("nan") if math.isnan(sq) else float("inf")
         total = self.comm.all_reduce(np.array([sq], np.float32), "pp")
         return float(math.sqrt(float(total[0])))
+
+    def combine_mtp_loss(self, mtp_loss: Optional[float]) -> Optional[float]:
+        """The step's MTP loss on every stage: the last stage's (the MTP depths run there)."""
+        out = self.comm.all_reduce(np.array([0.0 if mtp_loss is None else mtp_loss,
+                                             mtp_loss is not None], np.float32), "pp")
+        return float(out[0]) if out[1] else None
 
     def sync_moe_stats(self, model) -> None:
         """Every MoE layer's step statistics on every stage (a layer's are non-zero only on
@@ -213,12 +218,8 @@ class PipelineParallel:
             else:
                 ex.incoming(op, self.comm.recv(like, op.src))
         grads, local_loss, local_aux = ex.result()
-        from ..models.mtp import step_mtp_loss   # the last stage's MTP depths
-        mtp = step_mtp_loss(self.model)
-        out = self.comm.all_reduce(np.array([local_loss, local_aux, 0.0 if mtp is None else mtp,
-                                             mtp is not None], np.float32), "pp")
-        self.last_mtp_loss = float(out[2]) if out[3] else None
-        return grads, float(out[0]), float(out[1])
+        both = self.comm.all_reduce(np.array([local_loss, local_aux], np.float32), "pp")
+        return grads, float(both[0]), float(both[1])
 
 
 def micro_batch_tensors(batches: Sequence[dict]) -> List[dict]:

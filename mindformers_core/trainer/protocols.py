@@ -54,7 +54,6 @@ class DataParallelReducer(GradReducer, Protocol):
 @runtime_checkable
 class PipelineReducer(GradReducer, Protocol):
     data_rank: int   #: this rank's index along data parallel (which rows it reads)
-    last_mtp_loss: Optional[float]   #: the last step's MTP loss (from the last stage)
 
     def attach(self, model) -> None:
         """Keep only this stage's parameters trainable (before the optimizer is built)."""
@@ -68,6 +67,9 @@ class PipelineReducer(GradReducer, Protocol):
 
     def global_grad_norm(self, grads: Sequence) -> float:
         """The L2 norm over every stage's gradients."""
+
+    def combine_mtp_loss(self, mtp_loss: Optional[float]) -> Optional[float]:
+        """The step's MTP loss from the stage that runs the MTP depths."""
 
     def combine_qk_stats(self, stats) -> Any:
         """One QK-Clip report for the step from every stage's."""

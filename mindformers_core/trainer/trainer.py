@@ -398,8 +398,9 @@ class Trainer:
                 self._grad_fn, batches, total_tokens, scale,
                 data_parallel=self.grad_reducer.world_size, on_micro=on_micro)
         self.monitor.on_device_step(loss_sum, local_tokens, grads, loss_scale=scale)
-        mtp_loss = step_mtp_loss(self.model) if self.pipeline is None \
-            else self.pipeline.last_mtp_loss   # inside aux; logged on its own
+        mtp_loss = step_mtp_loss(self.model)   # inside aux; logged on its own
+        if self.pipeline is not None:   # computed on the last stage
+            mtp_loss = self.pipeline.combine_mtp_loss(mtp_loss)
         aux = aux - mtp_loss if mtp_loss is not None else aux
         grads, loss_sum, _ = self.grad_reducer.reduce(grads, loss_sum, local_tokens)
         moe_stats = moe_step_stats(self.model, self.grad_reducer,   # DP-summed expert loads
