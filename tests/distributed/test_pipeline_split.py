@@ -145,3 +145,25 @@ def test_memory_plan_uses_the_configs_stages_and_in_flight_bound(monkeypatch):
                            optimizer_state_from_config(inter.optimizer, "float32"), 0, [0, 2],
                            False, vpp=2)
     assert items["activations"] == 2 * layer * 5 // 2
+
+
+def test_stage_payloads_merge_into_the_whole_model():
+    import numpy as np
+    from mindformers_core.distributed.pipeline_checkpoint import (merge_stage_payloads,
+                                                                  stage_map, stage_payload)
+    split = StageSplit.build(2, 2, shares_embedding=True)
+    names = ["embedding.word_embeddings.weight", "decoder.layers.0.w", "decoder.layers.1.w",
+             "decoder.final_layernorm.weight"]
+    # each rank's payload: its own stage's values are current (s), the others stale (-1)
+    payloads = [{**{f"model.{n}": np.full(2, s if split.owner(n) == s else -1.0) for n in names},
+                 f"optim.exp_avg.{names[1 + s]}": np.full(2, 10.0 + s), "rng.seed": np.zeros(1)}
+                for s in (0, 1)]
+    payloads[1]["optim.exp_avg.embedding.word_embeddings.weight"] = np.full(2, 7.0)
+    parts = [stage_payload(split, s, payloads[s]) for s in (0, 1)]
+    assert "rng.seed" not in parts[1] and "model.decoder.layers.0.w" not in parts[1]
+    merged = merge_stage_payloads(payloads[0], parts)
+    for n in names:
+        np.testing.assert_array_equal(merged[f"model.{n}"], np.full(2, split.owner(n)))
+    assert merged["optim.exp_avg.decoder.layers.1.w"][0] == 11.0
+    assert merged["optim.exp_avg.embedding.word_embeddings.weight"][0] == 7.0
+    assert stage_map(split, names) == {names[0]: 0, names[1]: 0, names[2]: 1, names[3]: 1}
