@@ -1,7 +1,7 @@
 """`parallelism:` section (upstream field names; docs/data_parallel.md). Owned by the distributed package.
 
-Fields: ``tensor_parallel``, ``context_parallel``, ``pipeline_parallel`` (1 each; only data
-parallelism is implemented, so a larger value on a world where it would fit is a ConfigError)
+Fields: ``tensor_parallel``, ``context_parallel`` (1 each; a larger value on a world where it
+would fit is a ConfigError), ``pipeline_parallel`` (1; above 1 see config/pipeline.py),
 ``data_parallel_shard`` (-1 default) and ``expert_parallel`` (1; the routed experts split over
 that many data-parallel ranks, docs/expert_parallel.md; its rules against the model and the
 world are config/expert_layout.py's). ``data_parallel`` is not a field: it is derived from
@@ -29,6 +29,7 @@ from typing import Any, Optional, Tuple
 
 from .errors import ConfigError
 from .parallel_noop import check_parallel_noop
+from .pipeline import check_pipeline_fields
 from .schema import Section
 
 __all__ = ["ParallelismConfig", "resolve_dp_shard", "DATA_PARALLEL_KEY_MESSAGE",
@@ -115,6 +116,7 @@ class ParallelismConfig(Section):
                 raise ConfigError(f"{path}.{name}", f"must be >= 1, got {value}")
         self._check_model_parallel(path)
         check_parallel_noop(self, path, self._env_data_parallel())
+        check_pipeline_fields(self, path)   # pipeline parallel (config/pipeline.py)
         if self.data_parallel_shard == 0 or self.data_parallel_shard < -1:
             resolve_dp_shard(self.data_parallel_shard, 1, f"{path}.data_parallel_shard")
         dp = self._env_data_parallel()
@@ -140,6 +142,8 @@ class ParallelismConfig(Section):
             return
         for name in MODEL_PARALLEL_FIELDS:
             value = getattr(self, name)
+            if name == "pipeline_parallel":   # implemented: config/pipeline.py has its rules
+                continue
             if value > 1:
                 raise ConfigError(f"{path}.{name}",
                                   f"must be 1, got {value}: only data parallelism is "

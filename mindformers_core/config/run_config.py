@@ -29,6 +29,7 @@ import yaml
 from .callbacks import CallbacksConfig
 from .checkpoint import CheckpointConfig
 from .context import ContextConfig, check_context_vs_training
+from .pipeline import check_pipeline_vs_model, check_pipeline_vs_plan
 from .dataset import DatasetConfig
 from .errors import ConfigError
 from .logging import LoggingConfig
@@ -183,6 +184,7 @@ class RunConfig(Section):
         check_context_vs_training(self.context, self.training)
         check_text_sections(self)
         self._check_recompute_vs_jit()
+        check_pipeline_vs_model(self.parallelism, self.model, self.training)   # config/pipeline.py
         self.plan()  # schedule against training.steps, data parallel, accumulation
 
     def recompute_layers(self) -> list:
@@ -264,6 +266,8 @@ class RunConfig(Section):
                     raise ConfigError(f"training.rampup_batch_size[{i}]",
                                       f"{value} must be divisible by data_parallel({dp}) * "
                                       f"local_batch_size({tr.local_batch_size}).")
+        check_pipeline_vs_plan(self.parallelism, ws, None if tr.rampup_batch_size is not None
+                               else tr.global_batch_size // base_units)   # config/pipeline.py
         sched = self.build_lr_scheduler()
         bounds = dict(sched.boundaries()) if hasattr(sched, "boundaries") else {}
         return RunPlan(

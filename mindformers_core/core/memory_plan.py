@@ -37,15 +37,16 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
+from .pipeline_split import StageSplit, peak_in_flight_bound
 from .recompute import parse_layer_selection
 
 __all__ = ["DTYPE_BYTES", "ASCEND_910B_BYTES", "WARN_FRACTION", "LayerParams", "ParamCounts",
            "param_counts", "Layout", "ActivationSettings", "OptimizerState", "MemoryPlan",
            "layout_from_config", "settings_from_config", "optimizer_state_from_config",
            "layer_activation_bytes", "moe_dispatch_bytes", "logits_bytes", "estimate_memory",
-           "plan_memory", "device_memory_limit", "pipeline_stages", "stage_items",
+           "plan_memory", "device_memory_limit", "pipeline_stages", "config_stage_layers", "stage_items",
            "SHARD_STRATEGIES"]
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp32": 4, "bf16": 2}
@@ -375,9 +376,22 @@ def pipeline_stages(num_layers: int, pp: int) -> List[range]:
     return out
 
 
+def config_stage_layers(cfg, model_cfg, layout: Layout) -> Tuple[List[List[int]], int]:
+    """(layers of each stage, interleave): the config's own split (``parallelism.
+    pipeline_parallel_layers_per_stage`` / ``_interleave_num``, core/pipeline_split.py) when
+    the layout is the config's pipeline size, else the contiguous split of another layout."""
+    par = cfg.parallelism
+    if layout.pp > 1 and layout.pp == par.pipeline_parallel:
+        split = StageSplit.build(model_cfg.num_layers, layout.pp,
+                                 par.pipeline_parallel_interleave_num,
+                                 par.pipeline_parallel_layers_per_stage)
+        return [split.stage_layers(s) for s in range(layout.pp)], split.vpp
+    return [list(r) for r in pipeline_stages(model_cfg.num_layers, layout.pp)], 1
+
+
 def stage_items(model_cfg, counts: ParamCounts, layout: Layout, settings: ActivationSettings,
-                 opt: OptimizerState, stage: int, layers: range,
-                 clip_grads: bool = False) -> Tuple[Dict[str, int], int]:
+                 opt: OptimizerState, stage: int, layers: Sequence[int],
+                 clip_grads: bool = False, vpp: int = 1) -> Tuple[Dict[str, int], int]:
     tp, ep, pp = layout.tp, layout.ep, layout.pp
     first, last = stage == 0, stage == pp - 1
     adamw_branch = (counts.embedding // tp if first else 0) \
@@ -398,7 +412,8 @@ def stage_items(model_cfg, counts: ParamCounts, layout: Layout, settings: Activa
         "optimizer state": (matrices * opt.matrix_bytes + adamw_branch * opt.adamw_bytes)
         // layout.shard("optim"),
     }
-    in_flight = min(pp - stage, settings.num_micro_batches)
+    # micro-batch chunks held at once by the schedule (1F1B: pp - stage), each 1/vpp of the stage
+    in_flight = peak_in_flight_bound(pp, stage, settings.num_micro_batches, vpp)
     per_layer = []
     for i in layers:
         moe = counts.layers[i].num_experts > 0
@@ -424,8 +439,8 @@ def stage_items(model_cfg, counts: ParamCounts, layout: Layout, settings: Activa
                                           settings.flash_attention)
         acts += full
         moe_total += dispatch
-    items["activations"] = acts * in_flight
-    items["MoE dispatch buffers"] = moe_total * in_flight
+    items["activations"] = acts * in_flight // vpp
+    items["MoE dispatch buffers"] = moe_total * in_flight // vpp
     if recomputed:   # backward re-runs one recomputed layer at a time and holds all of it
         items["recompute workspace"] = biggest_layer
     if n_layers and not settings.flash_attention:
@@ -462,9 +477,10 @@ def estimate_memory(cfg, layout: Layout, settings: Optional[ActivationSettings] 
     if layout.pp > model_cfg.num_layers:
         raise ValueError(f"layout.pp({layout.pp}) must be <= num_layers({model_cfg.num_layers})")
     best = None
-    for stage, layers in enumerate(pipeline_stages(model_cfg.num_layers, layout.pp)):
+    stage_layers, vpp = config_stage_layers(cfg, model_cfg, layout)
+    for stage, layers in enumerate(stage_layers):
         items, n_rank = stage_items(model_cfg, counts, layout, settings, opt_state, stage,
-                                     layers, cfg.training.max_norm is not None)
+                                     layers, cfg.training.max_norm is not None, vpp)
         if best is None or sum(items.values()) > sum(best[0].values()):
             best = (items, n_rank, len(layers), stage)
     items, n_rank, n_layers, stage = best

@@ -110,10 +110,12 @@ class Runner:
                 return model.apply(input_ids, labels, loss_mask, tables, *ws)
             self._graph = ms.jit(forward)
 
-    def layers(self, h, tables):
-        """(h after the last layer, summed aux loss or None, [max_logits per layer])."""
+    def layers(self, h, tables, indices=None):
+        """(h after the last layer, summed aux loss or None, [max_logits per layer]); only the
+        decoder layers ``indices`` (in order) when given (a pipeline stage's)."""
         aux_total, max_logits = None, []
-        for run in self._layers:
+        runs = self._layers if indices is None else [self._layers[i] for i in indices]
+        for run in runs:
             h, ml, aux = run(h, tables)
             max_logits.append(ml)
             if aux is not None:

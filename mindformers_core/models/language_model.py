@@ -12,6 +12,7 @@ effective weight W_out / w has std ~ 1/fan_in. w None or 1.0: no multiply at all
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -274,6 +275,20 @@ class GPTModel(nn.Cell):
             self.record_max_logits(ops.unstack(max_logits, 0))
             return loss_sum, n_tokens, mint.zeros((), dtype=ms.float32)
         h, aux = self._last_hidden(input_ids)
+        return self.finish(h, aux, input_ids, labels, loss_mask)
+
+    def run_layers(self, h, tables, indices) -> tuple:
+        """Decoder layers ``indices`` (consecutive, ascending) on h [B*S, H]: (h, summed aux
+        loss or None); records their max logits in their rows (a pipeline stage's part)."""
+        indices = list(indices)
+        h, aux, max_logits = self._runner.layers(h, tables, indices)
+        if indices:
+            self.record_max_logits(max_logits, start=indices[0])
+        return h, aux
+
+    def finish(self, h, aux, input_ids, labels, loss_mask) -> tuple:
+        """(loss_sum, n_tokens, aux) of the last hidden states h [B*S, H] (before the final
+        norm) and the decoder's summed aux loss (or None): head, loss and the MTP depths."""
         loss_sum, n_tokens = self._runner.head(h, labels.reshape(-1), loss_mask.reshape(-1))
         aux = mint.zeros((), dtype=ms.float32) if aux is None else aux.astype(ms.float32)
         if self.mtp is not None:
@@ -293,6 +308,20 @@ class GPTModel(nn.Cell):
         self.record_max_logits(max_logits, start=self.cfg.num_layers)
         self._mtp_losses.append(ops.stop_gradient(loss))
         return loss if aux is None else loss + aux.astype(ms.float32)
+
+    @contextlib.contextmanager
+    def recomputing(self):
+        """Within: a forward that repeats one already run (a pipeline stage's recompute for its
+        backward) leaves the MoE statistics and the recorded MTP losses as they were."""
+        moes = self.moe_layers()
+        stats = {i: moe.stats_state() for i, moe in moes.items()}
+        mtp = list(self._mtp_losses)
+        try:
+            yield
+        finally:
+            for i, moe in moes.items():
+                moe.load_stats_state(stats[i])
+            self._mtp_losses = mtp
 
     def pop_mtp_losses(self) -> List[float]:
         """The MTP losses of the forwards since the last call (empty without MTP)."""

@@ -127,6 +127,14 @@ class MoE(nn.Cell):
         self.aux_sum = None
         self.num_forwards = 0
 
+    def stats_state(self) -> tuple:
+        """(tokens_per_expert, dropped, aux_sum, num_forwards) gathered since the last reset."""
+        return self.tokens_per_expert, self.dropped, self.aux_sum, self.num_forwards
+
+    def load_stats_state(self, state: tuple) -> None:
+        """Replace the gathered statistics (``stats_state``'s tuple)."""
+        self.tokens_per_expert, self.dropped, self.aux_sum, self.num_forwards = state
+
     def construct(self, x):
         s = self.spec
         b, n, hdim = x.shape

@@ -8,6 +8,9 @@ The trainer checks what a model, an optimizer or a gradient reducer offers with
   builds the optimizer for the ranks (ZeRO sharding, QK-Clip MAX) and SUMs MoE loads;
   :class:`ShardedGradReducer` one over parameters split across ranks (expert parallel): it
   learns the parameters and computes the global gradient norm;
+* :class:`PipelineReducer` the pipeline-parallel one (``distributed.pipeline_parallel``): it
+  runs the forward+backward of a step's micro-batches for this rank's stage and sums the
+  gradient norm over the stages;
 * :class:`ExpertBiasModel` MoE models with the aux-loss-free expert-bias update, and
   :class:`MoEStatsModel` those whose expert loads a skipped step must drop;
 * :class:`MaxLogitsModel` models that track max attention logits (QK-Clip input);
@@ -21,8 +24,8 @@ from typing import Any, List, Optional, Protocol, Sequence, Tuple, runtime_check
 
 from ..optim.qk_clip import QKClipModel  # declared where QK-Clip reads it
 
-__all__ = ["GradReducer", "DataParallelReducer", "ShardedGradReducer", "ExpertBiasModel",
-           "MoEStatsModel", "MaxLogitsModel", "QKClipModel", "QKClipOptimizer"]
+__all__ = ["GradReducer", "DataParallelReducer", "ShardedGradReducer", "PipelineReducer",
+           "ExpertBiasModel", "MoEStatsModel", "MaxLogitsModel", "QKClipModel", "QKClipOptimizer"]
 
 
 @runtime_checkable
@@ -60,6 +63,32 @@ class ShardedGradReducer(Protocol):
 
     def mean_over_ranks(self, value: float) -> float:
         """The mean of a per-rank value (the step's aux loss) over every rank."""
+
+
+class PipelineReducer(GradReducer, Protocol):
+    data_rank: int   #: this rank's index along data parallel (which rows it reads)
+
+    def attach(self, model) -> None:
+        """Keep only this stage's parameters trainable (before the optimizer is built)."""
+
+    def describe(self, num_micro: int) -> str:
+        """The stage, its layers and the schedule, for the run log."""
+
+    def forward_backward(self, params: Sequence, batches: Sequence[dict], total_tokens: float,
+                         loss_scale: float = 1.0) -> Tuple[List, float, float]:
+        """(gradients aligned with params, the step's loss sum, mean aux loss)."""
+
+    def global_grad_norm(self, grads: Sequence) -> float:
+        """The L2 norm over every stage's gradients."""
+
+    def combine_mtp_loss(self, mtp_loss: Optional[float]) -> Optional[float]:
+        """The step's MTP loss from the stage that runs the MTP depths."""
+
+    def combine_qk_stats(self, stats) -> Any:
+        """One QK-Clip report for the step from every stage's."""
+
+    def gather_checkpoint(self, tensors: dict, state: dict) -> Tuple[dict, dict]:
+        """Every stage's checkpoint entries on rank 0 (a collective)."""
 
 
 @runtime_checkable

@@ -52,7 +52,7 @@ from .resume_checks import (check_train_payload, lr_jump_warning,
                             optimizer_tensor_names)
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .protocols import (DataParallelReducer, ExpertBiasModel, MaxLogitsModel, MoEStatsModel,
-                        QKClipOptimizer, ShardedGradReducer)
+                        PipelineReducer, QKClipOptimizer, ShardedGradReducer)
 from .run_dir import claim_run_dir, new_run_id
 from .sharded_save import reshard_for_model, save_sharded, uses_sharded_checkpoint
 from .signals import StopRequest
@@ -97,10 +97,13 @@ def _jsonable(value):
     return value
 
 
-def _default_grad_reducer():
+def _default_grad_reducer(cfg):
     """The data-parallel reducer when launched by msrun (communication initialised there),
     the identity in a plain process (no communication init)."""
     from ..distributed.env import launched_by_msrun
+    if launched_by_msrun() and cfg.parallelism.pipeline_parallel > 1:   # pipeline parallel
+        from ..distributed.pipeline_parallel import setup_pipeline_parallel
+        return setup_pipeline_parallel(cfg)
     if launched_by_msrun():
         from ..distributed.setup import setup_data_parallel
         return setup_data_parallel()
@@ -128,7 +131,7 @@ class Trainer:
         self.cfg = cfg
         self.output_dir = output_dir
         # under msrun: the data-parallel all-reduce (distributed package); else the identity
-        self.grad_reducer = grad_reducer or _default_grad_reducer()
+        self.grad_reducer = grad_reducer or _default_grad_reducer(cfg)
         ws = self.grad_reducer.world_size if world_size is None else world_size
         self.rank = self.grad_reducer.rank if rank is None else rank
         self.plan = cfg.plan(ws) if plan is None else plan
@@ -165,6 +168,11 @@ class Trainer:
                                 jit=cfg.model_jit_mode())
             model.set_recompute(cfg.recompute_layers())   # recompute: (config/recompute.py)
         self.model = model
+        # pipeline parallel (distributed/pipeline_parallel.py): this rank trains one stage
+        self.pipeline = self.grad_reducer if isinstance(self.grad_reducer, PipelineReducer) \
+            else None
+        if self.pipeline is not None:
+            self.pipeline.attach(self.model)
         if loaded is not None:
             loaded = reshard_for_model(loaded, self.model, self.grad_reducer)  # sharded ckpt
             self._load_model(loaded)
@@ -199,7 +207,8 @@ class Trainer:
         tokenizer = load_run_tokenizer(cfg)
         if dataset is None:
             from ..data.run_data import build_run_datasets
-            dataset, eval_dataset = build_run_datasets(cfg, self.rank, self.plan.data_parallel,
+            data_rank = self.rank if self.pipeline is None else self.pipeline.data_rank
+            dataset, eval_dataset = build_run_datasets(cfg, data_rank, self.plan.data_parallel,
                                                        tokenizer)
         self.dataset = dataset
         from .progress import RunProgress
@@ -337,10 +346,12 @@ class Trainer:
             return save_sharded(self, write_hook)   # every rank its part (sharded_save.py)
         # a sharded optimizer's state_dict is a collective: every rank gathers, rank 0 writes
         collective = (getattr(self.optimizer, "collective_state_dict", False)
-                      and not self.ckpt_cfg.no_save_optim)
+                      and not self.ckpt_cfg.no_save_optim) or self.pipeline is not None
         if self.rank != 0 and not collective:
             return None
         tensors, dtypes, state = self.checkpoint_payload()
+        if self.pipeline is not None:   # every stage's weights and optimizer state on rank 0
+            tensors, state = self.pipeline.gather_checkpoint(tensors, state)
         if self.rank != 0:
             return None
         step, config = self.state.step, self.cfg.to_dict()
@@ -390,11 +401,17 @@ class Trainer:
 
         on_micro = (lambda *a: self.monitor.on_micro_batch(*a, loss_scale=scale)
                     ) if self.monitor.watches_micro_batches else None
-        grads, loss_sum, aux = accumulate_gradients(self._grad_fn, batches, total_tokens, scale,
-                                                    data_parallel=self.grad_reducer.world_size,
-                                                    on_micro=on_micro)
+        if self.pipeline is not None:   # this stage's schedule (distributed/pipeline_parallel.py)
+            grads, loss_sum, aux = self.pipeline.forward_backward(
+                self.optimizer.parameters, batches, total_tokens, scale)
+        else:
+            grads, loss_sum, aux = accumulate_gradients(
+                self._grad_fn, batches, total_tokens, scale,
+                data_parallel=self.grad_reducer.world_size, on_micro=on_micro)
         self.monitor.on_device_step(loss_sum, local_tokens, grads, loss_scale=scale)
         mtp_loss = step_mtp_loss(self.model)   # inside aux; logged on its own
+        if self.pipeline is not None:   # computed on the last stage
+            mtp_loss = self.pipeline.combine_mtp_loss(mtp_loss)
         aux = aux - mtp_loss if mtp_loss is not None else aux
         grads, loss_sum, _ = self.grad_reducer.reduce(grads, loss_sum, local_tokens)
         if isinstance(self.grad_reducer, ShardedGradReducer):   # [expert parallel hook]
@@ -406,9 +423,12 @@ class Trainer:
             grads = [g * inv for g in grads]
         for hook in self.grad_hooks:
             grads = hook(step_number, grads)
-        norm = float(self.grad_reducer.grad_norm(grads)  # [expert parallel hook]
-                     if isinstance(self.grad_reducer, ShardedGradReducer)
-                     else global_grad_norm(grads))
+        if self.pipeline is not None:   # pipeline: all stages
+            norm = float(self.pipeline.global_grad_norm(grads))
+        elif isinstance(self.grad_reducer, ShardedGradReducer):   # [expert parallel hook]
+            norm = float(self.grad_reducer.grad_norm(grads))
+        else:
+            norm = float(global_grad_norm(grads))
         finite = math.isfinite(norm)
 
         clipped = False
@@ -455,6 +475,9 @@ class Trainer:
             self.optimizer.step(grads)
             qk_stats = self.optimizer.last_qk_clip \
                 if isinstance(self.optimizer, QKClipOptimizer) else None
+            if self.pipeline is not None and isinstance(self.optimizer, QKClipOptimizer):
+                # every stage's QK-Clip in one report
+                qk_stats = self.pipeline.combine_qk_stats(qk_stats)
             if isinstance(self.model, ExpertBiasModel):
                 # expert loads were summed over micro-batches and DP ranks once this step
                 # (moe_step_stats, after the gradient reduction)
@@ -518,6 +541,8 @@ class Trainer:
         if self.state.step == 0:
             self.log(self.plan.format() if hasattr(self.plan, "format") else str(self.plan))
             self.log(format_memory_plan(plan_memory(self.cfg, self.plan.world_size)))
+            if self.pipeline is not None:
+                self.log(self.pipeline.describe(self.num_micro_batches()))
             if self.mup_width_mult is not None:
                 self.log(f"muP              : width_mult {self.mup_width_mult:g} (hidden_size "
                          f"{self.cfg.model.hidden_size} / base "

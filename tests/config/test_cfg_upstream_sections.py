@@ -85,12 +85,11 @@ def test_upstream_parallelism_keys_load_on_one_process(monkeypatch):
 
 
 @pytest.mark.parametrize("key,value,msg", [
-    ("pipeline_parallel_interleave_num", 2, r"2 needs interleaved pipeline parallelism"),
+    ("pipeline_parallel_interleave_num", 2, r"must be 1 when pipeline_parallel is 1, got 2"),
     ("cpu_offload", True, r"True needs FSDP CPU offload"),
     ("hsdp_shard_size", 8, r"8 needs HSDP sharding"),
     ("pipeline_parallel_layers_per_stage", [[0, 1]],
-     r"\[\[0, 1\]\] needs pipeline stage layouts.*only the no-op values "
-     r"\[None, 'auto'\] are accepted"),
+     r"must be 'auto' or a list of one layer-range string per stage .*got \[\[0, 1\]\]"),
     ("enable_loss_parallel", True, r"True needs vocab-parallel loss"),
     ("context_parallel_method", "ring", r"must be one of \['colossal', 'ulysses', 'hybrid'\]"),
     ("data_parallel_shard_strategy", "zero3", r"must be one of \['no_shard', 'optim'"),

@@ -1,4 +1,6 @@
-"""Launch a command on N msrun CPU workers through scripts/msrun_launcher.sh (6-argument form)."""
+"""Launch a command on N msrun CPU workers through scripts/msrun_launcher.sh (6-argument form);
+read what the workers left (their logs, a run's metrics.jsonl)."""
+import json
 import os
 import socket
 import subprocess
@@ -21,3 +23,16 @@ def launch(cmd: str, log_dir, timeout: int = 600, workers: int = 2):
                            "True", "300"], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
     return proc, time.monotonic() - t0
+
+
+def worker_logs(log_dir, workers: int = 2) -> str:
+    """The tail of every worker's log (for a failure message)."""
+    return "".join(open(os.path.join(log_dir, f)).read()[-3000:]
+                   for f in (f"worker_{r}.log" for r in range(workers))
+                   if os.path.exists(os.path.join(log_dir, f)))
+
+
+def read_metrics(run_dir):
+    """The rows of a run's metrics.jsonl."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        return [json.loads(line) for line in fh if line.strip()]

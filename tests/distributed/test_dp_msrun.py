@@ -27,18 +27,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from dp_case import CASES, STEPS  # noqa: E402
-from msrun_util import launch  # noqa: E402
+from msrun_util import launch, read_metrics, worker_logs  # noqa: E402
 from trainer_case import STEPS as TRAINER_STEPS  # noqa: E402
 
 KILL_AT = 5
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
-
-
-def worker_logs(log_dir) -> str:
-    return "".join(open(os.path.join(log_dir, f)).read()[-3000:]
-                   for f in ("worker_0.log", "worker_1.log")
-                   if os.path.exists(os.path.join(log_dir, f)))
 
 
 @pytest.fixture(scope="module")
@@ -145,11 +139,6 @@ def test_deredundency_splits_newton_schulz_work(dp_results):
 
 
 # -- the fault test and the resume (Trainer level) ----------------------------------------------
-def read_metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The same Trainer run in one process (global batch 4 as 2 micro-batches), to the end."""

@@ -70,7 +70,7 @@ def test_data_parallel_key_gives_upstream_text():
     assert "'data_parallel_shard'" in msg
 
 
-@pytest.mark.parametrize("name", ["tensor_parallel", "pipeline_parallel", "context_parallel"])
+@pytest.mark.parametrize("name", ["tensor_parallel", "context_parallel"])
 def test_model_parallel_above_one_is_not_implemented(monkeypatch, name):
     msrun_world(monkeypatch, 2)
     d = base(training={"steps": 10, "local_batch_size": 1, "global_batch_size": 2},

@@ -1,0 +1,61 @@
+"""A pipeline run's checkpoint: every stage's parameters and optimizer state, written once.
+
+Stage parameters are disjoint (core/pipeline_split.py ``StageSplit.owner``; the shared
+embedding table's two copies are equal, the first stage's is written). Every rank builds its
+payload; rank 0 receives the other stages' part and writes one checkpoint holding the whole
+model and the whole optimizer state under the single-process names, so it resumes on one
+process or on the same pipeline layout (each stage loads the entries of its parameters), and
+records the stage map (``state["pipeline_stages"]``: parameter name -> stage) for a
+resharding loader.
+
+The part of a stage travels as one byte buffer with the world group's all-gather (native on
+every backend, MindSpore CPU included), padded to the longest part; its size is the only
+thing exchanged first. A checkpoint is not on the step's hot path.
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Dict
+
+import numpy as np
+
+__all__ = ["gather_to_all", "stage_payload", "merge_stage_payloads", "stage_map"]
+
+
+def gather_to_all(comm, obj) -> list:
+    """Every rank's picklable ``obj``, in rank order, on every rank (world all-gather)."""
+    raw = np.frombuffer(pickle.dumps(obj, protocol=4), np.uint8)
+    sizes = comm.all_gather(np.array([float(raw.size)], np.float32), "world")
+    longest = int(max(sizes))
+    buf = np.zeros((1, longest), np.float32)   # a byte per float32: exact
+    buf[0, :raw.size] = raw
+    parts = comm.all_gather(buf, "world")
+    return [pickle.loads(parts[r, :int(sizes[r])].astype(np.uint8).tobytes())
+            for r in range(parts.shape[0])]
+
+
+def stage_map(split, names) -> Dict[str, int]:
+    return {n: split.owner(n) for n in names}
+
+
+def stage_payload(split, stage: int, tensors: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """This stage's part: the model entries it owns and its optimizer entries."""
+    out = {}
+    for key, arr in tensors.items():
+        if key.startswith("model."):
+            if split.owner(key[len("model."):]) == stage:
+                out[key] = arr
+        elif key.startswith("optim."):
+            out[key] = arr
+    return out
+
+
+def merge_stage_payloads(tensors: Dict[str, np.ndarray], parts: list) -> Dict[str, np.ndarray]:
+    """Rank 0's payload with every stage's part laid over it (stage order; a stage's own
+    entries win: each model entry is in exactly one part)."""
+    merged = dict(tensors)
+    for part in parts:
+        for key, arr in part.items():
+            if key.startswith("model.") or key not in merged:
+                merged[key] = arr
+    return merged

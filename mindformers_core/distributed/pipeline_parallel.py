@@ -1,0 +1,239 @@
+"""Pipeline parallelism for the trainer: one rank per stage, its micro-batches per schedule.
+
+The trainer's gradient reducer when ``parallelism.pipeline_parallel`` > 1 (the
+``trainer.protocols.PipelineReducer`` hook). Per optimizer step:
+
+1. every stage reads the same micro-batches (data parallel 1), so the step's loss tokens are
+   known everywhere without a collective; the number of micro-batches is the accumulation
+   count (``pipeline_parallel_microbatch_size`` is overwritten with it, as upstream);
+2. :meth:`forward_backward` runs this stage's program (distributed/pipeline_schedule.py):
+   forwards keep their backward (pipeline_stage.py), activations go to the next virtual stage
+   and gradients back with the communicator's send/recv (shapes from the config:
+   ``[local_batch * seq, hidden]``, nothing negotiated);
+3. the logged loss sum comes from the last stage and the aux loss is the sum over stages
+   (one all-reduce over the pipeline group); the embedding table's gradient is summed over
+   the first and last stage when both read it (tied output layer or MTP), so its two copies
+   get the same update;
+4. the gradient norm is ``sqrt(sum over stages of the stage's squared norm)``, each parameter
+   counted once (the shared table on the first stage): clipping, skip decisions and
+   ``max_consecutive_skipped_steps`` see the same number on every stage.
+
+Each rank builds the whole model (the same initialisation as one process) and trains only its
+stage's parameters: the others are frozen (``requires_grad`` False) before the optimizer is
+built, so the optimizer (AdamW, Muon, QK-Clip on the stage's own layers: the other layers'
+max logits stay -inf) and the expert-bias update (no load on other stages' layers) run per
+stage.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..core.pipeline_split import EMBEDDING, StageSplit
+from .collectives import GroupCommunicator
+from .groups import make_mesh
+from .pipeline_schedule import Transfer, p2p_program, schedule
+from .pipeline_stage import StageExecutor, StageRunner
+
+__all__ = ["PipelineParallel", "setup_pipeline_parallel", "stage_split_for",
+           "micro_batch_tensors"]
+
+MICROBATCH_MESSAGE = ("pipeline_parallel_microbatch_size {old} is overwritten with the "
+                      "accumulation count {new} (global_batch_size // (data_parallel * "
+                      "local_batch_size)): the micro-batches of one pipeline step")
+
+
+def stage_split_for(cfg) -> StageSplit:
+    """The stage split of a RunConfig's model and parallelism."""
+    par, m = cfg.parallelism, cfg.model
+    return StageSplit.build(m.num_layers, par.pipeline_parallel,
+                            par.pipeline_parallel_interleave_num,
+                            par.pipeline_parallel_layers_per_stage,
+                            shares_embedding=bool(m.tie_word_embeddings
+                                                  or m.num_nextn_predict_layers))
+
+
+class PipelineParallel:
+    """This rank's stage: the trainer's reducer and the executor of its schedule."""
+
+    def __init__(self, cfg, comm: GroupCommunicator):
+        self.cfg = cfg
+        self.comm = comm
+        self.mesh = comm.mesh
+        self.world_size = self.mesh.world
+        self.rank = comm.rank
+        self.stage = self.mesh.coords(self.rank)["pp"]
+        self.data_rank = self.mesh.coords(self.rank)["dp"]
+        self.split = stage_split_for(cfg)
+        self.schedule_name = cfg.parallelism.pipeline_parallel_schedule
+        self.stage_ranks = {s: r for s, r in enumerate(self.comm.ranks("pp"))}
+        self.runner: Optional[StageRunner] = None
+        self._programs: Dict[int, list] = {}
+        self.model = None
+
+    # -- construction ---------------------------------------------------------------------------
+    def attach(self, model) -> None:
+        """Freeze the parameters other stages own (before the optimizer is built)."""
+        self.model = model
+        for p in model.get_parameters():
+            if self.stage not in self.split.holders(p.name):
+                p.requires_grad = False
+
+    def describe(self, num_micro: int) -> str:
+        old = self.cfg.parallelism.pipeline_parallel_microbatch_size
+        order = "interleaved 1F1B" if self.split.vpp > 1 else "1F1B"
+        lines = [f"pipeline parallel: stage {self.stage} of {self.split.pp} "
+                 f"(interleave {self.split.vpp}, {order}, {num_micro} micro-batches, "
+                 f"activations recomputed in the backward); {self.split.describe()}"]
+        if old != num_micro:
+            lines.append(MICROBATCH_MESSAGE.format(old=old, new=num_micro))
+        return "\n".join(lines)
+
+    def program(self, num_micro: int) -> list:
+        """This stage's compute and transfer operations for ``num_micro`` micro-batches."""
+        if num_micro not in self._programs:
+            pp, vpp = self.split.pp, self.split.vpp
+            scheds = {s: schedule(self.schedule_name, pp, s, num_micro, vpp) for s in range(pp)}
+            self._programs[num_micro] = p2p_program(scheds, pp, vpp, self.stage_ranks)[self.stage]
+        return self._programs[num_micro]
+
+    # -- the trainer's reducer ------------------------------------------------------------------
+    def global_token_count(self, local_tokens: float) -> float:
+        return float(local_tokens)   # every stage reads the same micro-batches
+
+    def reduce(self, grads: Sequence, loss_sum: float, n_tokens: float):
+        """The shared embedding table's gradient summed over its two stages."""
+        grads = list(grads)
+        holders = self.split.holders(EMBEDDING)
+        if len(holders) > 1:
+            for i, p in enumerate(self._params):
+                if p.name == EMBEDDING:
+                    grads[i] = self.comm.all_reduce(grads[i], "pp")
+        return grads, float(loss_sum), float(n_tokens)
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        out = self.comm.all_reduce(np.array([1.0 if flag else 0.0], np.float32), "world")
+        return bool(out[0] > 0)
+
+    def global_grad_norm(self, grads: Sequence) -> float:
+        """sqrt of the sum over stages of this stage's squared norm (each parameter once)."""
+        from ..optim.clip_grad import global_grad_norm
+        own = [g for p, g in zip(self._params, grads)
+               if self.split.owner(p.name) == self.stage]
+        sq = global_grad_norm(own) ** 2
+        if not math.isfinite(sq):
+            sq = float("nan") if math.isnan(sq) else float("inf")
+        total = self.comm.all_reduce(np.array([sq], np.float32), "pp")
+        return float(math.sqrt(float(total[0])))
+
+    def combine_mtp_loss(self, mtp_loss: Optional[float]) -> Optional[float]:
+        """The step's MTP loss on every stage: the last stage's (the MTP depths run there)."""
+        out = self.comm.all_reduce(np.array([0.0 if mtp_loss is None else mtp_loss,
+                                             mtp_loss is not None], np.float32), "pp")
+        return float(out[0]) if out[1] else None
+
+    def sync_moe_stats(self, model) -> None:
+        """Every MoE layer's step statistics on every stage (a layer's are non-zero only on
+        its stage: a SUM over the pipeline group), so the logged MoE line is the same
+        everywhere and each stage's expert-bias update sees its layers' loads."""
+        import mindspore as ms
+        moes = sorted(model.moe_layers().items())
+        rows = []
+        for _, moe in moes:
+            load, dropped, aux_sum, n = moe.stats_state()
+            load = np.zeros(moe.num_experts, np.float32) if load is None else load.asnumpy()
+            aux = 0.0 if aux_sum is None else float(aux_sum.asnumpy())
+            rows.append(np.concatenate([load.astype(np.float32), np.array(
+                [dropped, aux, n, aux_sum is not None], np.float32)]))
+        if not rows:
+            return
+        width = max(r.size for r in rows)
+        table = np.stack([np.pad(r, (0, width - r.size)) for r in rows])
+        total = self.comm.all_reduce(table, "pp")
+        for (_, moe), row in zip(moes, total):
+            e = moe.num_experts
+            load = row[:e]
+            moe.load_stats_state((ms.Tensor(load) if load.any() else None, int(row[e]),
+                                  ms.Tensor(np.float32(row[e + 1])) if row[e + 3] else None,
+                                  int(row[e + 2])))
+
+    def combine_qk_stats(self, stats):
+        """QK-Clip's step report over every stage (a collective: every stage calls it):
+        clipped heads summed, the largest logit; None when no stage clipped anything."""
+        from ..optim.qk_clip import QKClipStats
+        row = [-1.0, -3.0e38] if stats is None else [
+            float(stats.num_clipped_heads),
+            stats.max_logit if math.isfinite(stats.max_logit) else -3.0e38]
+        vals = self.comm.all_gather(np.array([row], np.float32), "pp")
+        ran = vals[:, 0] >= 0
+        if not ran.any():
+            return None
+        mx = float(vals[ran, 1].max())
+        return QKClipStats(int(round(float(vals[ran, 0].sum()))),
+                           mx if mx > -3.0e38 else float("-inf"))
+
+    def gather_checkpoint(self, tensors: Dict[str, np.ndarray], state: dict):
+        """(tensors, state) of the whole model on rank 0 from every stage's payload (a
+        collective; distributed/pipeline_checkpoint.py); other ranks get theirs back."""
+        from .pipeline_checkpoint import (gather_to_all, merge_stage_payloads, stage_map,
+                                          stage_payload)
+        parts = gather_to_all(self.comm, stage_payload(self.split, self.stage, tensors))
+        if self.rank != 0:
+            return tensors, state
+        merged = merge_stage_payloads(tensors, parts)
+        state = dict(state, pipeline_stages=stage_map(
+            self.split, [k[len("model."):] for k in merged if k.startswith("model.")]))
+        if state.get("has_optimizer"):
+            state["optimizer_tensors"] = sorted(k[len("optim."):] for k in merged
+                                                if k.startswith("optim."))
+        return merged, state
+
+    # -- one step's micro-batches ---------------------------------------------------------------
+    def forward_backward(self, params: Sequence, batches: Sequence[dict], total_tokens: float,
+                         loss_scale: float = 1.0) -> Tuple[List, float, float]:
+        """This stage's part of the step: (fp32 gradients aligned with ``params``, the step's
+        loss sum from the last stage, the mean aux loss over micro-batches summed over
+        stages)."""
+        import mindspore as ms
+        if total_tokens <= 0:
+            raise ValueError("the optimizer step has no loss tokens (every loss_mask is 0); "
+                             "check the dataset's loss_mask")
+        self._params = list(params)
+        if self.runner is None or self.runner.params != self._params:
+            self.runner = StageRunner(self.model, self.split, self.stage, self._params)
+        num_micro = len(batches)
+        ex = StageExecutor(self.runner, micro_batch_tensors(batches),
+                           ms.Tensor(np.float32(loss_scale / total_tokens)),
+                           ms.Tensor(np.float32(loss_scale / num_micro)))
+        rows, seq = np.asarray(batches[0]["input_ids"]).shape
+        like = ms.Tensor(np.zeros(self.runner.activation_shape(rows, seq),
+                                  np.float32)).astype(self.model.precision.compute)
+        for op in self.program(num_micro):
+            if not isinstance(op, Transfer):
+                ex.compute(op)
+            elif op.src == self.rank:
+                self.comm.send(ex.outgoing(op), op.dst)
+            else:
+                ex.incoming(op, self.comm.recv(like, op.src))
+        grads, local_loss, local_aux = ex.result()
+        both = self.comm.all_reduce(np.array([local_loss, local_aux], np.float32), "pp")
+        return grads, float(both[0]), float(both[1])
+
+
+def micro_batch_tensors(batches: Sequence[dict]) -> List[dict]:
+    """The micro-batches as Tensors (int32 ids and labels, float32 mask)."""
+    import mindspore as ms
+    return [{k: ms.Tensor(np.asarray(b[k], dtype=np.float32 if k == "loss_mask" else np.int32))
+             for k in ("input_ids", "labels", "loss_mask")} for b in batches]
+
+
+def setup_pipeline_parallel(cfg) -> PipelineParallel:
+    """The pipeline reducer of this msrun worker (communication initialised here)."""
+    from .comm import init_distributed
+    base = init_distributed()
+    par = cfg.parallelism
+    mesh = make_mesh(base.world_size, tp=par.tensor_parallel, cp=par.context_parallel,
+                     pp=par.pipeline_parallel)
+    return PipelineParallel(cfg, GroupCommunicator(mesh, base.rank))

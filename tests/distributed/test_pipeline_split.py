@@ -1,0 +1,169 @@
+"""Stage split (core/pipeline_split.py) and the pipeline config rules (config/pipeline.py)."""
+import pytest
+
+from mindformers_core.config import ConfigError, load_config
+from mindformers_core.core.pipeline_split import StageSplit, split_layers
+
+
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch):
+    for key in ("MS_ROLE", "MS_WORKER_NUM", "RANK_ID"):
+        monkeypatch.delenv(key, raising=False)
+
+
+def msrun_world(monkeypatch, n):
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    monkeypatch.setenv("MS_WORKER_NUM", str(n))
+
+
+def test_auto_is_even_in_virtual_stage_order():
+    assert split_layers(8, 2) == [range(0, 4), range(4, 8)]
+    # pp 2, interleave 2: virtual stages 0..3 = (s0 c0, s1 c0, s0 c1, s1 c1)
+    assert split_layers(4, 2, 2) == [range(0, 1), range(1, 2), range(2, 3), range(3, 4)]
+    s = StageSplit.build(8, 2, 2)
+    assert s.stage_layers(0) == [0, 1, 4, 5] and s.stage_layers(1) == [2, 3, 6, 7]
+
+
+def test_explicit_uneven_and_interleaved():
+    assert split_layers(5, 2, 1, ["0-1", "2-4"]) == [range(0, 2), range(2, 5)]
+    assert split_layers(6, 2, 2, ["0,3-4", "1-2,5"]) == [range(0, 1), range(1, 3), range(3, 5),
+                                                        range(5, 6)]
+
+
+@pytest.mark.parametrize("args,msg", [
+    ((5, 2, 1, None), r"Number of layers \(5\) is not divisible by total stages \(2\).Please "
+                      r"configure the model distribution via 'pipeline_parallel_layers_per_stage'"),
+    ((4, 2, 1, ["0-1"]), r"has 1 entries, but pipeline_parallel is 2"),
+    ((4, 2, 2, ["0-1", "2-3"]), r"stage 0 lists 1 layer ranges \('0-1'\), but "
+                                r"pipeline_parallel_interleave_num is 2"),
+    ((4, 2, 1, ["0-1", "3-3"]), r"virtual stage 1 starts at layer 3, expected 2"),
+    ((4, 2, 1, ["0-1", "2-2"]), r"the ranges cover layers 0..2, but the model has 4 layers"),
+    ((4, 2, 1, ["0-1", "3-2"]), r"Invalid layer range format: 3-2. layer_start must be less "
+                                r"than or equal to layer_end."),
+    ((4, 2, 1, ["0-1", "a-3"]), r"Invalid layer range format: a-3. Layer IDs must be integers"),
+    ((4, 2, 1, ["0-1", "2-3-4"]), r"Expected format is 'start-end' or 'single_layer'"),
+])
+def test_split_errors(args, msg):
+    with pytest.raises(ValueError, match=msg):
+        split_layers(*args)
+
+
+def test_owners_embedding_first_head_and_mtp_last():
+    s = StageSplit.build(4, 2, 1, ["0-0", "1-3"], shares_embedding=True)
+    assert s.owner("embedding.word_embeddings.weight") == 0
+    assert s.holders("embedding.word_embeddings.weight") == (0, 1)
+    assert s.owner("decoder.layers.0.mlp.linear_fc1.weight") == 0
+    assert s.owner("decoder.layers.3.input_layernorm.weight") == 1
+    for name in ("decoder.final_layernorm.weight", "output_layer.weight",
+                 "mtp.layers.0.enorm.weight"):
+        assert s.owner(name) == 1
+    names = ["embedding.word_embeddings.weight", "decoder.layers.0.a", "decoder.layers.2.a",
+             "output_layer.weight"]
+    assert s.stage_params(names, 0) == names[:2]
+    assert s.stage_params(names, 1) == [names[0]] + names[2:]
+    assert StageSplit.build(4, 2).holders("embedding.word_embeddings.weight") == (0,)
+
+
+def base(**par):
+    return {"training": {"steps": 4, "local_batch_size": 1, "global_batch_size": 4},
+            "optimizer": {"type": "AdamW"},
+            "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": 1e-3},
+            "model": {"num_layers": 4},
+            "parallelism": {"pipeline_parallel": 2, **par}}
+
+
+def test_pp2_loads_on_two_workers(monkeypatch):
+    msrun_world(monkeypatch, 2)
+    cfg = load_config(base(pipeline_parallel_interleave_num=2,
+                           pipeline_parallel_layers_per_stage=["0,2", "1,3"]))
+    assert cfg.plan().data_parallel == 1 and cfg.plan().num_accumulation_steps == 4
+
+
+@pytest.mark.parametrize("world,par,field,msg", [
+    (2, {"pipeline_parallel_schedule": "gpipe"}, "parallelism.pipeline_parallel_schedule",
+     r"'gpipe' needs the GPipe schedule, which is not implemented"),
+    (2, {"pipeline_parallel_interleave_num": 0}, "parallelism.pipeline_parallel_interleave_num",
+     r"must be >= 1, got 0"),
+    (2, {"pipeline_parallel_microbatch_size": 0}, "parallelism.pipeline_parallel_microbatch_size",
+     r"must be >= 1, got 0"),
+    (2, {"pipeline_parallel_layers_per_stage": ["0-1", "2-2"]},
+     "parallelism.pipeline_parallel_layers_per_stage",
+     r"the ranges cover layers 0..2, but the model has 4 layers"),
+    (2, {"pipeline_parallel_interleave_num": 4}, "parallelism.pipeline_parallel_layers_per_stage",
+     r"Number of layers \(4\) is not divisible by total stages \(8\)"),
+    (4, {}, "parallelism.pipeline_parallel",
+     r"pipeline_parallel\(2\) runs with data_parallel 1 here: world_size\(4\) must equal"),
+])
+def test_pipeline_config_errors(monkeypatch, world, par, field, msg):
+    msrun_world(monkeypatch, world)
+    with pytest.raises(ConfigError, match=rf"^{field}: {msg}"):
+        load_config(base(**par))
+
+
+def test_no_evaluation_during_a_pipeline_run(monkeypatch):
+    msrun_world(monkeypatch, 2)
+    d = base()
+    d["training"]["eval_interval"] = 2
+    d["train_dataset"] = {"type": "SyntheticMarkov"}
+    d["eval_dataset"] = {"type": "SyntheticMarkov"}
+    with pytest.raises(ConfigError, match=r"^training.eval_interval: evaluation during a "
+                                          r"pipeline-parallel run \(pipeline_parallel 2\) is not "
+                                          r"implemented"):
+        load_config(d)
+
+
+def test_interleaved_needs_micro_batches_divisible_by_pp(monkeypatch):
+    msrun_world(monkeypatch, 2)
+    d = base(pipeline_parallel_interleave_num=2)
+    d["training"]["global_batch_size"] = 3
+    with pytest.raises(ConfigError, match=r"^training.global_batch_size: number of microbatches "
+                                          r"\(3\) is not divisible by pipeline-model-parallel-size "
+                                          r"\(2\) when using interleaved schedule"):
+        load_config(d)
+
+
+def test_memory_plan_uses_the_configs_stages_and_in_flight_bound(monkeypatch):
+    from mindformers_core.core.memory_plan import (
+        Layout, config_stage_layers, estimate_memory, layer_activation_bytes,
+        optimizer_state_from_config, param_counts, settings_from_config, stage_items)
+    msrun_world(monkeypatch, 2)
+    uneven = load_config(base(pipeline_parallel_layers_per_stage=["0-0", "1-3"]))
+    plan = estimate_memory(uneven, Layout(pp=2))
+    assert (plan.stage, plan.stage_layers) == (1, 3)   # the 3-layer stage is the busiest
+    assert config_stage_layers(uneven, uneven.model, Layout(pp=2)) == ([[0], [1, 2, 3]], 1)
+    # another layout than the config's: the contiguous split
+    assert config_stage_layers(uneven, uneven.model, Layout(pp=4)) == ([[0], [1], [2], [3]], 1)
+    # interleave 2, 4 micro-batches: stage 0 holds min((2-1)*2 + 2 + 1, 8) = 5 chunks of half
+    # its layers, 1F1B holds 2 micro-batches of all of them
+    plain = load_config(base())
+    inter = load_config(base(pipeline_parallel_interleave_num=2))
+    settings = settings_from_config(plain, Layout(pp=2))
+    layer = sum(layer_activation_bytes(plain.model, Layout(pp=2), settings, False).values())
+    one = estimate_memory(plain, Layout(pp=2))
+    assert one.stage == 0 and one.items["activations"] == 2 * 2 * layer
+    items, _ = stage_items(inter.model, param_counts(inter.model), Layout(pp=2), settings,
+                           optimizer_state_from_config(inter.optimizer, "float32"), 0, [0, 2],
+                           False, vpp=2)
+    assert items["activations"] == 2 * layer * 5 // 2
+
+
+def test_stage_payloads_merge_into_the_whole_model():
+    import numpy as np
+    from mindformers_core.distributed.pipeline_checkpoint import (merge_stage_payloads,
+                                                                  stage_map, stage_payload)
+    split = StageSplit.build(2, 2, shares_embedding=True)
+    names = ["embedding.word_embeddings.weight", "decoder.layers.0.w", "decoder.layers.1.w",
+             "decoder.final_layernorm.weight"]
+    # each rank's payload: its own stage's values are current (s), the others stale (-1)
+    payloads = [{**{f"model.{n}": np.full(2, s if split.owner(n) == s else -1.0) for n in names},
+                 f"optim.exp_avg.{names[1 + s]}": np.full(2, 10.0 + s), "rng.seed": np.zeros(1)}
+                for s in (0, 1)]
+    payloads[1]["optim.exp_avg.embedding.word_embeddings.weight"] = np.full(2, 7.0)
+    parts = [stage_payload(split, s, payloads[s]) for s in (0, 1)]
+    assert "rng.seed" not in parts[1] and "model.decoder.layers.0.w" not in parts[1]
+    merged = merge_stage_payloads(payloads[0], parts)
+    for n in names:
+        np.testing.assert_array_equal(merged[f"model.{n}"], np.full(2, split.owner(n)))
+    assert merged["optim.exp_avg.decoder.layers.1.w"][0] == 11.0
+    assert merged["optim.exp_avg.embedding.word_embeddings.weight"][0] == 7.0
+    assert stage_map(split, names) == {names[0]: 0, names[1]: 0, names[2]: 1, names[3]: 1}

@@ -1,0 +1,93 @@
+"""Pipeline parallel on 2 msrun CPU workers (one stage each) == 1 process, same global batch.
+
+One msrun launch runs every case of ``pp_case.CASES`` with ``pipeline_parallel: 2`` through the
+real Trainer (10 steps, 4 micro-batches of 1 sequence):
+
+* ``gpt_1f1b``: the tiny GPT with AdamW under 1f1b (one layer per stage), a checkpoint at
+  step 5 and 10;
+* ``gpt_tied_uneven``: 4 layers split 1 + 3, the output layer tied to the embedding (its
+  gradient summed over the first and last stage);
+* ``dsv3_interleaved``: a 4-layer tiny DeepSeek-V3 (MLA, MoE with expert bias and aux loss)
+  with Muon and QK-Clip, interleave 2 (layers 0,2 on stage 0 and 1,3 on stage 1).
+
+This process runs the same configs on one process and compares the logged loss and grad_norm
+per step (relative 1e-4), then resumes the pp2 checkpoint of step 5 on one process and
+checks that steps 6..10 are the uninterrupted ones.
+"""
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from msrun_util import launch, read_metrics, worker_logs  # noqa: E402
+from pp_case import CASES, SAVE_AT, STEPS, run_case  # noqa: E402
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def pp_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pp")
+    proc, _ = launch(f"python {os.path.join(HERE, 'pp_worker.py')} {out} " + " ".join(CASES),
+                     out / "logs", timeout=1800)
+    if proc.returncode != 0:
+        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                    f"{proc.stderr[-2000:]}\n{worker_logs(out / 'logs')}")
+    return {"out": out, "log0": open(out / "logs" / "worker_0.log").read()}
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref")
+    return {name: read_metrics(run_case(name, str(out / name), pipeline=False).output_dir)
+            for name in CASES}
+
+
+def assert_same_steps(got, want, steps):
+    assert [r["step"] for r in got] == list(steps)
+    ref = {r["step"]: r for r in want}
+    for row in got:
+        w = ref[row["step"]]
+        assert row["loss"] == pytest.approx(w["loss"], rel=1e-4), row["step"]
+        assert row["grad_norm"] == pytest.approx(w["grad_norm"], rel=1e-4), row["step"]
+        assert row["lr"] == pytest.approx(w["lr"], rel=1e-9)
+        assert row["skipped"] == w["skipped"] and row["clipped"] == w["clipped"]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_stages_equal_one_process(pp_runs, references, case):
+    got = read_metrics(pp_runs["out"] / case)
+    assert_same_steps(got, references[case], range(1, STEPS + 1))
+    # the runs trained: the loss moved
+    assert abs(got[-1]["loss"] - got[0]["loss"]) > 1e-3
+
+
+def test_interleaved_case_ran_muon_qk_clip_on_both_stages(pp_runs, references):
+    got = read_metrics(pp_runs["out"] / "dsv3_interleaved")
+    ref = references["dsv3_interleaved"]
+    clipped = [r.get("qk_clipped_heads") for r in got]
+    assert clipped == [r.get("qk_clipped_heads") for r in ref]
+    assert sum(c or 0 for c in clipped) > 0
+    assert "pipeline parallel: stage 0 of 2 (interleave 2, interleaved 1F1B" in pp_runs["log0"]
+    assert "stage 0: layers 0-0,2-2; stage 1: layers 1-1,3-3" in pp_runs["log0"]
+    assert "pipeline_parallel_microbatch_size 1 is overwritten with the accumulation count 4" \
+        in pp_runs["log0"]
+
+
+def test_pp2_checkpoint_resumes_on_one_process(pp_runs, references, tmp_path):
+    from mindformers_core.trainer.checkpoint import load_checkpoint
+    ckpt = os.path.join(pp_runs["out"], "gpt_1f1b", "checkpoint",
+                        f"mindformers_core_step{SAVE_AT:08d}.safetensors")
+    data = load_checkpoint(ckpt)
+    stages = data.state["pipeline_stages"]
+    assert stages["embedding.word_embeddings.weight"] == 0
+    assert stages["decoder.layers.1.mlp.linear_fc1.weight"] == 1
+    assert stages["output_layer.weight"] == 1
+    trainer = run_case("gpt_1f1b", str(tmp_path), pipeline=False,
+                       extra=[f"checkpoint.load_path={ckpt}"])
+    assert trainer.resumed_from == ckpt
+    assert_same_steps(read_metrics(tmp_path), references["gpt_1f1b"],
+                      range(SAVE_AT + 1, STEPS + 1))
