@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional
 from ..errors import in_range, range_requirement
 
 __all__ = ["check_embedding_min_norm", "check_weight_decay", "is_beta_pair", "check_beta_range", "check_beta_count",
-           "OVERRIDE_FIELDS", "OPTIMIZER_KINDS", "OVERRIDE_RANGES", "override_value_problem"]
+           "OVERRIDE_FIELDS", "OPTIMIZER_KINDS", "ALLOWED_GROUP_OPTIMIZERS", "OVERRIDE_RANGES", "override_value_problem"]
 
 
 def _is_number(value: Any) -> bool:
@@ -68,6 +68,11 @@ def check_beta_count(betas, name: str) -> None:
 OVERRIDE_FIELDS = ("lr_mult", "max_lr", "min_lr", "weight_decay", "wd_mult", "eps", "betas",
                    "optimizer")
 OPTIMIZER_KINDS = ("adamw", "muon", "sgd", "lion")
+
+#: which group optimizer kinds each optimizer type (lower case) can run; Muon carries an AdamW
+#: branch for the parameters it does not orthogonalise
+ALLOWED_GROUP_OPTIMIZERS = {"adamw": ("adamw",), "muon": ("muon", "adamw"), "sgd": ("sgd",),
+                            "lion": ("lion",)}
 
 #: the allowed interval of each numeric override field (``errors.check_range`` keywords)
 OVERRIDE_RANGES = {

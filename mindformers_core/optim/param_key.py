@@ -19,7 +19,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypedDict, Union
 
-from ..core.optimizer_rules import OVERRIDE_FIELDS, override_value_problem
+from ..core.optimizer_rules import ALLOWED_GROUP_OPTIMIZERS, OVERRIDE_FIELDS, override_value_problem
 
 
 @dataclass(frozen=True)
@@ -212,8 +212,6 @@ def optimizer_kind(config) -> str:
     return "adamw" if kind == "adam" else kind
 
 
-# Which group optimizer kinds each optimizer type can run (Muon carries an AdamW branch).
-ALLOWED_GROUP_OPTIMIZERS = {"adamw": ("adamw",), "muon": ("muon", "adamw"), "sgd": ("sgd",), "lion": ("lion",)}
 
 # Input embedding and output layer (decoupled LR, muP vector-like, Muon's AdamW defaults).
 EMBEDDING_OR_OUTPUT_GLOBS = ("*word_embeddings*", "*output_layer*")

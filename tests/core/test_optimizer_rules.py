@@ -80,3 +80,21 @@ def test_torch_wording_of_the_adam_lion_checks():
     with pytest.raises(ValueError, match=r"^Invalid weight_decay value: -0\.5, should be >= 0\.$"):
         check_weight_decay(-0.5)
     check_weight_decay(0.0)
+
+
+@pytest.mark.parametrize("opt_type", ["AdamW", "Muon", "SGD", "Lion"])
+@pytest.mark.parametrize("kind", ["adamw", "muon", "sgd", "lion"])
+def test_group_kinds_agree_between_config_and_optim(opt_type, kind):
+    from mindformers_core.core.optimizer_rules import ALLOWED_GROUP_OPTIMIZERS
+    rule_ok = override_value_problem("optimizer", kind,
+                                     ALLOWED_GROUP_OPTIMIZERS[opt_type.lower()]) is None
+    assert rule_ok == config_accepts({"type": opt_type,
+                                      "param_overrides": [{"name": "*", "optimizer": kind}]})
+    assert rule_ok == (kind == opt_type.lower() or (opt_type, kind) == ("Muon", "adamw"))
+
+
+def test_group_kind_wording_in_the_config():
+    with pytest.raises(ConfigError, match=r"^optimizer\.param_overrides\[0\]\.optimizer: 'adamw' "
+                                          r"groups need optimizer\.type AdamW or Muon, got SGD$"):
+        OptimizerConfig.from_dict({"type": "SGD", "param_overrides": [
+            {"name": "*", "optimizer": "adamw"}]}, "optimizer")
