@@ -162,7 +162,8 @@ class Trainer:
             from ..models import build_model
             model = build_model(cfg.model, seed=tr.seed, mup_width_mult=self.mup_width_mult,
                                 jit=cfg.model_jit_mode())
-            model.set_recompute(cfg.recompute_layers())   # recompute: (config/recompute.py)
+            model.set_recompute(cfg.recompute_layers(),   # recompute: (config/recompute.py)
+                                cfg.recompute_modules())
         self.model = model
         if loaded is not None:
             self._load_model(loaded)

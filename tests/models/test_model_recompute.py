@@ -39,9 +39,10 @@ def test_recompute_layers_modes():
     assert recompute_layers("None", [0], 4) == [] and recompute_layers(None, None, 4) == []
     assert recompute_layers("full", None, 4) == [0, 1, 2, 3]
     assert recompute_layers("full", ["1-2"], 4) == [1, 2]
-    with pytest.raises(ValueError, match="mode 'selective' is not implemented"):
-        recompute_layers("selective", None, 4)
-    with pytest.raises(ValueError, match="mode must be one of 'full', 'selective', 'None', got 'x'"):
+    # select recomputes parts of layers (test_model_selective_recompute.py), no whole layer
+    assert recompute_layers("selective", None, 4) == [] == recompute_layers("select", [0], 4)
+    with pytest.raises(ValueError, match="mode must be one of 'full', 'select', 'selective', "
+                                         "'None', got 'x'"):
         recompute_layers("x", None, 4)
 
 
