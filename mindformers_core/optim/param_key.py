@@ -19,7 +19,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypedDict, Union
 
-from ..core.optimizer_rules import ALLOWED_GROUP_OPTIMIZERS, OVERRIDE_FIELDS, override_value_problem
+from ..core.optimizer_rules import OVERRIDE_FIELDS, override_value_problem
 
 
 @dataclass(frozen=True)

@@ -386,6 +386,8 @@ class Trainer:
         self.monitor.on_device_step(loss_sum, local_tokens, grads, loss_scale=scale)
         mtp_loss = step_mtp_loss(self.model)   # inside aux; logged on its own
         aux = aux - mtp_loss if mtp_loss is not None else aux
+        if mtp_loss is not None:   # logged: the global batch's value (mean over DP ranks)
+            mtp_loss = self.grad_reducer.mean_over_ranks(mtp_loss)
         grads, loss_sum, _ = self.grad_reducer.reduce(grads, loss_sum, local_tokens)
         moe_stats = moe_step_stats(self.model, self.grad_reducer,   # DP-summed expert loads
                                    log_due(step_number, self.writer.log_interval, self.total_steps))

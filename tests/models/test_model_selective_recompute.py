@@ -3,13 +3,12 @@
 core or MLP is recomputed vs no recompute (bit-identical), including flash attention and MoE."""
 import numpy as np
 import pytest
-import mindspore as ms
 
 from mindformers_core.core.recompute import SELECTIVE_PARTS, selected_modules
 from mindformers_core.models.build import build_model
 from mindformers_core.models.language_model import RecomputedCore
 
-from model_test_utils import T, batch, tiny_dsv3, tiny_gpt
+from model_test_utils import loss_and_grads, tiny_dsv3, tiny_gpt
 
 
 @pytest.mark.parametrize("select, want", [
@@ -46,16 +45,6 @@ def test_selection_errors(mode, select, msg):
     assert msg in str(e.value)
 
 
-def _grads(model, cfg):
-    ids, labels, mask = batch(cfg, b=2, s=8, seed=3)
-
-    def fn(a, b, c):
-        loss, n, aux = model(a, b, c)
-        return loss / n + aux
-    value, grads = ms.value_and_grad(fn, None, model.trainable_params())(T(ids), T(labels), T(mask))
-    return float(value.asnumpy()), [g.asnumpy() for g in grads]
-
-
 @pytest.mark.parametrize("make, kw", [
     (tiny_gpt, {}),
     (tiny_gpt, dict(use_flash_attention=True)),
@@ -67,8 +56,8 @@ def test_selectively_recomputed_gradients_are_bit_identical(make, kw, parts):
     cfg = make(**kw)
     plain, rec = build_model(cfg, seed=1), build_model(cfg, seed=1)
     rec.set_recompute([], {0: parts, 1: parts})
-    v0, g0 = _grads(plain, cfg)
-    v1, g1 = _grads(rec, cfg)
+    v0, g0 = loss_and_grads(plain, cfg)
+    v1, g1 = loss_and_grads(rec, cfg)
     assert v0 == v1
     assert len(g0) == len(g1)
     for x, y in zip(g1, g0):
@@ -115,5 +104,5 @@ def test_the_backward_reruns_exactly_the_selected_parts(parts, core_runs, mlp_ru
         layer.self_attention.core_attention = core
         layer.mlp.apply = mlp
     model.set_recompute([], {0: parts, 1: parts} if parts else {})
-    _grads(model, cfg)
+    loss_and_grads(model, cfg)
     assert runs == {"core": core_runs, "mlp": mlp_runs}
