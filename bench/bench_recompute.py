@@ -1,7 +1,9 @@
-"""Peak RSS of one training forward + backward with and without ``recompute: {mode: full}``
-(every decoder layer recomputed through MindSpore's Cell.recompute), on a mid-size GPT.
+"""Peak RSS of one training forward + backward without recompute, with ``recompute: {mode:
+full}`` (every decoder layer recomputed through MindSpore's Cell.recompute) and with
+``mode: select`` of each part (``core``: every layer's attention core, ``attention``: the whole
+attention, ``mlp``: the MLP; core/recompute.py), on a mid-size GPT.
 
-Each side runs in its own fresh subprocess (``--child``), alternating none / full for
+Each side runs in its own fresh subprocess (``--child``), alternating the modes for
 ``--rounds`` rounds; each reports ``ru_maxrss`` (whole process) and the peak minus the RSS just
 before the step (model and inputs already allocated), plus the loss and gradient norm, which
 must agree between the sides.
@@ -27,16 +29,25 @@ if ROOT not in sys.path:
 
 from bench.bench_attention import rss_mb  # noqa: E402
 
+#: bench mode -> the ``select_module`` part it recomputes in every layer
+SELECT_PARTS = {"core": "self_attention.core_attention", "attention": "self_attention",
+                "mlp": "mlp"}
+MODES = ("None", "full") + tuple(SELECT_PARTS)
+
 
 def child(mode: str, args) -> None:
     import mindspore as ms
     from mindformers_core.models.build import build_model
-    from mindformers_core.core.recompute import recompute_layers
+    from mindformers_core.core.recompute import recompute_layers, selected_modules
     cfg = {"model_type": "gpt", "vocab_size": 256, "hidden_size": args.hidden,
            "num_layers": args.layers, "num_attention_heads": 4,
            "ffn_hidden_size": 4 * args.hidden, "seq_length": args.seq}
     model = build_model(cfg, seed=0)
-    model.set_recompute(recompute_layers(mode, None, args.layers))
+    if mode in SELECT_PARTS:
+        model.set_recompute([], selected_modules(
+            "select", {f"layers.*.{SELECT_PARTS[mode]}": True}, args.layers))
+    else:
+        model.set_recompute(recompute_layers(mode, None, args.layers))
     rng = np.random.RandomState(0)
     ids = ms.Tensor(rng.randint(0, 256, (args.batch, args.seq)).astype(np.int32))
     labels = ms.Tensor(rng.randint(0, 256, (args.batch, args.seq)).astype(np.int32))
@@ -61,7 +72,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--child", choices=["None", "full"])
+    ap.add_argument("--child", choices=MODES)
     ap.add_argument("--quick", action="store_true", help="smaller sizes, one round")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "recompute.json"))
     args = ap.parse_args()
@@ -70,7 +81,7 @@ def main() -> None:
     if args.child:
         child(args.child, args)
         return
-    runs = {"None": [], "full": []}
+    runs = {m: [] for m in MODES}
     flags = ["--hidden", str(args.hidden), "--layers", str(args.layers), "--seq", str(args.seq),
              "--batch", str(args.batch)]
     for _ in range(args.rounds):
@@ -82,17 +93,21 @@ def main() -> None:
     best = {m: min(r, key=lambda x: x["peak_mb"]) for m, r in runs.items()}
     drop = 1.0 - best["full"]["peak_mb"] / best["None"]["peak_mb"]
     step_drop = 1.0 - best["full"]["step_mb"] / best["None"]["step_mb"]
-    same = (best["full"]["loss"] == best["None"]["loss"]
-            and abs(best["full"]["grad_norm"] / best["None"]["grad_norm"] - 1) < 1e-6)
+    same = all(r["loss"] == best["None"]["loss"]
+               and abs(r["grad_norm"] / best["None"]["grad_norm"] - 1) < 1e-6
+               for r in best.values())
+    drops = {m: 1.0 - r["peak_mb"] / best["None"]["peak_mb"] for m, r in best.items()}
     for m, r in best.items():
-        print(f"recompute {m:>4}: peak RSS {r['peak_mb']:7.0f} MB, step {r['step_mb']:6.0f} MB, "
-              f"loss {r['loss']:.6f}, grad norm {r['grad_norm']:.6f}")
-    print(f"peak RSS drop {drop * 100:.1f}% (step activations {step_drop * 100:.1f}%), "
-          f"same loss/grad: {same}")
+        print(f"recompute {m:>9}: peak RSS {r['peak_mb']:7.0f} MB ({drops[m] * 100:5.1f}% "
+              f"below none), step {r['step_mb']:6.0f} MB, loss {r['loss']:.6f}, "
+              f"grad norm {r['grad_norm']:.6f}")
+    print(f"full: peak RSS drop {drop * 100:.1f}% (step activations {step_drop * 100:.1f}%), "
+          f"same loss/grad in every mode: {same}")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump({"config": vars(args), "runs": runs, "peak_drop": drop,
-                   "step_drop": step_drop, "same_loss_and_grad": same}, fh, indent=1)
+                   "step_drop": step_drop, "peak_drop_by_mode": drops,
+                   "same_loss_and_grad": same}, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import math
 from typing import Any, Iterable, Optional, Sequence
 
 __all__ = ["ConfigError", "type_name", "show", "closest", "unknown_key_error", "check",
-           "check_range", "checked", "truncate_message", "MAX_MESSAGE_CHARS", "to_float", "as_float", "as_int", "as_choice", "MAX_REPR", "MAX_STEPS"]
+           "check_range", "range_requirement", "in_range", "checked", "truncate_message", "MAX_MESSAGE_CHARS", "to_float", "as_float", "as_int", "as_choice", "MAX_REPR", "MAX_STEPS"]
 
 #: largest step count: steps and step ratios are resolved in float64, which holds every int
 #: up to 2**53 exactly
@@ -105,25 +105,33 @@ def _fmt(x) -> str:
     return repr(int(x)) if isinstance(x, float) and x.is_integer() and abs(x) < 1e15 else repr(x)
 
 
-def check_range(value, path: str, lo=None, hi=None, lo_open: bool = False,
-                hi_open: bool = False) -> None:
-    """Check ``lo <(=) value <(=) hi`` (None passes); the message states the interval."""
-    if value is None:
-        return
+def range_requirement(lo=None, hi=None, lo_open: bool = False, hi_open: bool = False) -> str:
+    """The interval ``lo <(=) value <(=) hi`` as messages state it: ``must be >= 0``,
+    ``must be in [0, 1)``."""
+    if lo is not None and hi is None:
+        return f"must be {'>' if lo_open else '>='} {_fmt(lo)}"
+    if hi is not None and lo is None:
+        return f"must be {'<' if hi_open else '<='} {_fmt(hi)}"
+    left, right = "(" if lo_open else "[", ")" if hi_open else "]"
+    return f"must be in {left}{_fmt(lo)}, {_fmt(hi)}{right}"
+
+
+def in_range(value, lo=None, hi=None, lo_open: bool = False, hi_open: bool = False) -> bool:
+    """``lo <(=) value <(=) hi`` (a missing bound passes)."""
     ok = True
     if lo is not None:
         ok = ok and (value > lo if lo_open else value >= lo)
     if hi is not None:
         ok = ok and (value < hi if hi_open else value <= hi)
-    if ok:
+    return ok
+
+
+def check_range(value, path: str, lo=None, hi=None, lo_open: bool = False,
+                hi_open: bool = False) -> None:
+    """Check ``lo <(=) value <(=) hi`` (None passes); the message states the interval."""
+    if value is None or in_range(value, lo, hi, lo_open, hi_open):
         return
-    got = show(value)
-    if lo is not None and hi is None:
-        raise ConfigError(path, f"must be {'>' if lo_open else '>='} {_fmt(lo)}, got {got}")
-    if hi is not None and lo is None:
-        raise ConfigError(path, f"must be {'<' if hi_open else '<='} {_fmt(hi)}, got {got}")
-    left, right = "(" if lo_open else "[", ")" if hi_open else "]"
-    raise ConfigError(path, f"must be in {left}{_fmt(lo)}, {_fmt(hi)}{right}, got {got}")
+    raise ConfigError(path, f"{range_requirement(lo, hi, lo_open, hi_open)}, got {show(value)}")
 
 
 def to_float(value: Any, path: str, allow_inf: bool = False) -> float:

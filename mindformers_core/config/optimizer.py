@@ -24,6 +24,7 @@ from ..core.optimizer_defaults import (ADAMW_DEFAULTS, DEFAULTS, LION_DEFAULTS, 
                                        SGD_DEFAULTS)
 from ..core.ns_schedule import (MAX_NS_STEPS, NS_COEFFICIENT_PRESETS,
                                  normalize_ns_schedule, preset_schedule)
+from ..core.optimizer_rules import ALLOWED_GROUP_OPTIMIZERS, check_embedding_min_norm
 from ..core.muon_rules import (MUON_RANGES, check_memory_budget, check_muon_swap,
                                check_qk_clip_threshold)
 from ..errors import ConfigError, checked
@@ -232,9 +233,7 @@ class OptimizerConfig(Section):
             raise ConfigError(p("rmsnorm_weight_decay_mult"),
                               f"must be a finite nonnegative value, got "
                               f"{self.rmsnorm_weight_decay_mult!r}")
-        if self.embedding_min_norm is not None and self.embedding_min_norm <= 0:
-            raise ConfigError(p("embedding_min_norm"),
-                              f"must be a finite positive value, got {self.embedding_min_norm!r}")
+        checked(p("embedding_min_norm"), check_embedding_min_norm, self.embedding_min_norm)
         check_range(self.grad_norm_skip_threshold, p("grad_norm_skip_threshold"), lo=0,
                     lo_open=True)
         check_range(self.loss_scale, p("loss_scale"), lo=0, lo_open=True)
@@ -250,10 +249,14 @@ class OptimizerConfig(Section):
             for i, pattern in enumerate(getattr(self, name) or []):
                 if not pattern:
                     raise ConfigError(f"{p(name)}[{i}]", "empty pattern matches nothing")
+        allowed = ALLOWED_GROUP_OPTIMIZERS[self.type.lower()]
         for i, ov in enumerate(self.param_overrides or []):
-            if ov.optimizer == "muon" and self.type != "Muon":
+            if ov.optimizer is not None and ov.optimizer not in allowed:
+                runs = [t for t in OPTIMIZER_TYPES
+                        if ov.optimizer in ALLOWED_GROUP_OPTIMIZERS[t.lower()]]
                 raise ConfigError(f"{p('param_overrides')}[{i}].optimizer",
-                                  f"'muon' groups need optimizer.type Muon, got {self.type}")
+                                  f"'{ov.optimizer}' groups need optimizer.type "
+                                  f"{' or '.join(runs)}, got {self.type}")
 
     def _validate_muon(self, p) -> None:
         checked(p("swap"), check_muon_swap, self.swap)

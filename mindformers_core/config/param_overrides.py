@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Literal, Optional, Union
 
+from ..core.optimizer_rules import OVERRIDE_FIELDS, OVERRIDE_RANGES, is_beta_pair
 from .errors import ConfigError
 from .schema import Section, check_range
 
@@ -19,8 +20,8 @@ __all__ = ["ParamOverrideConfig", "MupConfig", "check_betas"]
 
 
 def check_betas(betas, path: str) -> None:
-    """``betas``: exactly two values, each in [0, 1)."""
-    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+    """``betas``: exactly two values, each in [0, 1) (``core.optimizer_rules.is_beta_pair``)."""
+    if not is_beta_pair(betas):
         raise ConfigError(path, f"expected 2 values in [0, 1), got {list(betas)!r}")
 
 
@@ -47,13 +48,10 @@ class ParamOverrideConfig(Section):
             if not pattern:
                 raise ConfigError(f"{path}.name[{i}]", "empty pattern matches nothing")
         check_range(self.ndim, f"{path}.ndim", lo=0)
-        effects = ("lr_mult", "max_lr", "min_lr", "weight_decay", "wd_mult", "eps", "betas",
-                   "optimizer")
-        if all(getattr(self, k) is None for k in effects):
-            raise ConfigError(path, f"changes nothing: set at least one of {list(effects)}")
-        for k in ("lr_mult", "max_lr", "min_lr", "weight_decay", "wd_mult"):
-            check_range(getattr(self, k), f"{path}.{k}", lo=0)
-        check_range(self.eps, f"{path}.eps", lo=0, lo_open=True)
+        if all(getattr(self, k) is None for k in OVERRIDE_FIELDS):
+            raise ConfigError(path, f"changes nothing: set at least one of {list(OVERRIDE_FIELDS)}")
+        for k, bounds in OVERRIDE_RANGES.items():
+            check_range(getattr(self, k), f"{path}.{k}", **bounds)
         if self.betas is not None:
             check_betas(self.betas, f"{path}.betas")
         if self.lr_mult is not None and (self.max_lr is not None or self.min_lr is not None):

@@ -191,21 +191,27 @@ class RunConfig(Section):
         """The decoder layers ``recompute:`` selects (ConfigError naming the field)."""
         return self.recompute.layers(self.model.num_layers)
 
+    def recompute_modules(self) -> dict:
+        """``{layer: parts}`` that ``recompute: {mode: select}`` selects (ConfigError naming
+        the field)."""
+        return self.recompute.modules(self.model.num_layers)
+
     def model_jit_mode(self) -> str:
         """How the model's layers run: ``training.jit``, except that recomputed layers run as
         Cells (``Cell.recompute``), so with recompute on and ``training.jit`` not written it
         is ``none``."""
-        if self.recompute_layers() and "jit" not in self.training.explicit_keys:
+        recomputes = self.recompute_layers() or self.recompute_modules()
+        if recomputes and "jit" not in self.training.explicit_keys:
             return "none"
         return self.training.jit
 
     def _check_recompute_vs_jit(self) -> None:
-        layers = self.recompute_layers()
+        layers = self.recompute_layers() or self.recompute_modules()
         if layers and self.model_jit_mode() != "none":
             raise ConfigError("training.jit", (
                 f"{self.training.jit!r} compiles the layers, but recompute (recompute.mode: "
-                f"full, {len(layers)} layers) runs them as Cells: set training.jit: none or "
-                "turn recompute off"))
+                f"{self.recompute.mode}, {len(layers)} layers) runs them as Cells: set "
+                "training.jit: none or turn recompute off"))
 
     def _check_optimizer_vs_model(self) -> None:
         if self.optimizer.type != "Muon":

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .pipeline_split import StageSplit, peak_in_flight_bound
-from .recompute import parse_layer_selection
+from .recompute import SELECT_MODES, parse_layer_selection
 
 __all__ = ["DTYPE_BYTES", "ASCEND_910B_BYTES", "WARN_FRACTION", "LayerParams", "ParamCounts",
            "param_counts", "Layout", "ActivationSettings", "OptimizerState", "MemoryPlan",
@@ -225,7 +225,7 @@ def settings_from_config(cfg, layout: Layout) -> ActivationSettings:
         if rc.full_recompute_layer not in (None, [], (), {}):
             # the one layer selection of recompute: (core/recompute.py)
             layers = len(parse_layer_selection(rc.full_recompute_layer, n))
-    elif mode == "selective" or rc.select_recompute:
+    elif mode in SELECT_MODES or rc.select_recompute:
         recompute = "selective"
     else:
         recompute = "none"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import in_range
+
 __all__ = ["check_muon_swap", "check_memory_budget", "check_qk_clip_threshold", "MUON_RANGES",
            "check_muon_range"]
 
@@ -49,9 +51,7 @@ def check_muon_range(name: str, value: Any) -> None:
     r = MUON_RANGES[name]
     lo, hi, lo_open, hi_open = r.get("lo"), r.get("hi"), r.get("lo_open", False), \
         r.get("hi_open", False)
-    ok = (lo is None or (value > lo if lo_open else value >= lo)) and \
-        (hi is None or (value < hi if hi_open else value <= hi))
-    if ok:
+    if in_range(value, lo, hi, lo_open, hi_open):
         return
     if hi is not None:
         what = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"

@@ -12,14 +12,31 @@ training a recomputed MoE layer counts each token twice in ``tokens_per_expert``
 aux-loss-free expert-bias update reads only sign(mean(load) - load_e), which is unchanged by
 that factor, so training is identical.
 
-``mode: selective`` (upstream: recompute parts of a layer) is not implemented: this model's
-attention and MLP run as pure functions inside the layer, which ``Cell.recompute`` cannot wrap.
+``mode: select`` (upstream's name; ``selective`` is read the same) recomputes parts of layers:
+``select_module`` maps module patterns (shell globs on ``layers.<i>.<part>``, upstream's
+``"layers.*.self_attention.*"``) to the layers they apply to (the same lists / ranges as
+``full_recompute_layer``). The parts this model runs as Cells, so that ``Cell.recompute``
+can wrap them, are :data:`SELECTIVE_PARTS`:
+
+* ``self_attention``: the whole attention (projections, RoPE, core); only its input is kept;
+* ``self_attention.core_attention``: scores, softmax and context (Megatron's "selective"
+  granularity): the S x S probabilities are not kept, the projections' outputs are;
+* ``mlp``: the whole MLP (or MoE block).
+
+A pattern ending in ``.*`` ("everything inside X") also selects X itself, and a part inside a
+selected part is not recomputed again (the outer one already recomputes it), so
+``"layers.*.self_attention.*"`` recomputes the whole attention.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional
+import fnmatch
+from typing import Any, Dict, List, Optional, Tuple
 
-_MODES = ("full", "selective", "None", None)
+_MODES = ("full", "select", "selective", "None", None)
+SELECT_MODES = ("select", "selective")
+
+#: the parts of decoder layer i that ``mode: select`` can recompute, as ``layers.<i>.<part>``
+SELECTIVE_PARTS = ("self_attention", "self_attention.core_attention", "mlp")
 
 
 def parse_layer_selection(spec: Any, num_layers: int) -> List[int]:
@@ -63,15 +80,65 @@ def parse_layer_selection(spec: Any, num_layers: int) -> List[int]:
     return sorted(out)
 
 
+def check_mode(mode: Optional[str]) -> None:
+    """``mode``: "full", "select" (or "selective"), "None" or null."""
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of 'full', 'select', 'selective', 'None', "
+                         f"got {mode!r}")
+
+
+def _selects(pattern: str, path: str) -> bool:
+    """``pattern`` names ``path``, or everything inside it (``X.*`` selects X)."""
+    return fnmatch.fnmatchcase(path, pattern) or (
+        pattern.endswith(".*") and fnmatch.fnmatchcase(path, pattern[:-2]))
+
+
+def _outermost(parts) -> Tuple[str, ...]:
+    """The selected parts without those inside another selected part, in SELECTIVE_PARTS
+    order."""
+    return tuple(p for p in SELECTIVE_PARTS if p in parts
+                 and not any(p.startswith(q + ".") for q in parts))
+
+
+def selected_modules(mode: Optional[str], select_module: Any,
+                     num_layers: int) -> Dict[int, Tuple[str, ...]]:
+    """``{layer: parts}`` that ``mode: select`` recomputes (empty for the other modes).
+
+    ``select_module``: ``{pattern: layers}`` (layers as ``full_recompute_layer``). ValueError
+    for a missing or malformed mapping, a pattern that selects no part of any of its layers
+    (the message lists the parts there are) and a bad layer entry (naming the pattern)."""
+    check_mode(mode)
+    if mode not in SELECT_MODES:
+        return {}
+    if not isinstance(select_module, dict) or not select_module:
+        raise ValueError(f"mode {mode!r} needs select_module: a mapping of module patterns to "
+                         f"layers, e.g. {{'layers.*.self_attention.*': ['0-3']}}, got "
+                         f"{select_module!r}")
+    chosen: Dict[int, set] = {}
+    for pattern, layers in select_module.items():
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"a module pattern must be a non-empty string, got {pattern!r}")
+        try:
+            indices = parse_layer_selection(layers, num_layers)
+        except ValueError as exc:
+            raise ValueError(f"{pattern!r}: {exc}") from None
+        hit = False
+        for i in indices:
+            parts = {p for p in SELECTIVE_PARTS if _selects(pattern, f"layers.{i}.{p}")}
+            hit = hit or bool(parts)
+            chosen.setdefault(i, set()).update(parts)
+        if not hit:
+            raise ValueError(f"{pattern!r} selects no recomputable part of layers {indices}; "
+                             f"a decoder layer's parts are "
+                             f"{['layers.<i>.' + p for p in SELECTIVE_PARTS]}")
+    return {i: _outermost(parts) for i, parts in sorted(chosen.items()) if parts}
+
+
 def recompute_layers(mode: Optional[str], full_recompute_layer: Any, num_layers: int) -> List[int]:
     """The decoder layers to recompute: none unless ``mode`` is "full"; then those of
     ``full_recompute_layer`` (None = all layers). ValueError for a mode that is not
     implemented."""
-    if mode not in _MODES:
-        raise ValueError(f"mode must be one of 'full', 'selective', 'None', got {mode!r}")
-    if mode == "selective":
-        raise ValueError("mode 'selective' is not implemented (use 'full' with "
-                         "full_recompute_layer)")
+    check_mode(mode)
     if mode != "full":
         return []
     if full_recompute_layer is None:

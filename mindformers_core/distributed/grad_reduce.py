@@ -53,7 +53,8 @@ class DataParallelGradReducer:
     """SUM of gradients, token-loss sums and token counts over the data-parallel ranks.
 
     Implements the trainer's ``trainer.protocols.DataParallelReducer``: ``world_size``,
-    ``rank``, ``global_token_count``, ``reduce``, ``broadcast_flag``, ``optimizer_sharding``,
+    ``rank``, ``global_token_count``, ``reduce``, ``mean_over_ranks``, ``broadcast_flag``,
+    ``optimizer_sharding``,
     ``sync_moe_stats``; plus ``reduce_max`` (MAX over ranks).
     """
 
@@ -108,6 +109,14 @@ class DataParallelGradReducer:
             if b == len(buckets) - 1:
                 scalars = pieces[-1].asnumpy()
         return out, float(scalars[0]), float(scalars[1])
+
+    def mean_over_ranks(self, value: float) -> float:
+        """The mean of a per-rank scalar metric over the ranks, for metrics that each rank
+        averages over the same number of micro-batches (the MTP loss): the single-process
+        value of the global batch. One float32 all-reduce."""
+        if self.world_size == 1:
+            return float(value)
+        return float(self.comm.all_reduce_sum(np.array([value], np.float32))[0]) / self.world_size
 
     def broadcast_flag(self, flag: bool) -> bool:
         """True on every rank when any rank raised the flag (a stop request)."""

@@ -32,6 +32,20 @@ from .precision import Precision
 from .transformer_config import GPTTransformerConfig
 
 
+class RecomputedCore(nn.Cell):
+    """A core attention function ``fn(q, k, v, scale, mask_bias) -> (context, max_logits)``
+    as a recomputed Cell: the backward reruns it from q, k, v, so its scores and
+    probabilities are not kept (``recompute.select_module``'s ``core_attention``)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+        self.recompute()
+
+    def construct(self, q, k, v, scale, mask_bias):
+        return self.fn(q, k, v, scale, mask_bias)
+
+
 class TransformerLayer(nn.Cell):
     """Pre-norm layer on 2-D hidden states [B*S, H].
 
@@ -50,6 +64,7 @@ class TransformerLayer(nn.Cell):
         self.mlp = mlp
         self.dense_mlp = dense_mlp
         self._num_attention_weights = len(attention.weights())
+        self._attention_as_cell = False
 
     def attention_weights(self) -> tuple:
         return ((self.input_layernorm.weight,) + self.self_attention.weights()
@@ -63,10 +78,27 @@ class TransformerLayer(nn.Cell):
         """(h + attn(norm1(h)), norm2 of that, max_logits) with ``attention_weights()``."""
         na = self._num_attention_weights
         norm1, norm2 = self.input_layernorm, self.pre_mlp_layernorm
-        out, max_logits = self.self_attention.apply(
-            rms_norm(h, ws[0], norm1.eps, norm1.mean_column), tables, *ws[1:1 + na])
+        x = rms_norm(h, ws[0], norm1.eps, norm1.mean_column)
+        if self._attention_as_cell:   # recomputed: a Cell call (its weights are ws[1:1 + na])
+            out, max_logits = self.self_attention(x, tables)
+        else:
+            out, max_logits = self.self_attention.apply(x, tables, *ws[1:1 + na])
         h = h + out
         return h, rms_norm(h, ws[1 + na], norm2.eps, norm2.mean_column), max_logits
+
+    def recompute_parts(self, parts) -> None:
+        """Recompute these parts (``core.recompute.SELECTIVE_PARTS``) in the backward."""
+        for part in parts:
+            if part == "self_attention":
+                self.self_attention.recompute()
+                self._attention_as_cell = True
+            elif part == "self_attention.core_attention":
+                self.self_attention.core_attention = RecomputedCore(
+                    self.self_attention.core_attention)
+            elif part == "mlp":
+                self.mlp.recompute()
+            else:
+                raise ValueError(f"cannot recompute part {part!r} of a decoder layer")
 
     def apply(self, h, tables, *ws):
         """The dense layer with ``weights()``: (h, max_logits)."""
@@ -166,14 +198,18 @@ class GPTModel(nn.Cell):
                              "(num_nextn_predict_layers > 0); use layer or none")
         self._runner = compiled.Runner(self, mode)
 
-    def set_recompute(self, layers) -> None:
+    def set_recompute(self, layers, modules=None) -> None:
         """Recompute these decoder layers (and the MTP depths' layers when ``layers`` covers
-        every decoder layer) in the backward (``core.recompute``); PyNative layers only."""
-        if self._runner.mode != "none" and layers:
+        every decoder layer) in the backward, and the parts ``modules`` = ``{layer: parts}``
+        of others (``core.recompute``, ``mode: select``); PyNative layers only."""
+        modules = modules or {}
+        if self._runner.mode != "none" and (layers or modules):
             raise ValueError(f"recompute runs the layers as Cells: it needs training.jit: none, "
                              f"got {self._runner.mode!r}")
         for i in layers:
             self.decoder.layers[i].recompute()
+        for i, parts in modules.items():
+            self.decoder.layers[i].recompute_parts(parts)
         if self.mtp is not None and len(layers) == self.cfg.num_layers:
             for depth in self.mtp.layers:
                 depth.transformer_layer.recompute()

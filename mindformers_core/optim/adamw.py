@@ -51,6 +51,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, mutable
 
 from ..core.optimizer_defaults import ADAMW_DEFAULTS as D
+from ..core.optimizer_rules import check_beta_count, check_beta_range, check_weight_decay
 from .fused_adam import FusedAdamGroup
 from .host_views import numpy_view_aliases_storage, scale_many_in_place
 from .optimizer import Optimizer, state_dtype
@@ -70,24 +71,13 @@ def validate_adamw_args(betas, eps, weight_decay, name: str = "AdamW") -> None:
                         f"but got type '{type(betas).__name__}'.")
     if not 0.0 <= eps:
         raise ValueError(f"Invalid epsilon value: {eps}, should be >= 0.")
-    if len(betas) < 2:
-        raise ValueError(f"For '{name}', the betas size should be in : [2], "
-                         f"but got {len(betas)}.")
-    if not 0.0 <= betas[0] < 1.0:
-        raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}, "
-                         f"should be >= 0 and < 1.")
-    if not 0.0 <= betas[1] < 1.0:
-        raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}, "
-                         f"should be >= 0 and < 1.")
-    if not 0.0 <= weight_decay:
-        raise ValueError(f"Invalid weight_decay value: {weight_decay}, should be >= 0.")
+    check_beta_range(betas, name)
+    check_weight_decay(weight_decay)
     for k, b in enumerate(betas):
         if not isinstance(b, float):
             raise TypeError(f"For '{name}', the type of 'betas[{k}]' should be 'float', "
                             f"but got type '{type(b).__name__}'.")
-    if len(betas) != 2:
-        raise ValueError(f"For '{name}', the betas size should be in : [2], "
-                         f"but got {len(betas)}.")
+    check_beta_count(betas, name)
     if not isinstance(eps, float):
         raise TypeError(f"For '{name}', the type of 'eps' should be 'float', "
                         f"but got type '{type(eps).__name__}'.")

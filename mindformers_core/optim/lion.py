@@ -8,11 +8,10 @@ Defaults follow Megatron's ``lion_beta1 = 0.95``, ``lion_beta2 = 0.98``.
 """
 from __future__ import annotations
 
-import math
-
 from mindspore import Tensor
 
 from ..core.optimizer_defaults import LION_DEFAULTS as D
+from ..core.optimizer_rules import check_beta_count, check_beta_range, check_weight_decay
 from .optimizer import Optimizer
 from .update_rules import lion_step
 
@@ -26,14 +25,9 @@ class Lion(Optimizer):
                  weight_decay: float = D["weight_decay"], *, store_param_remainders: bool = False,
                  embedding_min_norm=None):
         betas = tuple(betas)
-        if len(betas) != 2:
-            raise ValueError(f"For 'Lion', the betas size should be in : [2], but got {len(betas)}.")
-        for k, b in enumerate(betas):
-            if not (isinstance(b, (int, float)) and math.isfinite(b) and 0.0 <= b < 1.0):
-                raise ValueError(f"Invalid beta parameter at index {k}: {b}, "
-                                 f"should be >= 0 and < 1.")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}, should be >= 0.")
+        check_beta_count(betas, self.optimizer_name)
+        check_beta_range(betas, self.optimizer_name)
+        check_weight_decay(weight_decay)
         super().__init__(params_or_groups, {"lr": float(lr), "betas": betas,
                                             "weight_decay": float(weight_decay)},
                          store_param_remainders=store_param_remainders,

@@ -57,6 +57,7 @@ from mindspore import Tensor, ops
 from ..core.muon_rules import (check_memory_budget, check_muon_range, check_muon_swap,
                                check_qk_clip_threshold)
 from ..core.optimizer_defaults import MUON_DEFAULTS as D
+from ..core.optimizer_rules import is_beta_pair
 from .adamw import validate_adamw_args, validate_adamw_groups
 from .muon_routing import normalize_adamw_include, routes_to_muon
 from .muon_split import SplitRule, merge_pieces, piece_shapes, split_pieces, split_rule_for
@@ -146,7 +147,8 @@ class Muon(Optimizer):
         ns_dtype: None (fp32 on CPU, bf16 on Ascend) | 'float32' | 'bfloat16'.
         adamw_lr_mult: lr multiplier of the AdamW/Lion branch.
         lion_betas: (beta1, beta2) of the Lion branch.
-        phase0/ns/phase4_batch_memory_gb: memory budgets (GB); ns_ caps one batched NS call.
+        phase0/ns/phase4_batch_memory_gb: memory budgets (GB); ns_ caps one batched NS call
+            (phase0_/phase4_ are upstream keys, checked and otherwise unused here).
         swap: must be False ("Muon does not support swap.").
         max_logits_reducer: data-parallel MAX reduction for QK-Clip (None on one card).
         embedding_min_norm: see `Optimizer`.
@@ -196,11 +198,12 @@ class Muon(Optimizer):
                           "weight_decay": weight_decay},
                          embedding_min_norm=embedding_min_norm)
         validate_adamw_groups(self.param_groups, self.optimizer_name)
-        # 2. memory budgets (GB -> bytes)
+        # 2. memory budgets: all three are checked (upstream's keys); only the Newton-Schulz one
+        # bounds anything here (one batched NS call, GB -> bytes)
         for name, value in zip(_MEMORY_BUDGETS, (phase0_batch_memory_gb, ns_batch_memory_gb,
                                                  phase4_batch_memory_gb)):
             check_memory_budget(name, value)
-            setattr(self, name[:-3] + "_bytes", int(value * 2 ** 30))
+        self.ns_batch_memory_bytes = int(ns_batch_memory_gb * 2 ** 30)
         # 3. swap
         check_muon_swap(swap)
         # 4. model
@@ -336,7 +339,7 @@ class Muon(Optimizer):
         if scalar_opt not in SCALAR_OPTIMIZERS:
             raise ValueError(f"muon_scalar_optimizer must be 'adam' or 'lion', got {scalar_opt!r}.")
         check_muon_range("adamw_lr_mult", adamw_lr_mult)
-        if len(tuple(lion_betas)) != 2 or not all(0.0 <= b < 1.0 for b in lion_betas):
+        if not is_beta_pair(tuple(lion_betas)):
             raise ValueError(f"lion_betas must be two values in [0, 1), got {lion_betas!r}.")
 
     def _qk_clip_param_names(self) -> Tuple[str, ...]:

@@ -21,7 +21,6 @@ to update a whole group at once. Everything else lives here:
 from __future__ import annotations
 
 import fnmatch
-import math
 from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -29,6 +28,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
+from ..core.optimizer_rules import check_embedding_min_norm
 from .main_params import MainParams
 
 __all__ = ["Optimizer", "normalize_param_groups", "EMBEDDING_PATTERNS", "to_fp32", "state_dtype"]
@@ -89,9 +89,10 @@ class Optimizer:
                  store_param_remainders: bool = False,
                  embedding_min_norm: Optional[float] = None,
                  embedding_patterns: Sequence[str] = EMBEDDING_PATTERNS):
-        if embedding_min_norm is not None and (
-                not math.isfinite(embedding_min_norm) or embedding_min_norm <= 0.0):
-            raise ValueError("embedding_min_norm must be a finite positive value")
+        try:
+            check_embedding_min_norm(embedding_min_norm)
+        except ValueError as err:
+            raise ValueError(f"embedding_min_norm {err}") from None
         self.defaults = dict(defaults)
         self.param_groups = normalize_param_groups(params_or_groups)
         base_lr = float(self.defaults.get("lr", 0.0))

@@ -31,11 +31,12 @@ import math
 import warnings
 from typing import Dict, List, Optional, Tuple
 
+from ..core.optimizer_rules import ALLOWED_GROUP_OPTIMIZERS, OVERRIDE_FIELDS
 from ..errors import ConfigError
 from .mup import get_mup_config_overrides, mup_width_mult, model_hidden_size
 from .muon_routing import DEFAULT_ADAMW_INCLUDE, muon_routing, normalize_adamw_include, routes_to_muon
-from .param_key import (ALLOWED_GROUP_OPTIMIZERS, EMBEDDING_OR_OUTPUT_GLOBS, OVERRIDE_FIELDS,
-                        ParamGroupOverride, ParamKey, ParamPredicate, ParamWithNamePredicate,
+from .param_key import (EMBEDDING_OR_OUTPUT_GLOBS, ParamGroupOverride, ParamKey, ParamPredicate,
+                        ParamWithNamePredicate,
                         as_tuple, check_override_values, config_value,
                         merge_overrides, optimizer_kind)
 

@@ -16,9 +16,10 @@ by `merge_overrides`, which reports conflicts naming both keys and the parameter
 from __future__ import annotations
 
 import fnmatch
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypedDict, Union
+
+from ..core.optimizer_rules import OVERRIDE_FIELDS, override_value_problem
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,6 @@ class ParamGroupOverride(TypedDict, total=False):
     optimizer: str
 
 
-OVERRIDE_FIELDS = ("lr_mult", "max_lr", "min_lr", "weight_decay", "wd_mult", "eps", "betas", "optimizer")
-OPTIMIZER_KINDS = ("adamw", "muon", "sgd", "lion")
 
 
 def normalize_override_value(field_name: str, value):
@@ -159,39 +158,19 @@ def merge_overrides(param_name: str, matched: List[Tuple[ParamKey, dict]]) -> di
 
 
 def check_override_values(key_desc: str, override: dict, allowed_optimizers: Optional[Iterable[str]] = None):
-    """Validate one override dict; ValueError naming the key and the field."""
+    """Validate one override dict with ``core.optimizer_rules``; ValueError naming the key and
+    the field."""
     if not isinstance(override, dict):
         raise TypeError(f"override for {key_desc} must be a dict, but got {type(override).__name__}.")
     for fname, value in override.items():
         where = f"{key_desc}: {fname}"
         if fname not in OVERRIDE_FIELDS:
             raise ValueError(f"{where} is not an override field; valid fields: {list(OVERRIDE_FIELDS)}.")
-        if fname == "optimizer":
-            kind = str(value).lower()
-            if kind not in OPTIMIZER_KINDS:
-                raise ValueError(f"{where}={value!r} is not one of {list(OPTIMIZER_KINDS)}.")
-            if allowed_optimizers is not None and kind not in allowed_optimizers:
-                raise ValueError(f"{where}={value!r} cannot be used with this optimizer type; "
-                                 f"allowed: {sorted(allowed_optimizers)}.")
-            continue
-        if fname == "betas":
-            ok = (isinstance(value, (list, tuple)) and len(value) == 2
-                  and all(_is_number(b) and 0.0 <= b < 1.0 for b in value))
-            if not ok:
-                raise ValueError(f"{where}={value!r} must be two numbers in [0, 1).")
-            continue
-        if not _is_number(value) or not math.isfinite(value):
-            raise ValueError(f"{where}={value!r} must be a finite number.")
-        if fname == "eps" and value <= 0:
-            raise ValueError(f"{where}={value!r} must be > 0.")
-        if value < 0:
-            raise ValueError(f"{where}={value!r} must be >= 0.")
+        problem = override_value_problem(fname, value, allowed_optimizers)
+        if problem:
+            raise ValueError(f"{where}={value!r} {problem}.")
     if "min_lr" in override and "max_lr" in override and override["min_lr"] > override["max_lr"]:
         raise ValueError(f"{key_desc}: min_lr={override['min_lr']!r} must be <= max_lr={override['max_lr']!r}.")
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 # --- reading the optimizer config ------------------------------------------------------------
@@ -233,8 +212,6 @@ def optimizer_kind(config) -> str:
     return "adamw" if kind == "adam" else kind
 
 
-# Which group optimizer kinds each optimizer type can run (Muon carries an AdamW branch).
-ALLOWED_GROUP_OPTIMIZERS = {"adamw": ("adamw",), "muon": ("muon", "adamw"), "sgd": ("sgd",), "lion": ("lion",)}
 
 # Input embedding and output layer (decoupled LR, muP vector-like, Muon's AdamW defaults).
 EMBEDDING_OR_OUTPUT_GLOBS = ("*word_embeddings*", "*output_layer*")

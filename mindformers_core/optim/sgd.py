@@ -13,6 +13,7 @@ import math
 from mindspore import Tensor
 
 from ..core.optimizer_defaults import SGD_DEFAULTS as D
+from ..core.optimizer_rules import check_weight_decay
 from .optimizer import Optimizer
 
 __all__ = ["SGD"]
@@ -27,8 +28,7 @@ class SGD(Optimizer):
         if not (isinstance(momentum, (int, float)) and math.isfinite(momentum)
                 and 0.0 <= momentum < 1.0):
             raise ValueError(f"Invalid momentum value: {momentum}, should be >= 0 and < 1.")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}, should be >= 0.")
+        check_weight_decay(weight_decay)
         if nesterov and momentum == 0.0:
             raise ValueError("Nesterov momentum requires a momentum > 0")
         super().__init__(params_or_groups, {"lr": float(lr), "momentum": float(momentum),

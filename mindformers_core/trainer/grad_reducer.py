@@ -29,6 +29,9 @@ class IdentityGradReducer:
     def reduce(self, grads: Sequence, loss_sum: float, n_tokens: float) -> Tuple[List, float, float]:
         return list(grads), float(loss_sum), float(n_tokens)
 
+    def mean_over_ranks(self, value: float) -> float:
+        return float(value)
+
     def broadcast_flag(self, flag: bool) -> bool:
         """Agree on a stop request across ranks (single process: the flag itself)."""
         return bool(flag)

@@ -40,6 +40,9 @@ class GradReducer(Protocol):
                n_tokens: float) -> Tuple[List, float, float]:
         """SUM of gradients, token-loss sums and token counts over the ranks."""
 
+    def mean_over_ranks(self, value: float) -> float:
+        """The mean over the ranks of a per-rank scalar metric (the MTP loss)."""
+
     def broadcast_flag(self, flag: bool) -> bool:
         """True on every rank when any rank raised ``flag``."""
 

@@ -166,7 +166,8 @@ class Trainer:
             from ..models import build_model
             model = build_model(cfg.model, seed=tr.seed, mup_width_mult=self.mup_width_mult,
                                 jit=cfg.model_jit_mode())
-            model.set_recompute(cfg.recompute_layers())   # recompute: (config/recompute.py)
+            model.set_recompute(cfg.recompute_layers(),   # recompute: (config/recompute.py)
+                                cfg.recompute_modules())
         self.model = model
         # pipeline parallel (distributed/pipeline_parallel.py): this rank trains one stage
         self.pipeline = self.grad_reducer if isinstance(self.grad_reducer, PipelineReducer) \
@@ -413,6 +414,8 @@ class Trainer:
         if self.pipeline is not None:   # computed on the last stage
             mtp_loss = self.pipeline.combine_mtp_loss(mtp_loss)
         aux = aux - mtp_loss if mtp_loss is not None else aux
+        if mtp_loss is not None:   # logged: the global batch's value (mean over DP ranks)
+            mtp_loss = self.grad_reducer.mean_over_ranks(mtp_loss)
         grads, loss_sum, _ = self.grad_reducer.reduce(grads, loss_sum, local_tokens)
         if isinstance(self.grad_reducer, ShardedGradReducer):   # [expert parallel hook]
             aux = self.grad_reducer.mean_over_ranks(aux)         # the global mean aux loss

@@ -254,23 +254,42 @@ def test_callbacks():
         CallbacksConfig.from_dict({"type": "LossCallback"}, "callbacks")
 
 
-def test_recompute_full_is_real_and_selective_is_refused():
+def test_recompute_full_and_select_are_real_and_the_rest_is_refused():
     RecomputeConfig.from_dict({"mode": "None", "full_recompute_layer": None}, "recompute")
     RecomputeConfig.from_dict({"full_recompute": False, "select_recompute": False}, "recompute")
     full = RecomputeConfig.from_dict({"mode": "full", "full_recompute_layer": ["0-3"]},
                                      "recompute")
-    assert full.layers(6) == [0, 1, 2, 3]
+    assert full.layers(6) == [0, 1, 2, 3] and full.modules(6) == {}
     assert RecomputeConfig.from_dict({"mode": "full"}, "recompute").layers(3) == [0, 1, 2]
     with pytest.raises(ConfigError, match=r"^recompute\.full_recompute_layer: layer 5 is out "
                                           r"of range \[0, 4\)"):
         RecomputeConfig.from_dict({"mode": "full", "full_recompute_layer": [5]},
                                   "recompute").layers(4)
-    with pytest.raises(ConfigError, match=r"^recompute\.mode: 'selective' needs selective "
-                                          r"recompute, which is not implemented"):
-        RecomputeConfig.from_dict({"mode": "selective"}, "recompute")
-    with pytest.raises(ConfigError, match=r"^recompute\.select_module: .* needs selective "
-                                          r"recompute"):
+    # upstream's select mode (the fixture master_pynative_deepseek4.yaml's section)
+    select = RecomputeConfig.from_dict({"mode": "select", "select_module": {
+        "layers.*.self_attention.*": ["0-1"], "layers.*.mlp.*": [0]}}, "recompute")
+    assert select.layers(4) == []
+    assert select.modules(4) == {0: ("self_attention", "mlp"), 1: ("self_attention",)}
+    with pytest.raises(ConfigError, match=r"^recompute\.select_module: 'layers\.\*\.moe' "
+                                          r"selects no recomputable part"):
+        RecomputeConfig.from_dict({"mode": "selective", "select_module": {"layers.*.moe": [0]}},
+                                  "recompute").modules(4)
+    with pytest.raises(ConfigError, match=r"^recompute\.select_module: mode 'select' needs "
+                                          r"select_module"):
+        RecomputeConfig.from_dict({"mode": "select"}, "recompute").modules(4)
+    with pytest.raises(ConfigError, match=r"^recompute\.select_module: is read by mode: select "
+                                          r"only, got mode 'None'"):
         RecomputeConfig.from_dict({"select_module": {"layers.*.mlp.*": ["0-9"]}}, "recompute")
+    with pytest.raises(ConfigError, match=r"^recompute\.mode: mode must be one of 'full', "
+                                          r"'select', 'selective', 'None', got 'partial'"):
+        RecomputeConfig.from_dict({"mode": "partial"}, "recompute")
+    # the keys that are not implemented: only their off values
+    with pytest.raises(ConfigError, match=r"^recompute\.exclude_op: \['add'\] needs excluding "
+                                          r"operators from recompute, which is not implemented"):
+        RecomputeConfig.from_dict({"mode": "full", "exclude_op": ["add"]}, "recompute")
+    with pytest.raises(ConfigError, match=r"^recompute\.select_recompute: True needs older "
+                                          r"branches' select_recompute \(use mode: select"):
+        RecomputeConfig.from_dict({"select_recompute": True}, "recompute")
     with pytest.raises(ConfigError, match=r"^recompute\.full_recompute: True needs older "
                                           r"branches' full_recompute \(use mode: full\)"):
         RecomputeConfig.from_dict({"full_recompute": True}, "recompute")
@@ -288,6 +307,13 @@ def test_recompute_with_compiled_layers_is_an_error_naming_both_fields():
     with pytest.raises(ConfigError, match=r"^training\.jit: 'layer' compiles the layers, but "
                                           r"recompute \(recompute\.mode: full"):
         load_config(base)
+    base["recompute"] = {"mode": "select", "select_module": {"layers.*.mlp.*": [0]}}
+    with pytest.raises(ConfigError, match=r"^training\.jit: 'layer' compiles the layers, but "
+                                          r"recompute \(recompute\.mode: select, 1 layers\)"):
+        load_config(base)
+    del base["training"]["jit"]
+    cfg = load_config(base)
+    assert cfg.model_jit_mode() == "none" and cfg.recompute_modules() == {0: ("mlp",)}
 
 
 def test_disabled_sections_off_values_only():

@@ -14,3 +14,9 @@ def trainer_config(out_dir: str, overrides=()):
         "model.hidden_size=32", "model.seq_length=16", "checkpoint.save_interleaved_steps=2",
         "checkpoint.save_max=5", f"checkpoint.save_path={os.path.join(out_dir, 'checkpoint')}",
     ] + list(overrides))
+
+
+#: the MTP variant (tests/distributed/test_mtp_loss_msrun.py): one depth module, 4 steps, no
+#: checkpoints
+MTP_OVERRIDES = ["model.num_nextn_predict_layers=1", "model.mtp_loss_scaling_factor=0.3",
+                 "training.steps=4", "checkpoint.enable_save=False"]

@@ -68,3 +68,14 @@ def assert_grads_match_fd(named_grads, P, objective, rng, coords_per_param=2, ep
             assert flat_g[idx] == pytest.approx(fd, rel=2e-3, abs=2e-5), (name, idx)
             checked += 1
     return checked
+
+
+def loss_and_grads(model, cfg):
+    """(loss / tokens + aux, numpy gradients of every trainable parameter) of one batch."""
+    ids, labels, mask = batch(cfg, b=2, s=8, seed=3)
+
+    def fn(a, b, c):
+        loss, n, aux = model(a, b, c)
+        return loss / n + aux
+    value, grads = ms.value_and_grad(fn, None, model.trainable_params())(T(ids), T(labels), T(mask))
+    return float(value.asnumpy()), [g.asnumpy() for g in grads]

@@ -2,12 +2,11 @@
 gradients / statistics of recomputed layers vs no recompute (MindSpore's Cell.recompute)."""
 import numpy as np
 import pytest
-import mindspore as ms
 
 from mindformers_core.models.build import build_model
 from mindformers_core.core.recompute import parse_layer_selection, recompute_layers
 
-from model_test_utils import T, batch, tiny_dsv3, tiny_gpt
+from model_test_utils import loss_and_grads, tiny_dsv3, tiny_gpt
 
 
 @pytest.mark.parametrize("spec,want", [
@@ -39,20 +38,11 @@ def test_recompute_layers_modes():
     assert recompute_layers("None", [0], 4) == [] and recompute_layers(None, None, 4) == []
     assert recompute_layers("full", None, 4) == [0, 1, 2, 3]
     assert recompute_layers("full", ["1-2"], 4) == [1, 2]
-    with pytest.raises(ValueError, match="mode 'selective' is not implemented"):
-        recompute_layers("selective", None, 4)
-    with pytest.raises(ValueError, match="mode must be one of 'full', 'selective', 'None', got 'x'"):
+    # select recomputes parts of layers (test_model_selective_recompute.py), no whole layer
+    assert recompute_layers("selective", None, 4) == [] == recompute_layers("select", [0], 4)
+    with pytest.raises(ValueError, match="mode must be one of 'full', 'select', 'selective', "
+                                         "'None', got 'x'"):
         recompute_layers("x", None, 4)
-
-
-def _grads(model, cfg):
-    ids, labels, mask = batch(cfg, b=2, s=8, seed=3)
-
-    def fn(a, b, c):
-        loss, n, aux = model(a, b, c)
-        return loss / n + aux
-    value, grads = ms.value_and_grad(fn, None, model.trainable_params())(T(ids), T(labels), T(mask))
-    return float(value.asnumpy()), [g.asnumpy() for g in grads]
 
 
 @pytest.mark.parametrize("make,kw,layers", [
@@ -63,8 +53,8 @@ def test_recomputed_gradients_are_bit_identical(make, kw, layers):
     cfg = make(**kw)
     plain, rec = build_model(cfg, seed=1), build_model(cfg, seed=1)
     rec.set_recompute(layers)
-    v0, g0 = _grads(plain, cfg)
-    v1, g1 = _grads(rec, cfg)
+    v0, g0 = loss_and_grads(plain, cfg)
+    v1, g1 = loss_and_grads(rec, cfg)
     assert v0 == v1
     for x, y in zip(g1, g0):
         np.testing.assert_array_equal(x, y)

@@ -1,0 +1,47 @@
+"""The logged ``mtp_loss`` of a data-parallel run is the global batch's (the mean over the
+ranks, ``DataParallelGradReducer.mean_over_ranks``): 2 msrun CPU workers x local batch 2 log
+the same mtp_loss, loss and grad norm as 1 process with global batch 4 (2 micro-batches)."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from msrun_util import launch  # noqa: E402
+from trainer_case import MTP_OVERRIDES, trainer_config  # noqa: E402
+
+
+def read_metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def test_mean_over_ranks_on_one_rank_is_the_value():
+    from mindformers_core.distributed.comm import Communicator
+    from mindformers_core.distributed.grad_reduce import DataParallelGradReducer
+    from mindformers_core.trainer.grad_reducer import IdentityGradReducer
+    assert DataParallelGradReducer(Communicator(0, 1)).mean_over_ranks(0.75) == 0.75
+    assert IdentityGradReducer().mean_over_ranks(0.75) == 0.75
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_two_ranks_log_the_global_mtp_loss(tmp_path):
+    import mindspore as ms
+    from mindformers_core.trainer import Trainer
+    dist = tmp_path / "dist"
+    proc, _ = launch(f"python {os.path.join(HERE, 'mtp_worker.py')} {dist}", dist / "logs")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    single = tmp_path / "single"
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    Trainer(trainer_config(str(single), MTP_OVERRIDES), str(single)).train()
+    got, want = read_metrics(dist), read_metrics(single)
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3, 4]
+    for g, w in zip(got, want):
+        for key in ("mtp_loss", "loss", "grad_norm"):
+            assert g[key] == pytest.approx(w[key], rel=1e-4), (g["step"], key)
+    assert np.isfinite([r["mtp_loss"] for r in got]).all()
