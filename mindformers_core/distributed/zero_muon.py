@@ -133,9 +133,10 @@ class ZeroMuonMixin:
         sharded exchange."""
         layout = self._zero_layout
         mask = self.muon_mask
-        self._zero_gathered = [bool(m) and layout.is_sharded(i) and len(p.shape) == 2
-                               for i, (p, m) in enumerate(zip(self.parameters, mask))]
-        self._zero_pieces = [piece_shapes(self.split_rule(i), p.shape, p.name) if m else []
+        shapes = [self.param_shape(i) for i in range(len(self.parameters))]   # full shapes
+        self._zero_gathered = [bool(m) and layout.is_sharded(i) and len(shapes[i]) == 2
+                               for i, m in enumerate(mask)]
+        self._zero_pieces = [piece_shapes(self.split_rule(i), shapes[i], p.name) if m else []
                              for i, (p, m) in enumerate(zip(self.parameters, mask))]
         costs = [ns_cost(self._zero_pieces[i], self.ns_steps) if g else 0.0
                  for i, g in enumerate(self._zero_gathered)]
@@ -144,8 +145,7 @@ class ZeroMuonMixin:
         self.ns_owner: Dict[int, int] = dict(zip(idx, owners))
         self.ns_flops_total = 0.0     # NS FLOPs this rank ran since construction
         self.exchange = ShardedExchange(layout, self._zero_comm, self.comm_strategy,
-                                        self._zero_gathered, self.ns_owner,
-                                        [tuple(p.shape) for p in self.parameters])
+                                        self._zero_gathered, self.ns_owner, shapes)
 
     @property
     def ns_owner_by_name(self) -> Dict[str, int]:

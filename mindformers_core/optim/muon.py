@@ -227,8 +227,9 @@ class Muon(Optimizer):
         cfg = model.get_gpt_transformer_config()
         self.muon_split_qkv = bool(muon_split_qkv)
         self._rules: List[Optional[SplitRule]] = [
-            split_rule_for(p.name, p.shape, cfg, self.muon_split_qkv) if is_muon else None
-            for p, is_muon in zip(self.parameters, self._is_muon)]
+            split_rule_for(p.name, self.param_shape(i), cfg, self.muon_split_qkv)
+            if is_muon else None
+            for i, (p, is_muon) in enumerate(zip(self.parameters, self._is_muon))]
         # 11. comm strategy
         if comm_strategy not in COMM_STRATEGIES:
             raise ValueError("comm_strategy must be 'allgather' or 'allgather_deredundency', "
@@ -291,7 +292,7 @@ class Muon(Optimizer):
                                  f"'adamw', got {kind!r}")
             for i in indices:
                 p = self.parameters[i]
-                shape = tuple(p.shape)
+                shape = self.param_shape(i)
                 if kind == "adamw":
                     out.append(False)
                 elif kind == "muon":
@@ -354,7 +355,7 @@ class Muon(Optimizer):
         i = self._index_of_name(name)
         if not self._is_muon[i]:
             raise ValueError(f"{name!r} is not updated by Muon")
-        return piece_shapes(self._rules[i], self.parameters[i].shape, name)
+        return piece_shapes(self._rules[i], self.param_shape(i), name)
 
     # -- step ----------------------------------------------------------------------------------
     def step(self, grads: Sequence[Optional[Tensor]]) -> None:

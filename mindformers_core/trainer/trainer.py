@@ -52,7 +52,7 @@ from .resume_checks import (check_train_payload, lr_jump_warning,
                             optimizer_tensor_names)
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .protocols import (DataParallelReducer, ExpertBiasModel, MaxLogitsModel, MoEStatsModel,
-                        QKClipOptimizer)
+                        QKClipOptimizer, ShardedGradNorm)
 from .run_dir import claim_run_dir, new_run_id
 from .signals import StopRequest
 from .step_decision import NONFINITE, OVERFLOW, SKIP_LIMIT, THRESHOLD, decide_step
@@ -166,6 +166,9 @@ class Trainer:
         self.model = model
         if loaded is not None:
             self._load_model(loaded)
+        if isinstance(self.grad_reducer, DataParallelReducer):   # [FSDP hook] shards the model
+            from ..distributed.fsdp import apply_fsdp            # per data_parallel_shard_strategy
+            self.grad_reducer, self.model = apply_fsdp(cfg, self.grad_reducer, self.model)
         if lr_scheduler is None:
             lr_scheduler = cfg.build_lr_scheduler()
         self.lr_scheduler = lr_scheduler
@@ -393,7 +396,8 @@ class Trainer:
             grads = [g * inv for g in grads]
         for hook in self.grad_hooks:
             grads = hook(step_number, grads)
-        norm = float(global_grad_norm(grads))
+        norm = float(self.grad_reducer.grad_norm(grads)   # [FSDP hook] sharded gradients
+                     if isinstance(self.grad_reducer, ShardedGradNorm) else global_grad_norm(grads))
         finite = math.isfinite(norm)
 
         clipped = False
