@@ -14,3 +14,8 @@ def trainer_config(out_dir: str, overrides=()):
         "model.hidden_size=32", "model.seq_length=16", "checkpoint.save_interleaved_steps=2",
         "checkpoint.save_max=5", f"checkpoint.save_path={os.path.join(out_dir, 'checkpoint')}",
     ] + list(overrides))
+
+#: the Trainer run under fully sharded data parallel (the same run on one process); no
+#: checkpoints (a sharded checkpoint's format belongs to the checkpoint package)
+FSDP_OVERRIDES = ("parallelism.data_parallel_shard_strategy=optim_grads_params",
+                  "checkpoint.enable_save=False")
