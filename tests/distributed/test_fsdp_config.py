@@ -134,3 +134,25 @@ def test_apply_fsdp_is_the_identity_on_one_process():
     reducer = DataParallelGradReducer(Communicator(0, 1))
     sentinel = object()
     assert apply_fsdp(tiny_cfg({}), reducer, sentinel) == (reducer, sentinel)
+
+
+def test_memory_plan_of_fully_sharded_parameters(monkeypatch):
+    """--check and the start-of-run log: per-rank parameters, gradients and optimizer state
+    are 1/dp of one process's, the layers count as recomputed, and one gathered unit (here
+    the largest decoder layer, float32: weights + gradient + fp32 copy) is added."""
+    from mindformers_core.core.memory_plan import param_counts, plan_memory
+    monkeypatch.delenv("MS_WORKER_NUM", raising=False)
+    cfg = tiny_cfg({"parallelism": {"data_parallel_shard_strategy": "optim_grads_params"}})
+    one = plan_memory(cfg, 1, host_ram=2.0 ** 34)
+    two = plan_memory(cfg, 2, host_ram=2.0 ** 34)
+    for item in ("parameters", "gradients", "optimizer state"):
+        assert two.items[item] * 2 == one.items[item], item
+    assert "FSDP gathered unit" not in one.items and one.settings.recompute == "none"
+    assert two.settings.recompute == "full"
+    layer = param_counts(cfg.model).layers[0].total
+    assert layer > 16 * 32    # the layer, not the embedding, is the largest unit
+    assert two.items["FSDP gathered unit"] == layer * 12
+    zero1 = plan_memory(tiny_cfg({"parallelism": {"data_parallel_shard_strategy": "optim"}}),
+                        2, host_ram=2.0 ** 34)
+    assert zero1.items["parameters"] == one.items["parameters"]
+    assert zero1.items["optimizer state"] == two.items["optimizer state"]
