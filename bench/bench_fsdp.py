@@ -1,6 +1,7 @@
 """Fully sharded data parallel bench: per-rank bytes and peak RSS, 1 process vs 2 msrun workers.
 
-    python bench/bench_fsdp.py [--steps 3] [--json out.json] [--set KEY=VALUE ...]
+    python bench/bench_fsdp.py [--steps 3] [--out out.json] [--set KEY=VALUE ...]
+                               [--strategies optim optim_grads optim_grads_params] [--quick]
 
 Runs the real Trainer (configs/markov_check.yaml with a GPT large enough for the weights to
 dominate the resident set: hidden 512, 4 layers, vocabulary 8192, AdamW) for a few steps on
@@ -88,34 +89,56 @@ def run(label: str, workers: int, steps: int, overrides) -> list:
         return [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(workers)]
 
 
+def table(results: dict) -> list:
+    """One row per run and rank: measured bytes, plan, peak RSS, and their ratios to 1 process."""
+    one = results["1 process"][0]
+    total_one = sum(one[k] for k in ITEMS)
+    mib = 2.0 ** 20
+    rows = []
+    for label, ranks in results.items():
+        for r, res in enumerate(ranks):
+            total = sum(res[k] for k in ITEMS)
+            rows.append({"run": label, "rank": r,
+                         "bytes_vs_1_process": total / total_one,
+                         "peak_rss_vs_1_process": res["peak_rss"] / one["peak_rss"],
+                         "peak_rss_mib": res["peak_rss"] / mib,
+                         **{f"{k}_mib": res[k] / mib for k in ITEMS},
+                         "plan_mib": sum(res["plan"].values()) / mib})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--json")
+    ap.add_argument("--quick", action="store_true",
+                    help="1 step, 1 process vs optim_grads_params only")
+    ap.add_argument("--out", help="write the rows as JSON")
     ap.add_argument("--worker")
-    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--set", action="append", default=[],
+                    help="config overrides of every run (e.g. model.hidden_size=1024)")
+    ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
     args = ap.parse_args(argv)
     if args.worker:
         worker(args.worker, args.steps, args.set)
         return 0
-    results = {"1 process": run("1 process", 1, args.steps, args.set)}
-    for s in STRATEGIES:
-        results[f"2 workers {s}"] = run(s, 2, args.steps, args.set
+    steps, strategies = (1, ["optim_grads_params"]) if args.quick else \
+        (args.steps, args.strategies)
+    results = {"1 process": run("1 process", 1, steps, args.set)}
+    for s in strategies:
+        results[f"2 workers {s}"] = run(s, 2, steps, args.set
                                         + [f"parallelism.data_parallel_shard_strategy={s}"])
-    one = results["1 process"][0]
-    mib = 2.0 ** 20
+    rows = table(results)
     print(f"{'run':<30}{'rank':>5}" + "".join(f"{k:>17}" for k in ITEMS)
-          + f"{'sum/1 proc':>12}{'plan sum':>10}{'peak RSS':>11}{'RSS/1 proc':>11}")
-    total_one = sum(one[k] for k in ITEMS)
-    for label, ranks in results.items():
-        for r, res in enumerate(ranks):
-            total = sum(res[k] for k in ITEMS)
-            print(f"{label:<30}{r:>5}" + "".join(f"{res[k] / mib:>13.1f} MiB" for k in ITEMS)
-                  + f"{total / total_one:>12.3f}{sum(res['plan'].values()) / mib:>6.1f} MiB"
-                  + f"{res['peak_rss'] / mib:>7.0f} MiB{res['peak_rss'] / one['peak_rss']:>11.3f}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=1)
+          + f"{'sum/1 proc':>12}{'plan sum':>12}{'peak RSS':>11}{'RSS/1 proc':>11}")
+    for row in rows:
+        print(f"{row['run']:<30}{row['rank']:>5}"
+              + "".join(f"{row[k + '_mib']:>13.1f} MiB" for k in ITEMS)
+              + f"{row['bytes_vs_1_process']:>12.3f}{row['plan_mib']:>8.1f} MiB"
+              + f"{row['peak_rss_mib']:>7.0f} MiB{row['peak_rss_vs_1_process']:>11.3f}")
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump({"settings": MODEL + RUN + args.set, "steps": steps, "runs": rows},
+                      fh, indent=1)
     return 0
 
 
