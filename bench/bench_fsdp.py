@@ -26,7 +26,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests", "distributed"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "distributed"))   # msrun_util
+sys.path.insert(0, os.path.join(ROOT, "tests", "core"))          # rss_worker
 
 MODEL = ["model.vocab_size=8192", "model.hidden_size=512", "model.num_layers=4",
          "model.num_attention_heads=8", "model.seq_length=64",
@@ -37,14 +38,6 @@ STRATEGIES = ("optim", "optim_grads", "optim_grads_params")
 ITEMS = ("parameters", "gradients", "optimizer state")
 
 
-def peak_rss_bytes() -> int:
-    with open("/proc/self/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
 def worker(out_dir: str, steps: int, overrides) -> None:
     """One rank (or the single process): train, then write its measured bytes and RSS."""
     import mindspore as ms
@@ -52,6 +45,7 @@ def worker(out_dir: str, steps: int, overrides) -> None:
     from mindformers_core.core.memory_plan import plan_memory
     from mindformers_core.distributed.zero import optimizer_state_bytes
     from mindformers_core.trainer import Trainer
+    from rss_worker import peak_rss_bytes
     ms.runtime.launch_blocking()
     ms.set_context(mode=ms.PYNATIVE_MODE)
     cfg = load_config(os.path.join(ROOT, "configs", "markov_check.yaml"),

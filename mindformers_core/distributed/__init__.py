@@ -11,6 +11,9 @@ modules load on first use:
     zero          ZeroSharding(comm, num_shards) for build_optimizer(..., shard_layout=...):
                   ZeRO-1 state sharding at construction (never a class swap afterwards)
     zero_muon     Muon's comm_strategy (allgather / allgather_deredundency) on sharded state
+    fsdp          data_parallel_shard_strategy optim_grads / optim_grads_params: apply_fsdp
+                  (the trainer's hook), FSDPGradReducer, per-layer gathered units
+    fsdp_layout   which parameters FSDP splits (dim-0 ShardSpecs over "dp"; pure)
     shard_layout  dim-0 shard layout, NS cost and owner assignment (pure)
     setup         setup_data_parallel(cfg): communicator + reducer for a run
 """

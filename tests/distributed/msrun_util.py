@@ -1,4 +1,6 @@
-"""Launch a command on N msrun CPU workers through scripts/msrun_launcher.sh (6-argument form)."""
+"""Launch a command on N msrun CPU workers through scripts/msrun_launcher.sh (6-argument form),
+and read what the workers left (their log tails, a run's metrics.jsonl)."""
+import json
 import os
 import socket
 import subprocess
@@ -21,3 +23,36 @@ def launch(cmd: str, log_dir, timeout: int = 600, workers: int = 2):
                            "True", "300"], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
     return proc, time.monotonic() - t0
+
+
+def worker_logs(log_dir) -> str:
+    """The last 3000 characters of each worker's log (for a failure message)."""
+    return "".join(open(os.path.join(log_dir, f)).read()[-3000:]
+                   for f in ("worker_0.log", "worker_1.log")
+                   if os.path.exists(os.path.join(log_dir, f)))
+
+
+def read_metrics(run_dir):
+    """The rows of a run's metrics.jsonl."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def launch_cases(cmd: str, out_dir, names, workers: int = 2):
+    """``(CompletedProcess, {(case, rank): (arrays, meta)})``: launch ``cmd``, fail the test with
+    the workers' logs unless it exits 0, then read each rank's ``{case}.rank{r}.npz`` / ``.json``
+    from ``out_dir`` (what tests/distributed/dp_worker.py writes)."""
+    import numpy as np
+    import pytest
+    proc, _ = launch(cmd, os.path.join(out_dir, "logs"), workers=workers)
+    if proc.returncode != 0:
+        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                    f"{proc.stderr[-2000:]}\n{worker_logs(os.path.join(out_dir, 'logs'))}")
+    results = {}
+    for name in names:
+        for rank in range(workers):
+            base = os.path.join(out_dir, f"{name}.rank{rank}")
+            z = np.load(base + ".npz")
+            with open(base + ".json") as fh:
+                results[name, rank] = ({k: z[k] for k in z.files}, json.load(fh))
+    return proc, results

@@ -15,7 +15,6 @@ parameters and the full optimizer state (relative 1e-5), the optimizer-state mem
 rank (half of one rank's when sharded), and the Newton-Schulz work split of
 ``allgather_deredundency``.
 """
-import json
 import os
 import re
 import sys
@@ -27,18 +26,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from dp_case import CASES, STEPS  # noqa: E402
-from msrun_util import launch  # noqa: E402
+from msrun_util import launch, launch_cases, read_metrics  # noqa: E402
 from trainer_case import STEPS as TRAINER_STEPS  # noqa: E402
 
 KILL_AT = 5
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
-
-
-def worker_logs(log_dir) -> str:
-    return "".join(open(os.path.join(log_dir, f)).read()[-3000:]
-                   for f in ("worker_0.log", "worker_1.log")
-                   if os.path.exists(os.path.join(log_dir, f)))
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +48,7 @@ def dp_results(tmp_path_factory, killed_run):
     resumed = out / "resumed"
     cmd = (f"python {os.path.join(HERE, 'dp_worker.py')} {out} " + " ".join(CASES)
            + f" --resume {killed_run['out'] / 'checkpoint'} {resumed}")
-    proc, _ = launch(cmd, out / "logs")
-    if proc.returncode != 0:
-        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                    f"{proc.stderr[-2000:]}\n{worker_logs(out / 'logs')}")
-    results = {}
-    for name in CASES:
-        for rank in (0, 1):
-            z = np.load(out / f"{name}.rank{rank}.npz")
-            with open(out / f"{name}.rank{rank}.json") as fh:
-                meta = json.load(fh)
-            results[name, rank] = ({k: z[k] for k in z.files}, meta)
+    proc, results = launch_cases(cmd, out, CASES)
     return {"results": results, "stdout": proc.stdout, "log_dir": out / "logs",
             "resumed": resumed}
 
@@ -145,11 +128,6 @@ def test_deredundency_splits_newton_schulz_work(dp_results):
 
 
 # -- the fault test and the resume (Trainer level) ----------------------------------------------
-def read_metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The same Trainer run in one process (global batch 4 as 2 micro-batches), to the end."""

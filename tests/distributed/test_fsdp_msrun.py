@@ -8,7 +8,6 @@ per-step loss and grad norm (relative 1e-4), the final parameters (the ranks' sh
 with the ``shard_specs`` they report), the full optimizer state, and the per-rank bytes of
 parameters, gradients and optimizer state (about half of one process's).
 """
-import json
 import os
 import sys
 
@@ -19,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from dp_case import FSDP_CASES, STEPS, fsdp_reference  # noqa: E402
-from msrun_util import launch  # noqa: E402
+from msrun_util import launch_cases, read_metrics  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -33,32 +32,12 @@ def rel_err(got, want) -> float:
     return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-12))
 
 
-def worker_logs(log_dir) -> str:
-    return "".join(open(os.path.join(log_dir, f)).read()[-3000:]
-                   for f in ("worker_0.log", "worker_1.log")
-                   if os.path.exists(os.path.join(log_dir, f)))
-
-
-def read_metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 @pytest.fixture(scope="module")
 def fsdp_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp")
     run_dir = out / "trainer"
-    proc, _ = launch(f"python {os.path.join(HERE, 'fsdp_worker.py')} {out} {run_dir} "
-                     + " ".join(SHARDED), out / "logs")
-    if proc.returncode != 0:
-        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                    f"{proc.stderr[-2000:]}\n{worker_logs(out / 'logs')}")
-    results = {}
-    for name in SHARDED:
-        for rank in (0, 1):
-            z = np.load(out / f"{name}.rank{rank}.npz")
-            with open(out / f"{name}.rank{rank}.json") as fh:
-                results[name, rank] = ({k: z[k] for k in z.files}, json.load(fh))
+    _, results = launch_cases(f"python {os.path.join(HERE, 'fsdp_worker.py')} {out} {run_dir} "
+                              + " ".join(SHARDED), out, SHARDED)
     return {"results": results, "run_dir": run_dir}
 
 
