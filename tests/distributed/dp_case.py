@@ -61,7 +61,10 @@ FSDP_CASES = {
     "muon_mla_optim_grads_params": ("muon", "mla", "optim_grads_params", "allgather"),
     "muon_mla_optim_grads_params_deredundency": ("muon", "mla", "optim_grads_params",
                                                  "allgather_deredundency"),
+    # disable_gradient_division: False (the name's suffix): the reduced gradient / dp
+    "adamw_gpt_optim_grads_params_divided": ("adamw", "gpt", "optim_grads_params", None),
 }
+DIVIDED_SUFFIX = "_divided"
 
 
 def case_spec(name: str):
@@ -93,7 +96,8 @@ def case_config(name: str):
                          "warmup_steps": 2, "lr_end": 1e-3},
         "model": MODELS[model_name],
         "parallelism": {"data_parallel_shard": shard,
-                        "data_parallel_shard_strategy": shard_strategy},
+                        "data_parallel_shard_strategy": shard_strategy,
+                        "disable_gradient_division": not name.endswith(DIVIDED_SUFFIX)},
     })
 
 

@@ -17,13 +17,15 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from dp_case import FSDP_CASES, STEPS, fsdp_reference  # noqa: E402
+from dp_case import DIVIDED_SUFFIX, FSDP_CASES, STEPS, fsdp_reference  # noqa: E402
 from msrun_util import launch_cases, read_metrics  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 SHARDED = [n for n, (_, _, strategy, _) in FSDP_CASES.items() if strategy != "optim"]
 REFERENCES = sorted({fsdp_reference(n) for n in SHARDED})
+DIVIDED = [n for n in SHARDED if n.endswith(DIVIDED_SUFFIX)]
+SAME = [n for n in SHARDED if n not in DIVIDED]   # the 1-process run, bit for bit or nearly
 TOL = 1e-4
 
 
@@ -71,7 +73,7 @@ def merged_params(results, name):
     return out
 
 
-@pytest.mark.parametrize("case", SHARDED)
+@pytest.mark.parametrize("case", SAME)
 def test_two_ranks_equal_one_rank_with_the_same_global_batch(fsdp_results, references, case):
     ref = references[fsdp_reference(case)]
     assert len(ref["losses"]) == STEPS
@@ -91,7 +93,7 @@ def test_two_ranks_equal_one_rank_with_the_same_global_batch(fsdp_results, refer
     assert ref["param_change"] > 1e-3
 
 
-@pytest.mark.parametrize("case", SHARDED)
+@pytest.mark.parametrize("case", SAME)
 def test_per_rank_bytes_are_about_half(fsdp_results, references, case):
     ref = references[fsdp_reference(case)]
     params_sharded = FSDP_CASES[case][2] == "optim_grads_params"
@@ -103,6 +105,18 @@ def test_per_rank_bytes_are_about_half(fsdp_results, references, case):
         assert (0.45 <= ratio <= 0.55) if params_sharded else ratio == 1.0
         # the model reports the layout of exactly the parameters stored as shards
         assert bool(meta["shard_specs"]) == params_sharded
+
+
+@pytest.mark.parametrize("case", DIVIDED)
+def test_disable_gradient_division_false_divides_the_reduced_gradient_by_dp(
+        fsdp_results, references, case):
+    """Step 1 sees the same weights: the same loss and half the gradient norm (2 ranks); the
+    smaller norm is clipped less afterwards, so later steps differ."""
+    ref = references[fsdp_reference(case)]
+    for rank in (0, 1):
+        got, _ = fsdp_results["results"][case, rank]
+        assert abs(got["losses"][0] - ref["losses"][0]) <= TOL * abs(ref["losses"][0])
+        assert abs(got["norms"][0] - ref["norms"][0] / 2) <= TOL * ref["norms"][0] / 2
 
 
 def test_muon_deredundency_splits_newton_schulz_work_under_fsdp(fsdp_results):
