@@ -5,12 +5,9 @@ parallelism (``expert_parallel``, config/expert_layout.py) are implemented. A ke
 with its no-op value; any other value is a ConfigError naming the field and saying the feature
 is not implemented (``noop.require_noop``).
 
-``data_parallel_shard_strategy`` (upstream's default ``optim_grads_params`` is FSDP/ZeRO-3)
-and ``disable_gradient_division`` are no-ops while the optimizer state is not sharded
-(``dp_shard == 1``: one process, or ``data_parallel_shard: 1``). With a sharded state only
-``optim`` (ZeRO-1) is implemented, and the gradient is the global mean as upstream's
-``disable_gradient_division: True`` gives it (the loss is normalised by the global token count,
-the reduction sums).
+``data_parallel_shard_strategy`` and ``disable_gradient_division`` are implemented (their
+values and refused combinations: config/shard_strategy.py); they are checked here with the
+launcher's data-parallel size.
 """
 from __future__ import annotations
 
@@ -18,10 +15,9 @@ from typing import Any, Optional
 
 from .errors import ConfigError
 from .noop import require_noop
+from .shard_strategy import SHARD_STRATEGIES, check_shard_strategy
 
 __all__ = ["check_parallel_noop", "SHARD_STRATEGIES"]
-
-SHARD_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 
 #: field -> (accepted values, feature)
 _NOOP = {
@@ -64,13 +60,14 @@ def check_parallel_noop(cfg: Any, path: str, dp: Optional[int]) -> None:
                           f"must be >= 1, got {cfg.npu_nums_per_device}")
     if cfg.hsdp_threshold < 0:
         raise ConfigError(f"{path}.hsdp_threshold", f"must be >= 0, got {cfg.hsdp_threshold}")
+    if not isinstance(cfg.disable_gradient_division, bool):
+        raise ConfigError(f"{path}.disable_gradient_division",
+                          f"must be a bool, got {cfg.disable_gradient_division!r}")
     if dp is None:
         return
     _, shard = cfg.dp_shard(dp)
-    if shard > 1:
-        require_noop(f"{path}.data_parallel_shard_strategy", cfg.data_parallel_shard_strategy,
-                     ("optim",), f"sharding beyond the optimizer state (ZeRO-1) over "
-                                 f"{shard} ranks")
-    if dp > 1:
-        require_noop(f"{path}.disable_gradient_division", cfg.disable_gradient_division,
-                     (True,), "dividing the summed gradient by the data-parallel size again")
+    try:
+        check_shard_strategy(cfg.data_parallel_shard_strategy, dp, shard,
+                             cfg.reshard_after_forward_policy)
+    except ValueError as err:
+        raise ConfigError(f"{path}.data_parallel_shard_strategy", str(err)) from None

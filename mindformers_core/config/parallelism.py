@@ -73,7 +73,10 @@ class ParallelismConfig(Section):
     pipeline_parallel: int = 1
     data_parallel_shard: int = -1   # -1: shard optimizer state over all DP ranks; 1: replicate
     # upstream keys of features that are off here (accepted values: config/parallel_noop.py)
-    data_parallel_shard_strategy: str = "optim"   # upstream default optim_grads_params (FSDP)
+    # what is sharded over dp_shard ranks (config/shard_strategy.py; upstream's default is
+    # optim_grads_params, this package's is ZeRO-1) and whether the reduced gradient is
+    # divided by dp again (False)
+    data_parallel_shard_strategy: str = "optim"
     disable_gradient_division: bool = True
     reshard_after_forward_policy: str = "default"
     cpu_offload: bool = False

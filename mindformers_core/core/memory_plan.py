@@ -30,7 +30,12 @@ heads, ``V`` vocabulary, ``c`` bytes of the compute dtype, ``D`` the data-parall
   ``training.max_norm`` set (clip_by_norm writes new float32 gradients);
 * logits / cross-entropy workspace ``b s V / tp * (4 + 4 + 4 + c')``: float32 logits, their
   log-softmax, the logits' gradient, and the compute-dtype logits before the cast (``c' = c``
-  for 16-bit compute, else 0).
+  for 16-bit compute, else 0);
+* under ``optim_grads_params`` with ``D > 1`` (distributed/fsdp.py) every decoder layer is a
+  recomputed unit (activations as full recompute of all layers), and the largest unit
+  (a layer, the embedding or the output layer: ``N_u`` parameters) is gathered at a time:
+  FSDP gathered unit ``N_u * (2 p + 4)`` (its full weights, their full gradient and its
+  float32 copy for the reduce-scatter).
 """
 from __future__ import annotations
 
@@ -229,6 +234,8 @@ def settings_from_config(cfg, layout: Layout) -> ActivationSettings:
         recompute = "selective"
     else:
         recompute = "none"
+    if layout.shard("params") > 1:   # fully sharded units are recomputed (distributed/fsdp.py)
+        recompute, layers = "full", None
     flash = bool(cfg.model.use_flash_attention)
     return ActivationSettings(micro_batch=tr.local_batch_size, num_micro_batches=accumulation,
                               recompute=recompute, recompute_layers=layers,
@@ -451,6 +458,11 @@ def stage_items(model_cfg, counts: ParamCounts, layout: Layout, settings: Activa
     items["logits/CE workspace"] = logits_bytes(model_cfg, layout, settings) if last else 0
     if clip_grads:   # clip_by_norm scales every gradient into a new float32 tensor
         items["gradient clipping copy"] = n_rank * 4 // layout.shard("grads")
+    if layout.shard("params") > 1:
+        unit = max([counts.embedding // tp if first else 0, counts.output // tp if last else 0]
+                   + [lp.norms + lp.attention // tp + lp.mlp // tp + lp.router + lp.experts // ep
+                      for lp in (counts.layers[i] for i in layers)])
+        items["FSDP gathered unit"] = unit * (2 * p + 4)
     return items, n_rank
 
 

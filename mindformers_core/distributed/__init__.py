@@ -15,6 +15,9 @@ modules load on first use:
                   allgather_deredundency) over sharding levels (SpecLevel: ShardSpec splits)
     tp_sharding   TensorParallelSharding(model.shard_specs(), comm) for build_optimizer:
                   optimizers on tensor-parallel shards (ZeRO-1 over dp on top)
+    fsdp          data_parallel_shard_strategy optim_grads / optim_grads_params: apply_fsdp
+                  (the trainer's hook), FSDPGradReducer, per-layer gathered units
+    fsdp_layout   which parameters FSDP splits (dim-0 ShardSpecs over "dp"; pure)
     shard_layout  dim-0 shard layout, NS cost and owner assignment (pure)
     setup         setup_data_parallel(cfg): communicator + reducer for a run
 """

@@ -20,13 +20,20 @@ converts an optimizer after it is built. Per rank, with ``S`` shards
 The update is therefore the single-process update of the same global batch. Persistent
 optimizer memory per rank (masters + state) is about ``1/S`` of the unsharded optimizer's.
 
+Fully sharded data parallel (``distributed/fsdp.py``) builds the same classes with two sets of
+parameter names: ``grad_rows`` (their gradients arrive already reduce-scattered: this rank's
+rows, not sliced again) and ``param_rows`` (the Parameter itself holds only this rank's rows:
+its master is kept like a replicated parameter's, its update is written into it, and it is
+not all-gathered after the step). ``full_shapes`` gives such a parameter's full shape, which
+the layout, the state_dict format and Muon's split rules use (``param_shape``).
+
 ``state_dict()`` is collective (every rank must call it; one all-gather) and returns the same
 full, unsharded format as the plain optimizer, so checkpoints do not depend on the shard
 count; ``load_state_dict`` takes that format and keeps this rank's rows.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 import mindspore as ms
@@ -55,24 +62,31 @@ class ShardedMainParams(MasterSnapshot):
 
     store_param_remainders = False
 
-    def __init__(self, params: Sequence[Parameter], layout: ShardLayout, source: MainParams):
+    def __init__(self, params: Sequence[Parameter], layout: ShardLayout, source: MainParams,
+                 param_rows: Sequence[bool] = ()):
         if source.store_param_remainders:
             raise ValueError("store_param_remainders cannot be combined with optimizer-state "
                              "sharding (parallelism.data_parallel_shard != 1)")
         self.params = tuple(params)
         self.layout = layout
+        # True: the parameter holds only this rank's rows (FSDP), kept like a replicated one
+        self.param_rows = tuple(param_rows) or (False,) * len(self.params)
         self._persistent: List[Optional[Parameter]] = []
         self._live: Dict[int, Parameter] = {}
         self._snapshot: Optional[List[Optional[float]]] = None
         for i, p in enumerate(self.params):
-            if not layout.is_sharded(i):
-                self._persistent.append(source.master(i))       # the param or its full master
+            if not self._full_param_rows(i):
+                self._persistent.append(source.master(i))       # the param or its master
             elif is_low_precision(p):
                 start, stop = layout.rows(i)
                 full = _fp32_numpy(source.master(i))
                 self._persistent.append(_new_param(full[start:stop], f"main_param.{p.name}"))
             else:
                 self._persistent.append(None)                    # rows taken at step time
+
+    def _full_param_rows(self, i: int) -> bool:
+        """The parameter is full and this rank keeps only rows of it (ZeRO-1)."""
+        return self.layout.is_sharded(i) and not self.param_rows[i]
 
     def master(self, i: int) -> Parameter:
         m = self._persistent[i]
@@ -87,7 +101,7 @@ class ShardedMainParams(MasterSnapshot):
     def store(self, i: int, master: Parameter) -> None:
         """Replicated: cast into the parameter (as ``MainParams``). Sharded: the post-step
         all-gather writes the parameter from every rank's rows."""
-        if not self.layout.is_sharded(i) and master is not self.params[i]:
+        if not self._full_param_rows(i) and master is not self.params[i]:
             self.params[i].set_data(master.astype(self.params[i].dtype))
 
     def store_many(self, indices: Sequence[int], masters: Sequence[Parameter]) -> None:
@@ -124,8 +138,11 @@ class ShardedMainParams(MasterSnapshot):
             m = self._persistent[i]
             if m is None or m is self.params[i]:
                 continue
-            start, stop = self.layout.rows(i)
-            m.set_data(Tensor(_fp32_numpy(self.params[i])[start:stop].copy()))
+            full = _fp32_numpy(self.params[i])
+            if self._full_param_rows(i):
+                start, stop = self.layout.rows(i)
+                full = full[start:stop]
+            m.set_data(Tensor(full.copy()))
 
 
 
@@ -145,9 +162,14 @@ class ZeroMixin:
     def __init__(self, *args, zero: "ZeroSharding", **kwargs):
         self._zero_comm = zero.comm
         self._zero_shards = zero.num_shards
+        self._zero_sharding = zero
         self._zero_whole = zero.keep_whole
         super().__init__(*args, **kwargs)
-        self.set_masters(ShardedMainParams(self.parameters, self._layout(), self.masters))
+        names = [p.name for p in self.parameters]
+        self._zero_grad_rows = [n in zero.grad_rows for n in names]
+        self._zero_param_rows = [n in zero.param_rows for n in names]
+        self.set_masters(ShardedMainParams(self.parameters, self._layout(), self.masters,
+                                           self._zero_param_rows))
         self._zero_setup()
 
     def _layout(self) -> ShardLayout:
@@ -156,8 +178,8 @@ class ZeroMixin:
         layout = self.__dict__.get("_zero_layout")
         if layout is None:
             comm = self._zero_comm
-            layout = ShardLayout([p.shape for p in self.parameters], self._zero_shards,
-                                 comm.rank, comm.world_size,
+            layout = ShardLayout([self.param_shape(i) for i in range(len(self.parameters))],
+                                 self._zero_shards, comm.rank, comm.world_size,
                                  [p.name in self._zero_whole for p in self.parameters])
             self._zero_layout = layout
         return layout
@@ -166,6 +188,10 @@ class ZeroMixin:
         """Hook run once the sharded state is in place (``zero_muon``: the NS owners)."""
 
     # -- state -----------------------------------------------------------------------------------
+    def param_shape(self, i: int) -> tuple:
+        """The full shape of parameter i (an FSDP parameter holds only its rows)."""
+        return self._zero_sharding.full_shape(self.parameters[i])
+
     def state_shape(self, i: int) -> tuple:
         return tuple(self._layout().shard_shape(i))
 
@@ -181,7 +207,7 @@ class ZeroMixin:
         self.masters.end_step()   # fp32 rows are taken afresh from the current parameters
         local = []
         for i, g in enumerate(grads):
-            if g is None or not layout.is_sharded(i):
+            if g is None or not layout.is_sharded(i) or self._zero_grad_rows[i]:
                 local.append(g)
             else:
                 start, stop = layout.rows(i)
@@ -195,7 +221,8 @@ class ZeroMixin:
     def _zero_allgather_params(self) -> None:
         """One all-gather of every rank's updated fp32 rows; every parameter rebuilt."""
         layout = self._zero_layout
-        idx = [i for i in range(len(self.parameters)) if layout.is_sharded(i)]
+        idx = [i for i in range(len(self.parameters))
+               if layout.is_sharded(i) and not self._zero_param_rows[i]]
         if not idx:
             return
         items = [(i, self.masters.master(i).asnumpy()) for i in idx]
@@ -263,9 +290,9 @@ class ZeroMixin:
 
         def rows_of(key, i):
             arr = np.asarray(sd[key], dtype=np.float32)
-            if tuple(arr.shape) != tuple(self.parameters[i].shape):
+            if tuple(arr.shape) != tuple(self.param_shape(i)):
                 raise ValueError(f"state_dict entry '{key}' has shape {tuple(arr.shape)}, "
-                                 f"expected {tuple(self.parameters[i].shape)}")
+                                 f"expected {tuple(self.param_shape(i))}")
             start, stop = layout.rows(i)
             return arr[start:stop] if layout.is_sharded(i) else arr
 
@@ -324,8 +351,10 @@ class ZeroSharding:
     data parallelism over ``comm``: its state sharded over ``num_shards`` ranks (None or -1:
     all; 1: replicated, the plain class) and Muon's QK-Clip logits MAX-reduced over ranks."""
 
-    def __init__(self, comm: Communicator, num_shards: Optional[int] = None,
-                 keep_whole: Iterable[str] = ()):
+    def __init__(self, comm: Communicator, num_shards: Optional[int] = None, *,
+                 keep_whole: Iterable[str] = (), grad_rows: Iterable[str] = (),
+                 param_rows: Iterable[str] = (),
+                 full_shapes: Optional[Mapping[str, Sequence[int]]] = None):
         """``keep_whole``: names of parameters whose state stays whole on each rank (expert
         weights under expert parallelism: ranks hold different experts)."""
         self.keep_whole = frozenset(keep_whole)
@@ -336,6 +365,17 @@ class ZeroSharding:
                              f"world size ({world})")
         self.comm = comm
         self.num_shards = shards
+        # FSDP (module docstring): parameters whose gradient / storage is this rank's rows
+        self.grad_rows = frozenset(grad_rows)
+        self.param_rows = frozenset(param_rows)
+        self.full_shapes = {k: tuple(int(d) for d in v) for k, v in (full_shapes or {}).items()}
+        if self.param_rows - self.grad_rows or (self.param_rows and shards != world):
+            raise ValueError("parameters stored as row shards need row-sharded gradients and "
+                             "the optimizer state sharded over all ranks")
+
+    def full_shape(self, p: Parameter) -> tuple:
+        """The full shape of ``p`` (its own unless it is stored as rows)."""
+        return self.full_shapes.get(p.name, tuple(p.shape))
 
     def build(self, cls: type, groups, kwargs: Dict[str, Any]):
         """``cls(groups, **kwargs)``, sharded when there is more than one shard."""

@@ -110,6 +110,10 @@ class Runner:
                 return model.apply(input_ids, labels, loss_mask, tables, *ws)
             self._graph = ms.jit(forward)
 
+    def embed(self, input_ids):
+        """[B*S, H] embedded tokens."""
+        return self._model.embed_tokens(input_ids, self._model.embedding.word_embeddings.weight)
+
     def layers(self, h, tables, indices=None):
         """(h after the last layer, summed aux loss or None, [max_logits per layer]); only the
         decoder layers ``indices`` (in order) when given (a pipeline stage's)."""

@@ -71,8 +71,15 @@ class TransformerLayer(nn.Cell):
                 + (self.pre_mlp_layernorm.weight,))
 
     def weights(self) -> tuple:
-        """Every weight of a dense layer, in ``apply``'s order."""
+        """Every weight of the layer, in ``apply``'s (dense) / ``run_with``'s order."""
         return self.attention_weights() + self.mlp.weights()
+
+    def run_with(self, h, tables, *ws):
+        """``construct`` with ``weights()`` as arguments: (h, max_logits, aux)."""
+        na = self._num_attention_weights + 2
+        h, x, max_logits = self.attention_block(h, tables, *ws[:na])
+        h, aux = self.mlp_block(h, x, tables, *ws[na:])
+        return h, max_logits, aux
 
     def attention_block(self, h, tables, *ws):
         """(h + attn(norm1(h)), norm2 of that, max_logits) with ``attention_weights()``."""
@@ -106,12 +113,14 @@ class TransformerLayer(nn.Cell):
         h, x, max_logits = self.attention_block(h, tables, *ws[:na + 2])
         return h + self.mlp.apply(x, *ws[na + 2:]), max_logits
 
-    def mlp_block(self, h, x, tables):
-        """h + mlp(x) for the normed x; (h, aux) (aux None for a dense MLP)."""
+    def mlp_block(self, h, x, tables, *ws):
+        """h + mlp(x) for the normed x; (h, aux) (aux None for a dense MLP). ``ws``: the MLP's
+        weights as arguments (default: its own)."""
+        ws = ws or self.mlp.weights()
         if self.dense_mlp:
-            return h + self.mlp(x), None
+            return h + self.mlp.apply(x, *ws), None
         b, _, s, _ = tables[-1].shape
-        out, aux = self.mlp(x.reshape(b, s, x.shape[-1]))   # the MoE reads sequences
+        out, aux = self.mlp.apply(x.reshape(b, s, x.shape[-1]), *ws)   # MoE reads sequences
         return h + out.reshape(x.shape), aux
 
     def construct(self, h, tables):
@@ -169,6 +178,8 @@ class GPTModel(nn.Cell):
         self._tables: Dict[tuple, tuple] = {}
         self._max_logits: List[Optional[Tensor]] = [None] * self._num_tracked_layers
         self._runner = compiled.Runner(self, "none")
+        # name -> ShardSpec of the parameters stored as shards (absent: replicated)
+        self._shard_specs: Dict[str, object] = {}
 
     # ----------------------------------------------------------------- construction
     def _make_layer(self, i: int) -> TransformerLayer:
@@ -218,6 +229,20 @@ class GPTModel(nn.Cell):
     def jit_mode(self) -> str:
         return self._runner.mode
 
+    def set_runner(self, runner) -> None:
+        """Run the forward through ``runner`` (``compiled.Runner``'s interface: ``mode``,
+        ``embed``, ``layers``, ``head``); fully sharded data parallel installs its own
+        (``distributed/fsdp.py``)."""
+        self._runner = runner
+
+    def shard_specs(self) -> Dict[str, object]:
+        """``{parameter name: ShardSpec}`` of the parameters stored as shards."""
+        return dict(self._shard_specs)
+
+    def set_shard_specs(self, specs) -> None:
+        """Record the layouts of parameters whose data was replaced by their shards."""
+        self._shard_specs.update(specs)
+
     def static_tables(self, batch: int, seq_len: int) -> tuple:
         """``layers.attention_tables`` of a (batch, seq_len), cached."""
         key = (batch, seq_len)
@@ -264,9 +289,8 @@ class GPTModel(nn.Cell):
     def _last_hidden(self, input_ids):
         """(h [B*S, H] before the final norm, summed aux loss or None); records max logits."""
         b, s = input_ids.shape
-        h, aux, max_logits = self._runner.layers(
-            self.embed_tokens(input_ids, self.embedding.word_embeddings.weight),
-            self.static_tables(b, s))
+        h, aux, max_logits = self._runner.layers(self._runner.embed(input_ids),
+                                                 self.static_tables(b, s))
         self.record_max_logits(max_logits)
         return h, aux
 

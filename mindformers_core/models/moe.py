@@ -73,7 +73,12 @@ class Router(nn.Cell):
                                         requires_grad=False)
 
     def construct(self, x2d):
-        return mint.nn.functional.linear(x2d.astype(ms.float32), self.weight.astype(ms.float32))
+        return router_logits(x2d, self.weight)
+
+
+def router_logits(x2d, weight):
+    """float32 router logits [T, E] of x2d [T, H] with the router weight [E, H]."""
+    return mint.nn.functional.linear(x2d.astype(ms.float32), weight.astype(ms.float32))
 
 
 class GroupedExperts(nn.Cell):
@@ -97,13 +102,19 @@ class GroupedExperts(nn.Cell):
         return dict(self.specs)
 
     def construct(self, x2d, gate_w, topk_idx, capacity_factor=None, drop_policy="probs"):
+        return self.apply(x2d, gate_w, topk_idx, self.weight1, self.weight2, capacity_factor,
+                          drop_policy)
+
+    def apply(self, x2d, gate_w, topk_idx, weight1, weight2, capacity_factor=None,
+              drop_policy="probs"):
+        """``construct`` with the two expert weights as arguments."""
         p = self.precision
         if self.ep_comm is not None:
-            return ep_expert_ffn(p.cast(x2d), gate_w, topk_idx, p.cast(self.weight1),
-                                 p.cast(self.weight2), self.ffn, self.ep_comm, self.exchange,
+            return ep_expert_ffn(p.cast(x2d), gate_w, topk_idx, p.cast(weight1),
+                                 p.cast(weight2), self.ffn, self.ep_comm, self.exchange,
                                  capacity_factor, drop_policy)
-        return expert_ffn(p.cast(x2d), gate_w, topk_idx, p.cast(self.weight1),
-                          p.cast(self.weight2), self.ffn, capacity_factor, drop_policy)
+        return expert_ffn(p.cast(x2d), gate_w, topk_idx, p.cast(weight1),
+                          p.cast(weight2), self.ffn, capacity_factor, drop_policy)
 
 
 class MoE(nn.Cell):
@@ -135,16 +146,27 @@ class MoE(nn.Cell):
         """Replace the gathered statistics (``stats_state``'s tuple)."""
         self.tokens_per_expert, self.dropped, self.aux_sum, self.num_forwards = state
 
+    def weights(self) -> tuple:
+        """The trainable weights in ``apply``'s order (router, experts, shared experts)."""
+        shared = self.shared_experts.weights() if self.shared_experts is not None else ()
+        return (self.router.weight, self.experts.weight1, self.experts.weight2) + shared
+
     def construct(self, x):
+        return self.apply(x, *self.weights())
+
+    def apply(self, x, w_router, weight1, weight2, *shared_ws):
+        """``construct`` with the weights of :meth:`weights` as arguments (the expert bias,
+        not trained, is read from the router)."""
         s = self.spec
         b, n, hdim = x.shape
         x2d = x.reshape(b * n, hdim)
-        scores = rt.router_scores(self.router(x2d), s.scoring_func)                # [T, E]
+        scores = rt.router_scores(router_logits(x2d, w_router), s.scoring_func)     # [T, E]
         idx = rt.select_experts(scores, self.router.expert_bias, s.top_k, s.n_group, s.topk_group)
         gate_w = rt.gate_weights(scores, idx, s.norm_topk_prob, s.routed_scaling_factor)
-        out, counts, dropped = self.experts(x2d, gate_w, idx, s.capacity_factor, s.drop_policy)
+        out, counts, dropped = self.experts.apply(x2d, gate_w, idx, weight1, weight2,
+                                                  s.capacity_factor, s.drop_policy)
         if self.shared_experts is not None:
-            out = out + self.shared_experts(x2d)
+            out = out + self.shared_experts.apply(x2d, *shared_ws)
         aux = None
         if s.load_balancing_type != "none" and s.aux_loss_coeff > 0:
             onehot = ops.one_hot(idx, s.num_experts, ms.Tensor(1.0, ms.float32),

@@ -315,7 +315,7 @@ class Muon(Optimizer):
                                  f"'adamw', got {kind!r}")
             for i in indices:
                 p = self.parameters[i]
-                shape = tuple(p.shape)
+                shape = self.param_shape(i)
                 if kind == "adamw":
                     out.append(False)
                 elif kind == "muon":
@@ -357,10 +357,11 @@ class Muon(Optimizer):
         return tuple(self._is_muon)
 
     def full_shape(self, i: int) -> Tuple[int, ...]:
-        """The full (logical) shape of parameter i (its own shape unless the model holds a
-        shard of it)."""
+        """The full (logical) shape of parameter i: ``full_shapes`` for a tensor-parallel
+        shard, else ``param_shape(i)`` (its own shape, or the full shape of an FSDP row
+        shard as the ZeRO sharding reports it)."""
         p = self.parameters[i]
-        return self._full_shapes.get(p.name, tuple(p.shape))
+        return self._full_shapes.get(p.name, tuple(self.param_shape(i)))
 
     def use_exchange(self, exchange: MuonExchange) -> None:
         """Where the update matrices live (set once by the sharding that builds this

@@ -178,6 +178,11 @@ class Optimizer:
         """The state tensor ``prefix`` of parameter i, created (zeros) when missing."""
         return self._get_state(prefix, i, self.slot_dtype(prefix) if dtype is None else dtype)
 
+    def param_shape(self, i: int) -> tuple:
+        """The full (logical) shape of parameter i: its own, unless a sharded optimizer holds
+        a parameter stored as a shard (``distributed.zero``)."""
+        return tuple(self.parameters[i].shape)
+
     def state_shape(self, i: int) -> tuple:
         """Shape of parameter i's state tensors (the parameter's; a sharded optimizer holds
         only its rows)."""

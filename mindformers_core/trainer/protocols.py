@@ -16,7 +16,9 @@ The trainer checks what a model, an optimizer or a gradient reducer offers with
 * :class:`MaxLogitsModel` models that track max attention logits (QK-Clip input);
 * :class:`QKClipModel` models that name the q/kv weights QK-Clip rescales (declared in
   ``optim.qk_clip``, which reads it);
-* :class:`QKClipOptimizer` optimizers that report what QK-Clip did (Muon).
+* :class:`QKClipOptimizer` optimizers that report what QK-Clip did (Muon);
+* :class:`ShardedGradNorm` reducers whose gradients are shards (``distributed.fsdp``): they
+  compute the global norm.
 """
 from __future__ import annotations
 
@@ -24,8 +26,9 @@ from typing import Any, List, Optional, Protocol, Sequence, Tuple, runtime_check
 
 from ..optim.qk_clip import QKClipModel  # declared where QK-Clip reads it
 
-__all__ = ["GradReducer", "DataParallelReducer", "ShardedGradReducer", "PipelineReducer",
-           "ExpertBiasModel", "MoEStatsModel", "MaxLogitsModel", "QKClipModel", "QKClipOptimizer"]
+__all__ = ["GradReducer", "DataParallelReducer", "ShardedGradNorm", "ShardedGradReducer",
+           "PipelineReducer", "ExpertBiasModel", "MoEStatsModel", "MaxLogitsModel", "QKClipModel",
+           "QKClipOptimizer"]
 
 
 @runtime_checkable
@@ -116,3 +119,9 @@ class MaxLogitsModel(Protocol):
 class QKClipOptimizer(Protocol):
     #: what the last step's QK-Clip did (None before the first step or when off)
     last_qk_clip: Any
+
+
+@runtime_checkable
+class ShardedGradNorm(Protocol):
+    def grad_norm(self, grads: Sequence) -> float:
+        """Global L2 norm of reduced gradients some of which are shards (same on every rank)."""

@@ -52,7 +52,8 @@ from .resume_checks import (check_train_payload, lr_jump_warning,
                             optimizer_tensor_names)
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .protocols import (DataParallelReducer, ExpertBiasModel, MaxLogitsModel, MoEStatsModel,
-                        PipelineReducer, QKClipOptimizer, ShardedGradReducer)
+                        PipelineReducer, QKClipOptimizer, ShardedGradNorm,
+                        ShardedGradReducer)
 from .run_dir import claim_run_dir, new_run_id
 from .sharded_save import reshard_for_model, save_sharded, uses_sharded_checkpoint
 from .signals import StopRequest
@@ -177,6 +178,9 @@ class Trainer:
         if loaded is not None:
             loaded = reshard_for_model(loaded, self.model, self.grad_reducer)  # sharded ckpt
             self._load_model(loaded)
+        if isinstance(self.grad_reducer, DataParallelReducer):   # [FSDP hook] shards the model
+            from ..distributed.fsdp import apply_fsdp            # per data_parallel_shard_strategy
+            self.grad_reducer, self.model = apply_fsdp(cfg, self.grad_reducer, self.model)
         # [expert parallel hook] this rank's experts only (models/expert_parallel.py)
         from ..models.expert_parallel import setup_expert_parallel
         self.model, self.grad_reducer = setup_expert_parallel(cfg, self.model, self.grad_reducer)
@@ -428,8 +432,8 @@ class Trainer:
             grads = hook(step_number, grads)
         if self.pipeline is not None:   # pipeline: all stages
             norm = float(self.pipeline.global_grad_norm(grads))
-        elif isinstance(self.grad_reducer, ShardedGradReducer):   # [expert parallel hook]
-            norm = float(self.grad_reducer.grad_norm(grads))
+        elif isinstance(self.grad_reducer, ShardedGradNorm):   # [FSDP / expert parallel hook]
+            norm = float(self.grad_reducer.grad_norm(grads))   # sharded gradients
         else:
             norm = float(global_grad_norm(grads))
         finite = math.isfinite(norm)

@@ -113,21 +113,15 @@ def two_workers(monkeypatch):
     monkeypatch.setenv("MS_WORKER_NUM", "2")
 
 
-def test_fsdp_strategy_needs_zero1_when_the_state_is_sharded(monkeypatch):
+def test_fsdp_strategies_load_when_the_state_is_sharded(monkeypatch):
+    """Every upstream strategy and disable_gradient_division: False run on 2 workers (their
+    refused combinations: tests/distributed/test_fsdp_config.py)."""
     two_workers(monkeypatch)
-    ok = ParallelismConfig.from_dict({"data_parallel_shard_strategy": "optim"}, "parallelism")
-    assert ok.dp_shard(2) == (1, 2)
-    # not sharded: every strategy is a no-op
-    ParallelismConfig.from_dict({"data_parallel_shard": 1,
-                                 "data_parallel_shard_strategy": "optim_grads_params"}, "p")
-    with pytest.raises(ConfigError, match=r"^parallelism\.data_parallel_shard_strategy: "
-                                          r"'optim_grads_params' needs sharding beyond the "
-                                          r"optimizer state \(ZeRO-1\) over 2 ranks"):
-        ParallelismConfig.from_dict({"data_parallel_shard_strategy": "optim_grads_params"},
-                                    "parallelism")
-    with pytest.raises(ConfigError, match=r"^parallelism\.disable_gradient_division: False "
-                                          r"needs dividing the summed gradient"):
-        ParallelismConfig.from_dict({"disable_gradient_division": False}, "parallelism")
+    for strategy in ("no_shard", "optim", "optim_grads", "optim_grads_params"):
+        cfg = ParallelismConfig.from_dict({"data_parallel_shard_strategy": strategy,
+                                           "disable_gradient_division": False}, "parallelism")
+        assert cfg.dp_shard(2) == (1, 2)
+        assert cfg.data_parallel_shard_strategy == strategy
 
 
 def test_project_default_strategy_is_zero1():

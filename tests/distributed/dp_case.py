@@ -36,7 +36,7 @@ OPTIMIZERS = {
              "qk_clip_threshold": 0.02},
 }
 
-#: name -> (optimizer, model, data_parallel_shard, comm_strategy)
+#: name -> (optimizer, model, data_parallel_shard, comm_strategy) (ZeRO-1 / replicated state)
 CASES = {
     "adamw_replicated": ("adamw", "gpt", 1, None),
     "adamw_sharded": ("adamw", "gpt", -1, None),
@@ -46,9 +46,45 @@ CASES = {
 }
 
 
+#: name -> (optimizer, model, data_parallel_shard_strategy, comm_strategy): fully sharded data
+#: parallel over every rank (data_parallel_shard -1); the "*_optim" ones are the 1-process
+#: references (on one process every strategy is the same run)
+FSDP_CASES = {
+    "adamw_gpt_optim": ("adamw", "gpt", "optim", None),
+    "adamw_mla_optim": ("adamw", "mla", "optim", None),
+    "muon_mla_optim": ("muon", "mla", "optim", "allgather"),
+    "adamw_gpt_optim_grads": ("adamw", "gpt", "optim_grads", None),
+    "adamw_gpt_optim_grads_params": ("adamw", "gpt", "optim_grads_params", None),
+    "adamw_mla_optim_grads": ("adamw", "mla", "optim_grads", None),
+    "adamw_mla_optim_grads_params": ("adamw", "mla", "optim_grads_params", None),
+    "muon_mla_optim_grads": ("muon", "mla", "optim_grads", "allgather"),
+    "muon_mla_optim_grads_params": ("muon", "mla", "optim_grads_params", "allgather"),
+    "muon_mla_optim_grads_params_deredundency": ("muon", "mla", "optim_grads_params",
+                                                 "allgather_deredundency"),
+    # disable_gradient_division: False (the name's suffix): the reduced gradient / dp
+    "adamw_gpt_optim_grads_params_divided": ("adamw", "gpt", "optim_grads_params", None),
+}
+DIVIDED_SUFFIX = "_divided"
+
+
+def case_spec(name: str):
+    """(optimizer, model, data_parallel_shard, data_parallel_shard_strategy, comm_strategy)."""
+    if name in CASES:
+        opt_name, model_name, shard, comm_strategy = CASES[name]
+        return opt_name, model_name, shard, "optim", comm_strategy
+    opt_name, model_name, strategy, comm_strategy = FSDP_CASES[name]
+    return opt_name, model_name, -1, strategy, comm_strategy
+
+
+def fsdp_reference(name: str) -> str:
+    """The 1-process reference of a FSDP case."""
+    opt_name, model_name, _, _ = FSDP_CASES[name]
+    return f"{opt_name}_{model_name}_optim"
+
+
 def case_config(name: str):
     from mindformers_core.config import load_config
-    opt_name, model_name, shard, strategy = CASES[name]
+    opt_name, model_name, shard, shard_strategy, strategy = case_spec(name)
     opt = dict(OPTIMIZERS[opt_name])
     if strategy is not None:
         opt["comm_strategy"] = strategy
@@ -59,7 +95,9 @@ def case_config(name: str):
         "lr_scheduler": {"type": "CosineWithWarmUpLR", "learning_rate": 2e-2,
                          "warmup_steps": 2, "lr_end": 1e-3},
         "model": MODELS[model_name],
-        "parallelism": {"data_parallel_shard": shard},
+        "parallelism": {"data_parallel_shard": shard,
+                        "data_parallel_shard_strategy": shard_strategy,
+                        "disable_gradient_division": not name.endswith(DIVIDED_SUFFIX)},
     })
 
 
@@ -90,7 +128,8 @@ def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> di
     from mindformers_core.distributed.zero import optimizer_state_bytes
     from mindformers_core.models import build_model
     from mindformers_core.optim import build_optimizer
-    from mindformers_core.optim.clip_grad import clip_grad_by_global_norm
+    from mindformers_core.distributed.fsdp import FSDPGradReducer, apply_fsdp
+    from mindformers_core.optim.clip_grad import clip_by_norm, global_grad_norm
     from mindformers_core.trainer.accumulate import (accumulate_gradients, count_loss_tokens,
                                                      make_grad_fn)
 
@@ -99,7 +138,8 @@ def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> di
     world, rank = comm.world_size, comm.rank
     model = build_model(cfg.model, seed=cfg.training.seed)
     sched = cfg.build_lr_scheduler()
-    reducer = DataParallelGradReducer(comm)
+    # the trainer's FSDP hook: on one process, or under optim, the reducer and model as they are
+    reducer, model = apply_fsdp(cfg, DataParallelGradReducer(comm), model)
     # sharded at construction (ZeRO-1 per parallelism.data_parallel_shard, QK-Clip MAX)
     opt = build_optimizer(cfg.optimizer, model, lr_scheduler=sched,
                           shard_layout=reducer.optimizer_sharding(cfg))
@@ -118,7 +158,10 @@ def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> di
         total = reducer.global_token_count(local)
         grads, loss_sum, _ = accumulate_gradients(grad_fn, micro, total)
         grads, loss_sum, _ = reducer.reduce(grads, loss_sum, local)
-        grads, norm = clip_grad_by_global_norm(grads, cfg.training.max_norm)
+        grad_bytes = sum(int(g.nbytes) for g in grads if g is not None)
+        norm = reducer.grad_norm(grads) if isinstance(reducer, FSDPGradReducer) \
+            else global_grad_norm(grads)
+        grads, _ = clip_by_norm(grads, norm, cfg.training.max_norm)
         opt.set_group_lrs(group_lrs(sched, opt.param_groups, step))
         opt.step(grads)
         reducer.sync_moe_stats(model)      # as the trainer: global expert loads, then the
@@ -134,6 +177,11 @@ def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> di
         "param_change": max(float(np.max(np.abs(p.asnumpy() - initial[p.name])))
                             for p in model.trainable_params()),
         "state_bytes": optimizer_state_bytes(opt),
+        "param_bytes": sum(int(p.nbytes) for p in opt.parameters),
+        "grad_bytes": grad_bytes,
+        # layouts of the parameters stored as shards (optim_grads_params), to merge them
+        "shard_specs": {k: [list(v.full_shape), v.split_dim, v.num_shards]
+                        for k, v in model.shard_specs().items()},
         "comm": comm.stats.to_dict(),
         "ns_flops": float(getattr(opt, "ns_flops_total", 0.0)),
         "ns_owner": dict(getattr(opt, "ns_owner_by_name", {})),

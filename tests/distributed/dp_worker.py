@@ -36,7 +36,9 @@ def main(out_dir, cases, resume=None):
             json.dump({"world": comm.world_size, "state_bytes": res["state_bytes"],
                        "comm": res["comm"], "ns_flops": res["ns_flops"],
                        "ns_owner": res["ns_owner"],
-                       "qk_clipped_heads": res["qk_clipped_heads"]}, fh)
+                       "qk_clipped_heads": res["qk_clipped_heads"],
+                       "param_bytes": res["param_bytes"], "grad_bytes": res["grad_bytes"],
+                       "shard_specs": res["shard_specs"]}, fh)
     if resume:
         from mindformers_core.trainer import Trainer
         from trainer_case import trainer_config

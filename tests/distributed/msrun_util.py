@@ -36,3 +36,23 @@ def read_metrics(run_dir):
     """The rows of a run's metrics.jsonl."""
     with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def launch_cases(cmd: str, out_dir, names, workers: int = 2):
+    """``(CompletedProcess, {(case, rank): (arrays, meta)})``: launch ``cmd``, fail the test with
+    the workers' logs unless it exits 0, then read each rank's ``{case}.rank{r}.npz`` / ``.json``
+    from ``out_dir`` (what tests/distributed/dp_worker.py writes)."""
+    import numpy as np
+    import pytest
+    proc, _ = launch(cmd, os.path.join(out_dir, "logs"), workers=workers)
+    if proc.returncode != 0:
+        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                    f"{proc.stderr[-2000:]}\n{worker_logs(os.path.join(out_dir, 'logs'))}")
+    results = {}
+    for name in names:
+        for rank in range(workers):
+            base = os.path.join(out_dir, f"{name}.rank{rank}")
+            z = np.load(base + ".npz")
+            with open(base + ".json") as fh:
+                results[name, rank] = ({k: z[k] for k in z.files}, json.load(fh))
+    return proc, results

@@ -15,7 +15,6 @@ parameters and the full optimizer state (relative 1e-5), the optimizer-state mem
 rank (half of one rank's when sharded), and the Newton-Schulz work split of
 ``allgather_deredundency``.
 """
-import json
 import os
 import re
 import sys
@@ -27,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from dp_case import CASES, STEPS  # noqa: E402
-from msrun_util import launch, read_metrics, worker_logs  # noqa: E402
+from msrun_util import launch, launch_cases, read_metrics  # noqa: E402
 from trainer_case import STEPS as TRAINER_STEPS  # noqa: E402
 
 KILL_AT = 5
@@ -49,17 +48,7 @@ def dp_results(tmp_path_factory, killed_run):
     resumed = out / "resumed"
     cmd = (f"python {os.path.join(HERE, 'dp_worker.py')} {out} " + " ".join(CASES)
            + f" --resume {killed_run['out'] / 'checkpoint'} {resumed}")
-    proc, _ = launch(cmd, out / "logs")
-    if proc.returncode != 0:
-        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                    f"{proc.stderr[-2000:]}\n{worker_logs(out / 'logs')}")
-    results = {}
-    for name in CASES:
-        for rank in (0, 1):
-            z = np.load(out / f"{name}.rank{rank}.npz")
-            with open(out / f"{name}.rank{rank}.json") as fh:
-                meta = json.load(fh)
-            results[name, rank] = ({k: z[k] for k in z.files}, meta)
+    proc, results = launch_cases(cmd, out, CASES)
     return {"results": results, "stdout": proc.stdout, "log_dir": out / "logs",
             "resumed": resumed}
 

@@ -20,3 +20,8 @@ def trainer_config(out_dir: str, overrides=()):
 #: checkpoints
 MTP_OVERRIDES = ["model.num_nextn_predict_layers=1", "model.mtp_loss_scaling_factor=0.3",
                  "training.steps=4", "checkpoint.enable_save=False"]
+
+#: the Trainer run under fully sharded data parallel (the same run on one process); no
+#: checkpoints (a sharded checkpoint's format belongs to the checkpoint package)
+FSDP_OVERRIDES = ("parallelism.data_parallel_shard_strategy=optim_grads_params",
+                  "checkpoint.enable_save=False")

@@ -13,7 +13,8 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "distributed"))
 
-from test_dp_msrun import launch, rel_err, worker_logs  # noqa: E402
+from msrun_util import launch, worker_logs  # noqa: E402
+from test_dp_msrun import rel_err  # noqa: E402
 from moe_dp_worker import moe_dp_config  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]

@@ -1,0 +1,74 @@
+"""``parallelism.data_parallel_shard_strategy`` and ``disable_gradient_division``: the values
+and the combinations that are refused (pure rules; the config layer wraps them as ConfigError).
+
+Upstream's values (MindFormers' PyNative trainer and Megatron-FSDP use the same names), what
+each shards over the ``dp_shard`` data-parallel ranks, and how this package runs it
+(``distributed/fsdp.py``):
+
+    no_shard            nothing sharded: optimizer state replicated on every rank
+    optim               optimizer state (fp32 masters, moments): ZeRO-1 (distributed/zero.py)
+    optim_grads         + gradients: reduce-scattered, each rank keeps its 1/dp shard
+    optim_grads_params  + parameters: each rank stores a 1/dp shard, all-gathered per layer
+                        just in time for forward and backward (FSDP / ZeRO-3)
+
+Upstream's default is ``optim_grads_params``; this package keeps ``optim`` (ZeRO-1) as its
+default: on one process every value is the same run, and under msrun ZeRO-1 keeps full
+parameters, so the weights are all-gathered once per step instead of once per layer in forward
+and again in backward (CPU has no native reduce-scatter and no sub-group all-gather), and every
+model feature (``training.jit`` graphs, MTP, generation) works on it.
+
+``disable_gradient_division`` (upstream default True): the data-parallel reduction SUMs the
+gradients, which are already normalised by the global loss-token count, so the result is the
+gradient of the global batch mean. False divides the reduced gradient by the data-parallel
+size once more, as upstream's averaging reduction does on top of its loss scaling.
+
+Refused combinations (each message names the field):
+
+* ``optim_grads`` / ``optim_grads_params`` with ``1 < data_parallel_shard < dp`` (HSDP: shards
+  over a sub-group, replicas across): only sharding over all data-parallel ranks is
+  implemented;
+* ``optim_grads_params`` with ``reshard_after_forward_policy: never`` (keep the gathered
+  parameters from forward to backward): this package always frees them after the forward and
+  gathers again in the backward.
+"""
+from __future__ import annotations
+
+__all__ = ["SHARD_STRATEGIES", "GRAD_SHARDING", "PARAM_SHARDING", "check_shard_strategy",
+           "shards_grads", "shards_params", "optimizer_shard_count"]
+
+SHARD_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+GRAD_SHARDING = ("optim_grads", "optim_grads_params")
+PARAM_SHARDING = ("optim_grads_params",)
+
+
+def shards_grads(strategy: str) -> bool:
+    return strategy in GRAD_SHARDING
+
+
+def shards_params(strategy: str) -> bool:
+    return strategy in PARAM_SHARDING
+
+
+def optimizer_shard_count(strategy: str, dp_shard: int) -> int:
+    """Ranks the optimizer state is split over: 1 for ``no_shard``, else ``dp_shard``."""
+    return 1 if strategy == "no_shard" else int(dp_shard)
+
+
+def check_shard_strategy(strategy: str, dp: int, dp_shard: int,
+                         reshard_after_forward_policy: str = "default") -> None:
+    """ValueError for a refused combination (module docstring); ``dp`` data-parallel ranks,
+    ``dp_shard`` of them sharding (``parallelism.dp_shard``)."""
+    if strategy not in SHARD_STRATEGIES:
+        raise ValueError(f"must be one of {list(SHARD_STRATEGIES)}, got {strategy!r}")
+    if shards_grads(strategy) and 1 < dp_shard < dp:
+        raise ValueError(f"{strategy!r} shards over all data-parallel ranks here, but "
+                         f"data_parallel_shard gives {dp_shard} of data_parallel({dp}) "
+                         f"(HSDP, sharded within groups and replicated across them, is not "
+                         f"implemented for {strategy!r}); set data_parallel_shard: -1, or use "
+                         f"'optim' for HSDP of the optimizer state")
+    if shards_params(strategy) and dp_shard > 1 and reshard_after_forward_policy == "never":
+        raise ValueError(f"{strategy!r} with reshard_after_forward_policy 'never' keeps the "
+                         f"gathered parameters from forward to backward, which is not "
+                         f"implemented here: the parameters are freed after each layer's "
+                         f"forward and gathered again in its backward; use 'default' or "
+                         f"'always'")

@@ -1,0 +1,304 @@
+"""Fully sharded data parallel: ``parallelism.data_parallel_shard_strategy`` ``optim_grads`` and
+``optim_grads_params`` (values and refused combinations: config/shard_strategy.py; which
+parameters are split: fsdp_layout.py).
+
+``optim_grads``: parameters stay full on every rank. After the backward, the gradients of the
+split parameters are reduce-scattered over the ``dp`` group (one flat buffer, rank-major), so
+each rank keeps only its ``1/dp`` rows; the others are all-reduced as before. The optimizer is
+the ZeRO-1 one (distributed/zero.py) told that those gradients are already rows.
+
+``optim_grads_params``: each rank stores only its rows of the split parameters (the Parameter's
+data is replaced by its shard; the name stays, the layout is in ``model.shard_specs()``). The
+model's forward runs through :class:`FSDPRunner`: the embedding lookup, every decoder layer and
+the head are each one :class:`FSDPUnit`, a recomputed Cell whose forward all-gathers its
+weights (:class:`GatherShard`), runs the layer's pure function on the full weights and drops
+them; the backward runs the unit again (gathering the weights again) and
+:class:`GatherShard`'s ``bprop`` reduce-scatters each weight's gradient over ``dp``. So full
+weights exist for one unit at a time, forward and backward, and every rank's gradient of a split
+parameter is its rows of the summed gradient:
+
+    d(sum_r L_r) / d shard_k = rows_k( sum_r dL_r / dW )      = ReduceScatter_dp(dL_r / dW)
+
+which is the reduction the data-parallel reducer does for full gradients. The optimizer is the
+ZeRO-1 one told that those parameters and gradients are rows: it updates them in place, with no
+all-gather after the step. Muon takes the same path as ZeRO-1 (``shard_exchange.ShardedMuonExchange``
+under ``Muon._muon_update``, both comm strategies) on the full shapes.
+
+Both: the gradient norm is ``shard_spec.global_sq_norm`` over the split (group ``dp``) and the
+replicated gradients, identical on every rank, so clipping and skip decisions agree.
+``disable_gradient_division: False`` divides the reduced gradients by dp (upstream's averaging).
+
+Limits of ``optim_grads_params`` here (each a ConfigError from :func:`apply_fsdp`):
+``training.jit`` runs as ``none`` (the units are PyNative Cells with collectives; another
+value written in the config is refused), no
+multi-token prediction (its layers read the shared embedding outside the units), tensor /
+pipeline / context parallel sizes 1. The model's ``logits``/``hidden_states``/generation read
+full weights and are not available on a sharded model. The side effect of recomputation
+applies: a MoE layer counts its routing statistics twice per step (core/recompute.py: the
+expert-bias update is unchanged).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from ..config.errors import ConfigError
+from ..config.shard_strategy import optimizer_shard_count, shards_grads, shards_params
+from ..optim.clip_grad import global_grad_norm
+from .collectives import GroupCommunicator
+from .fsdp_layout import FSDP_GROUP, fsdp_specs
+from .grad_reduce import DataParallelGradReducer
+from .groups import make_mesh
+from .shard_spec import ShardSpec, global_sq_norm, replicated, shard
+from .zero import ZeroSharding
+
+__all__ = ["GatherShard", "FSDPUnit", "FSDPRunner", "FSDPGradReducer", "FSDPSharding",
+           "shard_model", "apply_fsdp"]
+
+
+class GatherShard(nn.Cell):
+    """All-gather of a dim-0 shard over ``group`` forward; reduce-scatter of the gradient."""
+
+    def __init__(self, comm: GroupCommunicator, group: str = FSDP_GROUP):
+        super().__init__()
+        self.comm, self.group = comm, group
+
+    def construct(self, shard_tensor):
+        return self.comm.all_gather(shard_tensor, self.group, 0)
+
+    def bprop(self, shard_tensor, out, dout):
+        g = self.comm.reduce_scatter(dout.astype(ms.float32), self.group, 0)
+        return (g.astype(shard_tensor.dtype),)
+
+
+class FSDPUnit(nn.Cell):
+    """``fn(*inputs, *weights)`` with the split weights all-gathered just in time; recomputed
+    in the backward, so the gathered weights (and the unit's activations) are not kept.
+
+    Called as ``unit(*inputs, *weights)``; ``split[j]`` says whether weight j is a shard."""
+
+    def __init__(self, fn, split: Sequence[bool], gather: GatherShard):
+        super().__init__()
+        self.fn = fn
+        self.split = tuple(bool(s) for s in split)
+        self.gather = gather
+        self.recompute()
+
+    def construct(self, *args):
+        n = len(args) - len(self.split)
+        full = [self.gather(w) if s else w for w, s in zip(args[n:], self.split)]
+        return self.fn(*args[:n], *full)
+
+
+def _dense_fn(layer):
+    def run(h, *args):
+        h, max_logits = layer.apply(h, args[:6], *args[6:])
+        return h, max_logits
+    return run
+
+
+def _moe_fn(layer):
+    def run(h, *args):
+        h, max_logits, aux = layer.run_with(h, args[:6], *args[6:])
+        return (h, max_logits) if aux is None else (h, max_logits, aux)
+    return run
+
+
+class FSDPRunner:
+    """The forward of a ``GPTModel`` whose split parameters hold shards (module docstring);
+    ``compiled.Runner``'s interface under ``training.jit: none``."""
+
+    mode = "none"
+
+    def __init__(self, model, comm: GroupCommunicator, split_names):
+        self._model = model
+        gather = GatherShard(comm)
+
+        def unit(fn, weights):
+            return FSDPUnit(fn, [w.name in split_names for w in weights], gather)
+
+        self._embed = unit(model.embed_tokens, [model.embedding.word_embeddings.weight])
+        self._layers = [(layer, unit(_dense_fn(layer) if layer.dense_mlp else _moe_fn(layer),
+                                     layer.weights()))
+                        for layer in model.decoder.layers]
+        self._head = unit(model.head, model.output_weights())
+
+    def embed(self, input_ids):
+        return self._embed(input_ids, self._model.embedding.word_embeddings.weight)
+
+    def layers(self, h, tables):
+        aux_total, max_logits = None, []
+        for layer, run in self._layers:
+            out = run(h, *tables, *layer.weights())
+            h = out[0]
+            max_logits.append(out[1])
+            if len(out) > 2:
+                aux_total = out[2] if aux_total is None else aux_total + out[2]
+        return h, aux_total, max_logits
+
+    def head(self, h, labels, loss_mask) -> tuple:
+        return self._head(h, labels, loss_mask, *self._model.output_weights())
+
+
+def shard_model(model, specs: Dict[str, ShardSpec], index: int) -> None:
+    """Replace the data of every parameter in ``specs`` by its shard ``index`` (same name and
+    dtype) and record the layouts (``model.shard_specs()``)."""
+    for p in model.get_parameters():
+        spec = specs.get(p.name)
+        if spec is None:
+            continue
+        full = (p if p.dtype == ms.float32 else p.astype(ms.float32)).asnumpy()
+        t = Tensor(shard(spec, full, index))
+        p.set_data(t if p.dtype == ms.float32 else t.astype(p.dtype))
+    model.set_shard_specs(specs)
+
+
+class FSDPSharding(ZeroSharding):
+    """``ZeroSharding`` of an FSDP run; records the optimizer's parameter order in the reducer
+    (its ``reduce`` and ``grad_norm`` take gradients in that order)."""
+
+    def __init__(self, reducer: "FSDPGradReducer", **kwargs):
+        super().__init__(reducer.comm, **kwargs)
+        self._reducer = reducer
+
+    def build(self, cls: type, groups, kwargs):
+        opt = super().build(cls, groups, kwargs)
+        self._reducer.bind([p.name for p in opt.parameters])
+        return opt
+
+
+class FSDPGradReducer:
+    """The trainer's data-parallel reducer under a sharding strategy (module docstring):
+    ``DataParallelReducer`` by delegation to ``base`` plus ``grad_norm``."""
+
+    def __init__(self, base: DataParallelGradReducer, comm: GroupCommunicator, strategy: str,
+                 specs: Dict[str, ShardSpec], num_shards: int,
+                 disable_gradient_division: bool = True):
+        self.base = base
+        self.comm = base.comm
+        self.world_size, self.rank = base.world_size, base.rank
+        self.group_comm = comm
+        self.strategy = strategy
+        self.specs = dict(specs)
+        self.num_shards = int(num_shards)
+        self.divide = not disable_gradient_division
+        self._names: Optional[List[str]] = None
+
+    # -- delegated -------------------------------------------------------------------------------
+    def global_token_count(self, local_tokens: float) -> float:
+        return self.base.global_token_count(local_tokens)
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        return self.base.broadcast_flag(flag)
+
+    def sync_moe_stats(self, model) -> None:
+        self.base.sync_moe_stats(model)
+
+    def reduce_max(self, values: np.ndarray) -> np.ndarray:
+        return self.base.reduce_max(values)
+
+    # -- the optimizer -----------------------------------------------------------------------------
+    def optimizer_sharding(self, cfg) -> FSDPSharding:  # noqa: ARG002 - reducer interface
+        split = set(self.specs) if shards_grads(self.strategy) else set()
+        stored = split if shards_params(self.strategy) else set()
+        return FSDPSharding(self, num_shards=optimizer_shard_count(self.strategy,
+                                                                   self.num_shards),
+                            grad_rows=split, param_rows=stored,
+                            full_shapes={n: self.specs[n].full_shape for n in stored})
+
+    def bind(self, names: Sequence[str]) -> None:
+        """The parameter names, in the order of the gradients ``reduce`` receives."""
+        self._names = list(names)
+
+    def _split(self, grads) -> List[bool]:
+        if self._names is None or len(self._names) != len(grads):
+            raise RuntimeError("FSDPGradReducer.reduce needs the optimizer's parameter order: "
+                               "build the optimizer with shard_layout=reducer."
+                               "optimizer_sharding(cfg)")
+        on = shards_grads(self.strategy)
+        return [on and n in self.specs for n in self._names]
+
+    # -- gradients ---------------------------------------------------------------------------------
+    def reduce(self, grads: Sequence, loss_sum: float,
+               n_tokens: float) -> Tuple[List, float, float]:
+        """Replicated gradients and the token sums: all-reduced (``base``). Split gradients:
+        reduce-scattered to this rank's rows (``optim_grads``) or already reduced by the
+        backward (``optim_grads_params``)."""
+        grads = list(grads)
+        split = self._split(grads)
+        out, loss_sum, n_tokens = self.base.reduce(
+            [None if s else g for g, s in zip(grads, split)], loss_sum, n_tokens)
+        idx = [i for i, s in enumerate(split) if s and grads[i] is not None]
+        if shards_params(self.strategy):
+            for i in idx:
+                out[i] = grads[i]
+        elif idx:
+            s = self.num_shards
+            flat = ops.cat([grads[i].astype(ms.float32).reshape(s, -1) for i in idx], 1)
+            mine = self.group_comm.reduce_scatter(flat, FSDP_GROUP, 0).reshape(-1)
+            sizes = [int(np.prod(grads[i].shape)) // s for i in idx]
+            pieces = ops.split(mine, sizes) if len(sizes) > 1 else [mine]
+            for i, piece in zip(idx, pieces):
+                shape = (grads[i].shape[0] // s,) + tuple(grads[i].shape[1:])
+                out[i] = piece.reshape(shape)
+        if self.divide:
+            inv = Tensor(np.float32(1.0 / self.world_size))
+            out = [None if g is None else g * inv for g in out]
+        return out, loss_sum, n_tokens
+
+    def grad_norm(self, grads: Sequence) -> float:
+        """Global L2 norm of reduced gradients, split ones counted over their group
+        (``shard_spec.global_sq_norm``); the same value on every rank."""
+        split = self._split(list(grads))
+        rep = global_grad_norm([g for g, s in zip(grads, split) if not s])
+        mine = global_grad_norm([g for g, s in zip(grads, split) if s])
+        group = ShardSpec((self.num_shards,), 0, FSDP_GROUP, self.num_shards)
+
+        def group_sum(name: str, x: float) -> float:
+            return float(self.group_comm.all_reduce(np.array([x], np.float32), name)[0])
+
+        sq = global_sq_norm([(replicated((1,)), rep * rep), (group, mine * mine)], group_sum)
+        return float(np.sqrt(sq))
+
+
+def _refuse(cfg) -> None:
+    """The combinations ``optim_grads_params`` does not run with (module docstring)."""
+    path = "parallelism.data_parallel_shard_strategy"
+    jit = cfg.training.jit
+    if jit != "none" and "jit" in cfg.training.explicit_keys:   # not written: runs PyNative
+        raise ConfigError("training.jit", f"must be 'none' with {path}: optim_grads_params "
+                                          f"(its per-layer gathers are PyNative Cells), "
+                                          f"got {jit!r}")
+    if getattr(cfg.model, "num_nextn_predict_layers", 0):
+        raise ConfigError("model.num_nextn_predict_layers",
+                          f"multi-token prediction is not implemented with {path}: "
+                          f"optim_grads_params; set it to 0 or use optim_grads")
+
+
+def apply_fsdp(cfg, reducer, model):
+    """``(reducer, model)`` of this run: unchanged unless the strategy shards gradients or
+    parameters or ``disable_gradient_division`` is False (over more than one rank); then the
+    :class:`FSDPGradReducer`, and under ``optim_grads_params`` the model's split parameters
+    replaced by this rank's shards and its forward by :class:`FSDPRunner`."""
+    par = cfg.parallelism
+    strategy = par.data_parallel_shard_strategy
+    world = reducer.world_size
+    if not isinstance(reducer, DataParallelGradReducer) or world == 1:
+        return reducer, model
+    _, num_shards = par.dp_shard(cfg.data_parallel(world))
+    split_on = shards_grads(strategy) and num_shards > 1
+    if not split_on and par.disable_gradient_division and strategy != "no_shard":
+        return reducer, model
+    if shards_params(strategy) and split_on:
+        _refuse(cfg)
+    comm = GroupCommunicator(make_mesh(world), reducer.rank)
+    trainable = [(p.name, tuple(p.shape)) for p in model.trainable_params()]
+    specs = fsdp_specs(trainable, num_shards) if split_on else {}
+    if shards_params(strategy) and specs:
+        shard_model(model, specs, comm.mesh.local_rank(FSDP_GROUP, reducer.rank))
+        model.set_runner(FSDPRunner(model, comm, set(specs)))
+    return FSDPGradReducer(reducer, comm, strategy, specs, num_shards,
+                           par.disable_gradient_division), model
