@@ -1,0 +1,114 @@
+"""`parallelism.tensor_parallel > 1`: sequence parallel required (upstream's text), the model
+sizes tp splits, the B*S token split, and `--check` exit 2 on each (config/tensor_parallel_rules.py)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mindformers_core.config import ConfigError, load_config
+from mindformers_core.config.tensor_parallel_rules import (check_divisible_by_tp,
+                                                           check_sequence_parallel,
+                                                           check_sequence_tokens)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MARKOV = os.path.join(ROOT, "configs", "markov_check.yaml")
+DSV3 = os.path.join(ROOT, "configs", "muon_deepseek_v3_tiny.yaml")
+TP2 = ["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true"]
+
+
+@pytest.fixture
+def world2(monkeypatch):
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    monkeypatch.setenv("MS_WORKER_NUM", "2")
+
+
+def test_pure_rules_give_upstream_messages():
+    with pytest.raises(ValueError, match=r"^PyNative tensor parallelism requires "
+                                         r"sequence_parallel=True when tensor_parallel > 1, but "
+                                         r"got tensor_parallel=2\.$"):
+        check_sequence_parallel(2, False)
+    check_sequence_parallel(2, True)
+    check_sequence_parallel(1, False)
+    with pytest.raises(ValueError, match=r"^num_attention_heads \(6\) must be a multiple of "
+                                         r"tensor_model_parallel_size \(4\)\.$"):
+        check_divisible_by_tp("num_attention_heads", 6, 4)
+    check_divisible_by_tp("num_attention_heads", 8, 4)
+    with pytest.raises(ValueError, match=r"local_batch_size \(1\) \* seq_length \(15\) = 15 must "
+                                         r"be divisible by tensor_model_parallel_size \(2\)"):
+        check_sequence_tokens(1, 15, 2)
+    check_sequence_tokens(1, 16, 2)
+
+
+def test_tp2_with_sequence_parallel_is_accepted_and_planned(world2):
+    cfg = load_config(MARKOV, overrides=TP2)
+    plan = cfg.plan()
+    assert (plan.world_size, plan.data_parallel, plan.tensor_parallel) == (2, 1, 2)
+    assert plan.sequence_parallel
+    assert "tensor parallel  : 2 (sequence parallel)" in plan.format()
+
+
+def test_tp_without_sequence_parallel_is_refused_with_upstream_text(world2):
+    with pytest.raises(ConfigError, match=r"^parallelism\.sequence_parallel: PyNative tensor "
+                                          r"parallelism requires sequence_parallel=True when "
+                                          r"tensor_parallel > 1, but got tensor_parallel=2\."):
+        load_config(MARKOV, overrides=["parallelism.tensor_parallel=2"])
+
+
+@pytest.mark.parametrize("override,field,text", [
+    ("model.num_attention_heads=1", "model.num_attention_heads",
+     r"num_attention_heads \(1\) must be a multiple of tensor_model_parallel_size \(2\)"),
+    ("model.num_query_groups=1", "model.num_query_groups",
+     r"num_query_groups \(1\) must be a multiple of tensor_model_parallel_size \(2\)"),
+    ("model.ffn_hidden_size=75", "model.ffn_hidden_size",
+     r"ffn_hidden_size \(75\) must be a multiple of tensor_model_parallel_size \(2\)"),
+    ("model.vocab_size=33", "model.vocab_size",
+     r"vocab_size \(33\) must be a multiple of tensor_model_parallel_size \(2\)"),
+])
+def test_sizes_tp_splits_must_divide(world2, override, field, text):
+    with pytest.raises(ConfigError, match=rf"^{field}: {text}"):
+        load_config(MARKOV, overrides=TP2 + [override])
+
+
+def test_sequence_parallel_token_split(world2):
+    with pytest.raises(ConfigError, match=r"^training\.local_batch_size: With sequence "
+                                          r"parallelism, the tokens of a micro-batch "
+                                          r"local_batch_size \(1\) \* seq_length \(15\) = 15"):
+        load_config(MARKOV, overrides=TP2 + ["model.seq_length=15", "training.local_batch_size=1",
+                                             "training.global_batch_size=2"])
+
+
+def dsv3_adamw(overrides):
+    import yaml
+    with open(DSV3) as fh:
+        d = yaml.safe_load(fh)
+    d["optimizer"] = {"type": "AdamW", "weight_decay": 0.1}
+    return load_config(d, overrides=overrides)
+
+
+def test_muon_and_mtp_under_tp_are_refused(world2):
+    with pytest.raises(ConfigError, match=r"^optimizer\.type: optimizer\.type: Muon with "
+                                          r"parallelism\.tensor_parallel > 1 \(2\)"):
+        load_config(DSV3, overrides=TP2)
+    with pytest.raises(ConfigError, match=r"^model\.num_nextn_predict_layers: multi-token "
+                                          r"prediction \(num_nextn_predict_layers 1\) is not "
+                                          r"implemented with parallelism\.tensor_parallel > 1"):
+        dsv3_adamw(TP2 + ["model.num_nextn_predict_layers=1"])
+    assert dsv3_adamw(TP2).plan().tensor_parallel == 2
+
+
+def test_pipeline_parallel_stays_refused(world2):
+    with pytest.raises(ConfigError, match=r"^parallelism\.pipeline_parallel: must be 1, got 2"):
+        load_config(MARKOV, overrides=["parallelism.pipeline_parallel=2"])
+
+
+def test_check_exits_2_on_a_tp_rule():
+    env = dict(os.environ, MS_ROLE="MS_WORKER", MS_WORKER_NUM="2")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "run_mindformer.py"), "--config",
+                        MARKOV, "--mode", "1", "--check", "--set",
+                        "parallelism.tensor_parallel=2"],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "error: parallelism.sequence_parallel: PyNative tensor parallelism requires "
+        "sequence_parallel=True when tensor_parallel > 1, but got tensor_parallel=2."]
