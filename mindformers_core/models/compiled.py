@@ -110,6 +110,10 @@ class Runner:
                 return model.apply(input_ids, labels, loss_mask, tables, *ws)
             self._graph = ms.jit(forward)
 
+    def embed(self, input_ids, table):
+        """[B*S, H] rows of the embedding table (the embedding lookup stays PyNative)."""
+        return self._model.embed_tokens(input_ids, table)
+
     def layers(self, h, tables):
         """(h after the last layer, summed aux loss or None, [max_logits per layer])."""
         aux_total, max_logits = None, []

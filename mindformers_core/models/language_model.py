@@ -133,6 +133,10 @@ class GPTModel(nn.Cell):
         # key heads of the rotary tables: MLA shares one rope key across heads
         self._rope_key_heads = 1 if mla else transformer_config.num_query_groups
         self._tables: Dict[tuple, tuple] = {}
+        # attention heads (and rotary key heads) this process runs: all of them, or the local
+        # ones under tensor parallelism (set_parallel_runner)
+        self._local_heads = cfg.num_attention_heads
+        self._shard_specs: Dict[str, object] = {}
         self._max_logits: List[Optional[Tensor]] = [None] * self._num_tracked_layers
         self._runner = compiled.Runner(self, "none")
 
@@ -180,6 +184,21 @@ class GPTModel(nn.Cell):
     def jit_mode(self) -> str:
         return self._runner.mode
 
+    def set_parallel_runner(self, runner, shard_specs: Dict[str, object], local_heads: int,
+                            local_key_heads: int) -> None:
+        """Run through a model-parallel runner (``models.tp_model.apply_tensor_parallel``):
+        its parameters are already this rank's slices, described by ``shard_specs``."""
+        self._runner = runner
+        self._shard_specs = dict(shard_specs)
+        self._local_heads = local_heads
+        self._rope_key_heads = local_key_heads
+        self._tables = {}
+
+    def shard_specs(self) -> Dict[str, object]:
+        """name -> ``distributed.shard_spec.ShardSpec`` of every sharded parameter (absent:
+        replicated; empty for a model that is not model parallel)."""
+        return dict(self._shard_specs)
+
     def static_tables(self, batch: int, seq_len: int) -> tuple:
         """``layers.attention_tables`` of a (batch, seq_len), cached."""
         key = (batch, seq_len)
@@ -189,7 +208,7 @@ class GPTModel(nn.Cell):
 
     def position_tables(self, batch: int, seq_len: int, start: int = 0) -> tuple:
         """``layers.attention_tables`` of positions start .. start + seq_len - 1 (uncached)."""
-        return attention_tables(batch, seq_len, self.cfg.num_attention_heads,
+        return attention_tables(batch, seq_len, self._local_heads,
                                 self._rope_key_heads, self._rope_dim, self.cfg.rope_theta,
                                 self.precision, start,
                                 rope=yarn.rope_tables_for(self.cfg, start + seq_len,
@@ -227,7 +246,7 @@ class GPTModel(nn.Cell):
         """(h [B*S, H] before the final norm, summed aux loss or None); records max logits."""
         b, s = input_ids.shape
         h, aux, max_logits = self._runner.layers(
-            self.embed_tokens(input_ids, self.embedding.word_embeddings.weight),
+            self._runner.embed(input_ids, self.embedding.word_embeddings.weight),
             self.static_tables(b, s))
         self.record_max_logits(max_logits)
         return h, aux
@@ -312,8 +331,9 @@ class GPTModel(nn.Cell):
 
     def max_attention_logits_tensor(self) -> Tensor:
         """Running max [num_layers (+ MTP depths), num_heads] float32 Tensor (-inf where nothing ran yet),
-        e.g. for an all-reduce(MAX) across data-parallel ranks."""
-        n = self.cfg.num_attention_heads
+        e.g. for an all-reduce(MAX) across data-parallel ranks. Under tensor parallelism the
+        columns are this rank's local heads (num_heads / tp)."""
+        n = self._local_heads
         rows = [m if m is not None else Tensor(np.full((n,), -np.inf, np.float32))
                 for m in self._max_logits]
         return ops.stack(rows, 0)

@@ -6,6 +6,8 @@ The trainer checks what a model, an optimizer or a gradient reducer offers with
 * :class:`GradReducer` every reducer (``trainer.grad_reducer.IdentityGradReducer``);
   :class:`DataParallelReducer` the data-parallel one (``distributed.grad_reduce``): it also
   builds the optimizer for the ranks (ZeRO sharding, QK-Clip MAX) and SUMs MoE loads;
+  :class:`ModelParallelReducer` one that also shards the model (tensor parallel,
+  ``distributed.tp_reduce``): it names the data shard of this rank and gives the norm rule;
 * :class:`ExpertBiasModel` MoE models with the aux-loss-free expert-bias update, and
   :class:`MoEStatsModel` those whose expert loads a skipped step must drop;
 * :class:`MaxLogitsModel` models that track max attention logits (QK-Clip input);
@@ -19,7 +21,7 @@ from typing import Any, List, Optional, Protocol, Sequence, Tuple, runtime_check
 
 from ..optim.qk_clip import QKClipModel  # declared where QK-Clip reads it
 
-__all__ = ["GradReducer", "DataParallelReducer", "ExpertBiasModel", "MoEStatsModel",
+__all__ = ["GradReducer", "DataParallelReducer", "ModelParallelReducer", "ExpertBiasModel", "MoEStatsModel",
            "MaxLogitsModel", "QKClipModel", "QKClipOptimizer"]
 
 
@@ -46,6 +48,18 @@ class DataParallelReducer(GradReducer, Protocol):
 
     def sync_moe_stats(self, model) -> None:
         """SUM the MoE token-per-expert counts over ranks before the expert-bias update."""
+
+
+@runtime_checkable
+class ModelParallelReducer(DataParallelReducer, Protocol):
+    #: this rank's index among the data-parallel replicas (the data shard it reads)
+    data_parallel_rank: int
+
+    def parallelize_model(self, model) -> Any:
+        """The model holding this rank's shards (after the usual seeded build)."""
+
+    def grad_norm_fn(self, model, params) -> Any:
+        """``norm(grads) -> float``: the global norm of gradients aligned with ``params``."""
 
 
 @runtime_checkable

@@ -52,7 +52,7 @@ from .resume_checks import (check_train_payload, lr_jump_warning,
                             optimizer_tensor_names)
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .protocols import (DataParallelReducer, ExpertBiasModel, MaxLogitsModel, MoEStatsModel,
-                        QKClipOptimizer)
+                        ModelParallelReducer, QKClipOptimizer)
 from .run_dir import claim_run_dir, new_run_id
 from .signals import StopRequest
 from .step_decision import NONFINITE, OVERFLOW, SKIP_LIMIT, THRESHOLD, decide_step
@@ -96,13 +96,14 @@ def _jsonable(value):
     return value
 
 
-def _default_grad_reducer():
-    """The data-parallel reducer when launched by msrun (communication initialised there),
-    the identity in a plain process (no communication init)."""
+def _default_grad_reducer(cfg):
+    """The parallel reducer of ``cfg`` when launched by msrun (communication initialised
+    there; tensor parallel when ``parallelism.tensor_parallel > 1``), the identity in a plain
+    process (no communication init)."""
     from ..distributed.env import launched_by_msrun
     if launched_by_msrun():
-        from ..distributed.setup import setup_data_parallel
-        return setup_data_parallel()
+        from ..distributed.setup import setup_parallel
+        return setup_parallel(cfg)
     return IdentityGradReducer()
 
 
@@ -127,9 +128,12 @@ class Trainer:
         self.cfg = cfg
         self.output_dir = output_dir
         # under msrun: the data-parallel all-reduce (distributed package); else the identity
-        self.grad_reducer = grad_reducer or _default_grad_reducer()
+        self.grad_reducer = grad_reducer or _default_grad_reducer(cfg)
         ws = self.grad_reducer.world_size if world_size is None else world_size
         self.rank = self.grad_reducer.rank if rank is None else rank
+        # tensor parallel: the reducer shards the model; tp ranks of one replica read one shard
+        mp = self.grad_reducer if isinstance(self.grad_reducer, ModelParallelReducer) else None
+        self.data_rank = mp.data_parallel_rank if mp is not None else self.rank
         self.plan = cfg.plan(ws) if plan is None else plan
         tr = cfg.training
         self.ckpt_cfg: CheckpointConfig = cfg.checkpoint
@@ -163,6 +167,8 @@ class Trainer:
             model = build_model(cfg.model, seed=tr.seed, mup_width_mult=self.mup_width_mult,
                                 jit=cfg.model_jit_mode())
             model.set_recompute(cfg.recompute_layers())   # recompute: (config/recompute.py)
+            if mp is not None:
+                model = mp.parallelize_model(model)
         self.model = model
         if loaded is not None:
             self._load_model(loaded)
@@ -192,13 +198,16 @@ class Trainer:
         tokenizer = load_run_tokenizer(cfg)
         if dataset is None:
             from ..data.run_data import build_run_datasets
-            dataset, eval_dataset = build_run_datasets(cfg, self.rank, self.plan.data_parallel,
-                                                       tokenizer)
+            dataset, eval_dataset = build_run_datasets(cfg, self.data_rank,
+                                                       self.plan.data_parallel, tokenizer)
         self.dataset = dataset
         from .progress import RunProgress
         self.progress = RunProgress(self, eval_dataset, tokenizer)
         self.entropy_floor = getattr(dataset, "entropy_floor", None)
         self._grad_fn = make_grad_fn(self.model, self.optimizer.parameters)
+        from ..optim.clip_grad import global_grad_norm
+        self._grad_norm = (mp.grad_norm_fn(self.model, self.optimizer.parameters)
+                           if mp is not None else global_grad_norm)
         self.resumed_from: Optional[str] = None
         if loaded is not None:
             self._load_rest(loaded)
@@ -364,7 +373,7 @@ class Trainer:
         """One optimizer step; updates ``self.state`` and returns its metrics."""
         import mindspore as ms
         from ..core.lr import group_lrs
-        from ..optim.clip_grad import clip_by_norm, global_grad_norm
+        from ..optim.clip_grad import clip_by_norm
         from ..models.mtp import step_mtp_loss
 
         t0 = time.perf_counter()
@@ -380,7 +389,7 @@ class Trainer:
         on_micro = (lambda *a: self.monitor.on_micro_batch(*a, loss_scale=scale)
                     ) if self.monitor.watches_micro_batches else None
         grads, loss_sum, aux = accumulate_gradients(self._grad_fn, batches, total_tokens, scale,
-                                                    data_parallel=self.grad_reducer.world_size,
+                                                    data_parallel=self.plan.data_parallel,
                                                     on_micro=on_micro)
         self.monitor.on_device_step(loss_sum, local_tokens, grads, loss_scale=scale)
         mtp_loss = step_mtp_loss(self.model)   # inside aux; logged on its own
@@ -393,7 +402,7 @@ class Trainer:
             grads = [g * inv for g in grads]
         for hook in self.grad_hooks:
             grads = hook(step_number, grads)
-        norm = float(global_grad_norm(grads))
+        norm = float(self._grad_norm(grads))
         finite = math.isfinite(norm)
 
         clipped = False
