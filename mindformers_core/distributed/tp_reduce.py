@@ -110,10 +110,10 @@ class TensorParallelGradReducer:
         return self.data.reduce_max(values)
 
     # -- ModelParallelReducer --------------------------------------------------------------------
-    def parallelize_model(self, model):
-        """The model with this rank's tensor-parallel shards (``models.tp_model``)."""
-        from ..models.tp_model import apply_tensor_parallel
-        return apply_tensor_parallel(model, self.comm)
+    @property
+    def model_parallel_comm(self) -> GroupCommunicator:
+        """What ``models.tp_model.apply_tensor_parallel`` shards the model over."""
+        return self.comm
 
     def grad_norm_fn(self, model, params) -> Callable[[Sequence], float]:
         """``norm(grads)`` for gradients aligned with ``params`` (module docstring)."""

@@ -54,9 +54,8 @@ class DataParallelReducer(GradReducer, Protocol):
 class ModelParallelReducer(DataParallelReducer, Protocol):
     #: this rank's index among the data-parallel replicas (the data shard it reads)
     data_parallel_rank: int
-
-    def parallelize_model(self, model) -> Any:
-        """The model holding this rank's shards (after the usual seeded build)."""
+    #: the GroupCommunicator the model is sharded over (models.tp_model.apply_tensor_parallel)
+    model_parallel_comm: Any
 
     def grad_norm_fn(self, model, params) -> Any:
         """``norm(grads) -> float``: the global norm of gradients aligned with ``params``."""

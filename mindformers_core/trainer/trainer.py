@@ -167,8 +167,9 @@ class Trainer:
             model = build_model(cfg.model, seed=tr.seed, mup_width_mult=self.mup_width_mult,
                                 jit=cfg.model_jit_mode())
             model.set_recompute(cfg.recompute_layers())   # recompute: (config/recompute.py)
-            if mp is not None:
-                model = mp.parallelize_model(model)
+            if mp is not None:   # this rank's tensor-parallel shards of the seeded model
+                from ..models.tp_model import apply_tensor_parallel
+                model = apply_tensor_parallel(model, mp.model_parallel_comm)
         self.model = model
         if loaded is not None:
             self._load_model(loaded)

@@ -2,6 +2,7 @@
 
     python tests/distributed/tp_worker.py OUT_DIR grad MODEL...    one forward/backward
     python tests/distributed/tp_worker.py OUT_DIR train MODEL...   the Trainer, 10 steps
+    python tests/distributed/tp_worker.py OUT_DIR all MODEL...     both, in that order
 
 ``grad``: every rank builds the full model (the seeded init of one process) as the reference
 and a second copy that it shards (``apply_tensor_parallel``), runs one micro-batch through both
@@ -39,7 +40,9 @@ def grad_case(out, name, reducer):
     from tp_case import CONFIGS
     cfg = CONFIGS[name](out, ["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true"])
     full = build_model(cfg.model, seed=7, jit="none")
-    model = reducer.parallelize_model(build_model(cfg.model, seed=7, jit="none"))
+    from mindformers_core.models.tp_model import apply_tensor_parallel
+    model = apply_tensor_parallel(build_model(cfg.model, seed=7, jit="none"),
+                                  reducer.model_parallel_comm)
     rng = np.random.default_rng(3)
     b, s = 2, cfg.model.seq_length
     ids = ms.Tensor(rng.integers(0, cfg.model.vocab_size, (b, s)).astype(np.int32))
@@ -95,13 +98,13 @@ def main():
     ms.runtime.launch_blocking()
     out, what, names = sys.argv[1], sys.argv[2], sys.argv[3:]
     os.makedirs(out, exist_ok=True)
-    if what == "grad":
+    if what in ("grad", "all"):
         from mindformers_core.distributed.setup import setup_parallel
         from tp_case import CONFIGS, TP
         reducer = setup_parallel(CONFIGS[names[0]](out, TP))
         for name in names:
             grad_case(out, name, reducer)
-    else:
+    if what in ("train", "all"):
         for name in names:
             train_case(out, name)
 
