@@ -94,6 +94,14 @@ def check_tensor_parallel(cfg) -> None:
         check_sequence_tokens(cfg.training.local_batch_size, cfg.model.seq_length, tp)
     except ValueError as err:
         raise ConfigError("training.local_batch_size", str(err)) from None
+    if cfg.model_jit_mode() == "model":
+        raise ConfigError("training.jit", f"model compiles the whole forward as one graph, which "
+                                          f"cannot hold the tensor-parallel collectives "
+                                          f"(tensor_parallel {tp}); use layer or none")
+    if cfg.recompute_layers():
+        raise ConfigError("recompute.mode", f"recompute is not implemented with "
+                                            f"parallelism.tensor_parallel > 1 ({tp}); turn "
+                                            f"recompute off")
     if cfg.model.num_nextn_predict_layers:
         raise ConfigError("model.num_nextn_predict_layers",
                           MTP_TP_MESSAGE.format(n=cfg.model.num_nextn_predict_layers, tp=tp))

@@ -36,9 +36,12 @@ global norm, which counts sharded gradients over the group (``shard_spec.global_
 Max attention logits are per *local* head: ``[num_layers, num_heads / tp]`` (a MAX across
 ranks may only run over data-parallel replicas, never across tp ranks, which hold other heads).
 
-The layers run in PyNative (``mode`` "none"): the boundaries are host-side collectives with
-their own bprop, which a ``mindspore.jit`` graph cannot hold, so ``training.jit: layer`` runs
-the same ops uncompiled under tp > 1 (the run plan says so).
+``training.jit: layer``: the boundaries are host-side collectives with their own bprop, which
+a ``mindspore.jit`` graph cannot hold, so they stay PyNative; each layer's attention on its
+local heads and its dense MLP on its local units are compiled (one graph each, the weights and
+the attention tables as graph inputs, as ``models.compiled``); the MoE block, the embedding and
+the head run in PyNative. ``training.jit: model`` is refused under tensor parallelism (one
+graph of the whole forward would have to hold the collectives).
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ from ..distributed.collectives import GroupCommunicator
 from ..distributed.shard_spec import ShardSpec, shard
 from ..distributed.tp_layout import (AttentionShape, is_partial_replicated, tp_shard_specs,
                                      vocab_range)
+from .compiled import NUM_TABLES, effective_mode
 from .layers import linear, rms_norm
 from .sequence_parallel import (GatherReplicated, GatherSequence, ScatterSequence,
                                 SplitSequence, vocab_parallel_embed, vocab_parallel_token_losses)
@@ -92,20 +96,39 @@ def apply_tensor_parallel(model, comm: GroupCommunicator, group: str = "tp"):
             attn.num_groups //= tp
     runner = TensorParallelRunner(model, comm, group, {p.name for p in params
                                                        if p.name not in specs and p.requires_grad
-                                                       and is_partial_replicated(p.name)})
+                                                       and is_partial_replicated(p.name)},
+                                  model.jit_mode)
     model.set_parallel_runner(runner, specs, model.cfg.num_attention_heads // tp,
                               1 if mla else model.get_gpt_transformer_config().num_query_groups
                               // tp)
     return model
 
 
+def _graph(fn):
+    """``fn(x, tables, *ws)`` compiled with the tables and weights as separate graph inputs."""
+    def run(x, *args):
+        return fn(x, args[:NUM_TABLES], *args[NUM_TABLES:])
+    return ms.jit(run)
+
+
+def _graph_mlp(template):
+    """``template.apply(x, *ws)`` compiled, the weights as graph inputs."""
+    def run(x, *ws):
+        return template.apply(x, *ws)
+    return ms.jit(run)
+
+
 class TensorParallelRunner:
     """Runs the embedding, decoder and head of a tensor-parallel ``GPTModel`` (the interface of
-    ``models.compiled.Runner``: ``mode``, ``embed``, ``layers``, ``head``)."""
+    ``models.compiled.Runner``: ``mode``, ``embed``, ``layers``, ``head``); ``mode`` "none"
+    or "layer" (module docstring)."""
 
-    mode = "none"
-
-    def __init__(self, model, comm: GroupCommunicator, group: str, partial: set):
+    def __init__(self, model, comm: GroupCommunicator, group: str, partial: set,
+                 mode: str = "none"):
+        if mode == "model":
+            raise ValueError("training.jit: model compiles the whole forward as one graph, which "
+                             "cannot hold the tensor-parallel collectives; use layer or none")
+        self.mode = effective_mode(mode, model.precision.compute)
         self._model = model
         self.comm, self.group = comm, group
         self.tp = len(comm.ranks(group))
@@ -118,6 +141,12 @@ class TensorParallelRunner:
         self.split = SplitSequence(comm, group)
         self.grad_sum = CopyToGroup(comm, group)
         self.reduce = ReduceFromGroup(comm, group)
+        layers = list(model.decoder.layers)
+        dense = [layer.mlp for layer in layers if layer.dense_mlp]
+        # one graph per kind: every layer has the same structure, only the weights differ
+        self._attention = (_graph(layers[0].self_attention.apply) if self.mode == "layer"
+                           else None)
+        self._mlp = (_graph_mlp(dense[0]) if self.mode == "layer" and dense else None)
 
     def _w(self, param):
         """A weight as the forward uses it: through the tp gradient sum when it is partial."""
@@ -142,12 +171,16 @@ class TensorParallelRunner:
     def _layer(self, layer, h, tables):
         n1, n2, attn = layer.input_layernorm, layer.pre_mlp_layernorm, layer.self_attention
         x = rms_norm(h, self._w(n1.weight), n1.eps, n1.mean_column)
-        out, max_logits = attn.apply(self.gather(x), tables, *[self._w(w) for w in attn.weights()])
+        ws = [self._w(w) for w in attn.weights()]
+        if self._attention is not None:
+            out, max_logits = self._attention(self.gather(x), *tables, *ws)
+        else:
+            out, max_logits = attn.apply(self.gather(x), tables, *ws)
         h = h + self.scatter(out)
         x = rms_norm(h, self._w(n2.weight), n2.eps, n2.mean_column)
         if layer.dense_mlp:
-            return h + self.scatter(layer.mlp.apply(self.gather(x), *layer.mlp.weights())), \
-                max_logits, None
+            mlp = self._mlp or layer.mlp.apply
+            return h + self.scatter(mlp(self.gather(x), *layer.mlp.weights())), max_logits, None
         b, _, s, _ = tables[-1].shape
         out, aux = layer.mlp(self.gather_replicated(x).reshape(b, s, x.shape[-1]))
         return h + self.split(out.reshape(b * s, x.shape[-1])), max_logits, aux

@@ -97,6 +97,17 @@ def test_muon_and_mtp_under_tp_are_refused(world2):
     assert dsv3_adamw(TP2).plan().tensor_parallel == 2
 
 
+def test_whole_model_jit_and_recompute_under_tp_are_refused(world2):
+    with pytest.raises(ConfigError, match=r"^training\.jit: model compiles the whole forward as "
+                                          r"one graph, which cannot hold the tensor-parallel "
+                                          r"collectives \(tensor_parallel 2\); use layer or none"):
+        load_config(MARKOV, overrides=TP2 + ["training.jit=model"])
+    with pytest.raises(ConfigError, match=r"^recompute\.mode: recompute is not implemented with "
+                                          r"parallelism\.tensor_parallel > 1 \(2\)"):
+        load_config(MARKOV, overrides=TP2 + ["recompute.mode=full", "training.jit=none"])
+    assert load_config(MARKOV, overrides=TP2).model_jit_mode() == "layer"
+
+
 def test_pipeline_parallel_stays_refused(world2):
     with pytest.raises(ConfigError, match=r"^parallelism\.pipeline_parallel: must be 1, got 2"):
         load_config(MARKOV, overrides=["parallelism.pipeline_parallel=2"])

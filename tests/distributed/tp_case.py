@@ -11,11 +11,12 @@ TP = ["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true"]
 
 
 def gpt_config(out_dir: str, overrides=()):
-    """Tiny GPT: hidden 32, 2 layers, 4 heads in 2 query groups, seq 16; global batch 4."""
+    """Tiny GPT: hidden 32, 2 layers, 4 heads in 2 query groups, seq 16; global batch 4;
+    ``training.jit: layer`` (the default; the DeepSeek-V3 case runs PyNative)."""
     from mindformers_core.config import load_config
     return load_config(os.path.join(ROOT, "configs", "markov_check.yaml"), overrides=[
         f"training.steps={STEPS}", "training.local_batch_size=2", "training.global_batch_size=4",
-        "training.jit=none", "model.hidden_size=32", "model.seq_length=16",
+        "model.hidden_size=32", "model.seq_length=16",
         "model.num_query_groups=2", "checkpoint.enable_save=false",
         f"checkpoint.save_path={os.path.join(out_dir, 'checkpoint')}",
     ] + list(overrides))
