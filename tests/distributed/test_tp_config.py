@@ -113,13 +113,52 @@ def test_pipeline_parallel_stays_refused(world2):
         load_config(MARKOV, overrides=["parallelism.pipeline_parallel=2"])
 
 
+def check(*sets):
+    env = dict(os.environ, MS_ROLE="MS_WORKER", MS_WORKER_NUM="4")
+    args = [a for kv in sets for a in ("--set", kv)]
+    return subprocess.run([sys.executable, os.path.join(ROOT, "run_mindformer.py"), "--config",
+                           MARKOV, "--mode", "1", "--check", *args],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+
+
+def test_check_prints_the_tp_plan_per_rank():
+    r = check(*TP2)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "data parallel    : 2" in r.stdout
+    assert "tensor parallel  : 2 (sequence parallel)" in r.stdout
+    assert "tp 2, pp 1, ep 1, cp 1, sp" in r.stdout
+    held = [line for line in r.stdout.splitlines() if "parameters held" in line]
+    assert len(held) == 1 and "tp 2)" in held[0]
+    for item in ("parameters", "gradients", "optimizer state"):
+        assert any(line.split()[:len(item.split())] == item.split()
+                   for line in r.stdout.splitlines()), item
+
+
 def test_check_exits_2_on_a_tp_rule():
-    env = dict(os.environ, MS_ROLE="MS_WORKER", MS_WORKER_NUM="2")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "run_mindformer.py"), "--config",
-                        MARKOV, "--mode", "1", "--check", "--set",
-                        "parallelism.tensor_parallel=2"],
-                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    r = check("parallelism.tensor_parallel=2")
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.strip().splitlines() == [
         "error: parallelism.sequence_parallel: PyNative tensor parallelism requires "
         "sequence_parallel=True when tensor_parallel > 1, but got tensor_parallel=2."]
+
+
+@pytest.mark.parametrize("which", ["gpt", "dsv3"])
+def test_plan_counts_what_each_tp_rank_holds(world2, which):
+    """The planner's per-rank parameters (and so its bytes) equal the real tp layout's."""
+    import math
+    from mindformers_core.core.memory_plan import plan_memory
+    from mindformers_core.distributed.shard_spec import local_shape
+    from mindformers_core.distributed.tp_layout import AttentionShape, tp_shard_specs
+    from mindformers_core.models import build_model
+    cfg = load_config(MARKOV, overrides=TP2) if which == "gpt" else dsv3_adamw(TP2)
+    model = build_model(cfg.model, seed=0, jit="none")
+    m = cfg.model
+    specs = tp_shard_specs([(p.name, p.shape) for p in model.get_parameters()], 2,
+                           AttentionShape(m.num_attention_heads, m.resolved_num_query_groups(),
+                                          m.hidden_size // m.num_attention_heads))
+    held = sum(math.prod(local_shape(specs[p.name]) if p.name in specs else p.shape)
+               for p in model.get_parameters() if p.requires_grad)
+    plan = plan_memory(cfg, 2)
+    assert plan.params_per_rank == held
+    assert plan.items["parameters"] == 4 * held and plan.items["gradients"] == 4 * held
+    assert plan.layout.tp == 2 and plan.layout.sequence_parallel
