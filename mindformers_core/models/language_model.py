@@ -251,14 +251,22 @@ class GPTModel(nn.Cell):
         self.record_max_logits(max_logits)
         return h, aux
 
+    def _whole_model_only(self, what: str) -> None:
+        if self._shard_specs:
+            raise NotImplementedError(f"{what} of a tensor-parallel model (each rank holds "
+                                      f"its own tokens and vocabulary rows); the training "
+                                      f"forward model(ids, labels, mask) is")
+
     def hidden_states(self, input_ids):
         """Final-normed hidden states [B, S, H] and the summed aux loss (Tensor or None)."""
+        self._whole_model_only("hidden_states")
         h, aux = self._last_hidden(input_ids)
         norm = self.decoder.final_layernorm
         return norm(h).reshape(input_ids.shape + (h.shape[-1],)), aux
 
     def logits(self, input_ids):
         """Float32 logits [B, S, vocab_size] (times 1/mup_width_mult under muP)."""
+        self._whole_model_only("logits")
         h, _ = self._last_hidden(input_ids)
         return self.readout(h, *self.output_weights()).reshape(input_ids.shape + (-1,))
 
