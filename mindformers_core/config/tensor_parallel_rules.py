@@ -8,9 +8,10 @@ Why each size must divide:
 
 * ``num_attention_heads`` and ``num_query_groups``: attention heads (and GQA key/value groups)
   are split across the tp ranks, whole heads per rank;
-* ``ffn_hidden_size`` (dense MLP) and, for DeepSeek-V3, ``moe_intermediate_size *
-  n_shared_experts`` only when it is sharded (here the MoE block is replicated, see
-  ``models/tp_model.py``, so it is not): SwiGLU units are split across ranks;
+* ``ffn_hidden_size`` (dense MLP) and, for DeepSeek-V3, the shared experts' width
+  (``moe_shared_expert_intermediate_size``, default ``n_shared_experts *
+  moe_intermediate_size``): SwiGLU units are split across ranks (the routed experts are not
+  split: ``models/tp_model.py``);
 * ``vocab_size``: the embedding, the output layer and the cross-entropy are vocabulary
   parallel, ``vocab_size / tp`` rows per rank;
 * ``local_batch_size * seq_length``: sequence parallel splits the flattened ``B * S`` tokens
@@ -67,6 +68,9 @@ def tp_divisibility_problems(model_cfg, tp: int) -> Optional[tuple]:
         sizes.append(("num_query_groups", model_cfg.resolved_num_query_groups()))
     if model_cfg.model_type != "deepseek_v3" or model_cfg.first_k_dense_replace > 0:
         sizes.append(("ffn_hidden_size", model_cfg.resolved_ffn_hidden_size()))
+    if model_cfg.model_type == "deepseek_v3":
+        sizes.append(("moe_shared_expert_intermediate_size",
+                      model_cfg.resolved_shared_expert_intermediate_size()))
     sizes.append(("vocab_size", model_cfg.vocab_size))
     for name, value in sizes:
         try:

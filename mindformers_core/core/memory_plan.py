@@ -71,12 +71,11 @@ class LayerParams:
     attention_replicated: int = 0   # MLA's down-projections (inside attention): replicated
 
     def per_rank(self, tp: int, ep: int) -> int:
-        """Parameters one rank holds (distributed/tp_layout.py): the attention matrices and a
-        dense MLP split by tp, MLA's down-projections and the norms replicated, the MoE block
-        (router, shared experts) replicated and its routed experts split by ep."""
+        """Parameters one rank holds (distributed/tp_layout.py): the attention matrices and the
+        dense MLP or shared experts split by tp, MLA's down-projections, the norms and the
+        router replicated, the routed experts split by ep."""
         attention = (self.attention - self.attention_replicated) // tp + self.attention_replicated
-        mlp = self.mlp if self.num_experts else self.mlp // tp
-        return self.norms + attention + mlp + self.router + self.experts // ep
+        return self.norms + attention + self.mlp // tp + self.router + self.experts // ep
 
     @property
     def total(self) -> int:

@@ -12,17 +12,19 @@ name; every other parameter is replicated:
     *.self_attention.linear_q_up_proj.weight     contiguous split is whole heads)
     *.self_attention.linear_kv_up_proj.weight
     *.self_attention.linear_proj.weight          dim 1 (row parallel)
-    decoder.layers.<i>.mlp.linear_fc1.weight     dim 0 (a dense MLP; the interleaved gate/up
-                                                 rows 2j, 2j+1 stay together when F % tp == 0)
+    decoder.layers.<i>.mlp.linear_fc1.weight     dim 0 (a dense MLP, or a MoE layer's
+    ...mlp.shared_experts.linear_fc1.weight      shared experts; the interleaved gate/up rows
+                                                 2j, 2j+1 stay together when F % tp == 0)
     decoder.layers.<i>.mlp.linear_fc2.weight     dim 1
+    ...mlp.shared_experts.linear_fc2.weight
 
 Replicated and *partial*: every other trainable parameter outside a MoE block (the RMSNorm
 gains, MLA's down-projections and their norms). Under sequence parallelism a norm sees only
 this rank's tokens, and a replicated weight inside the tensor-parallel region feeds only this
 rank's heads, so its local gradient is one rank's share and the gradients are summed over the
-tp group. Replicated and *redundant*: the parameters of a MoE block (router, routed and shared
-experts), which every tp rank runs on all tokens of the micro-batch (models/tp_model.py): their
-gradient is already complete on every rank.
+tp group. Replicated and *redundant*: the MoE router and routed experts, which every tp rank
+runs on all tokens of the micro-batch (models/tp_model.py): their gradient is already complete
+on every rank.
 
 Vocabulary shard ``k`` of ``V`` over ``tp`` ranks: ids ``[k V/tp, (k+1) V/tp)``. Token shard
 ``k`` of the flattened ``B*S`` tokens of a micro-batch: ``[k T/tp, (k+1) T/tp)``.
@@ -38,8 +40,8 @@ from .shard_spec import ShardSpec
 __all__ = ["AttentionShape", "tp_shard_spec", "tp_shard_specs", "is_partial_replicated",
            "vocab_range", "token_range"]
 
-_DENSE_MLP = re.compile(r"^decoder\.layers\.\d+\.mlp\.linear_fc([12])\.weight$")
-_MOE_BLOCK = re.compile(r"\.mlp\.(router|experts|shared_experts)\.")
+_DENSE_MLP = re.compile(r"^decoder\.layers\.\d+\.mlp\.(shared_experts\.)?linear_fc([12])\.weight$")
+_MOE_BLOCK = re.compile(r"\.mlp\.(router|experts)\.")
 _COLUMN_HEADS = ("linear_q_proj", "linear_q_up_proj", "linear_kv_up_proj")
 
 
@@ -84,7 +86,7 @@ def tp_shard_spec(name: str, shape: Sequence[int], tp: int,
         return None
     dense = _DENSE_MLP.match(name)
     if dense:
-        return ShardSpec(shape, 0 if dense.group(1) == "1" else 1, group, tp)
+        return ShardSpec(shape, 0 if dense.group(2) == "1" else 1, group, tp)
     return None
 
 
@@ -101,7 +103,7 @@ def tp_shard_specs(named_shapes: Iterable[Tuple[str, Sequence[int]]], tp: int,
 
 def is_partial_replicated(name: str) -> bool:
     """Whether a replicated parameter's local gradient is this rank's share (summed over tp):
-    every replicated parameter outside a MoE block (module docstring)."""
+    every replicated parameter but the MoE router and routed experts (module docstring)."""
     return _MOE_BLOCK.search(name) is None
 
 

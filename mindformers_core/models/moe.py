@@ -112,6 +112,15 @@ class MoE(nn.Cell):
         self.num_forwards = 0
 
     def construct(self, x):
+        b, n, hdim = x.shape
+        out, aux = self.routed(x)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x.reshape(b * n, hdim))
+        return out.reshape(b, n, hdim).astype(x.dtype), aux
+
+    def routed(self, x):
+        """(routed experts' output [B*S, H], aux loss or None) of x [B, S, H], without the
+        shared experts (tensor parallelism runs those on their own, ``models/tp_model.py``)."""
         s = self.spec
         b, n, hdim = x.shape
         x2d = x.reshape(b * n, hdim)
@@ -119,8 +128,6 @@ class MoE(nn.Cell):
         idx = rt.select_experts(scores, self.router.expert_bias, s.top_k, s.n_group, s.topk_group)
         gate_w = rt.gate_weights(scores, idx, s.norm_topk_prob, s.routed_scaling_factor)
         out, counts, dropped = self.experts(x2d, gate_w, idx, s.capacity_factor, s.drop_policy)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x2d)
         aux = None
         if s.load_balancing_type != "none" and s.aux_loss_coeff > 0:
             onehot = ops.one_hot(idx, s.num_experts, ms.Tensor(1.0, ms.float32),
@@ -129,7 +136,7 @@ class MoE(nn.Cell):
             aux = rt.aux_loss(scores, per_seq, b, n, s.top_k, s.load_balancing_type,
                               s.aux_loss_coeff)
         self._record(idx, counts, dropped, aux)
-        return out.reshape(b, n, hdim).astype(x.dtype), aux
+        return out, aux
 
     def _record(self, idx, counts, dropped, aux) -> None:
         self.last_topk = ops.stop_gradient(idx)

@@ -16,12 +16,14 @@ and ``models/sequence_parallel.py``'s boundaries:
                                                           on local heads, row-parallel proj
     x   = RMSNorm(h)
     h  += ScatterSequence(mlp_local(GatherSequence(x)))   dense MLP: fc1 column, fc2 row
-    h  += SplitSequence(moe(GatherReplicated(x)))         MoE layer (below)
+    h  += SplitSequence(routed(GatherReplicated(x)))      MoE layer: routed experts (below)
+          + ScatterSequence(shared_local(GatherSequence(x)))   and the shared experts, column /
+                                                          row parallel like a dense MLP
 
-The MoE block (router, routed experts, shared experts) is replicated and every tp rank runs it
-on all tokens of the micro-batch: routing, expert counts and the sequence aux loss are then
-those of one process exactly (the aux loss needs whole sequences, which a token shard does not
-hold), and its gradient is complete on every rank. The cost is the MoE compute repeated tp
+The router and the routed experts are replicated and every tp rank runs them on all tokens of
+the micro-batch: routing, expert counts and the sequence aux loss are then those of one
+process exactly (the aux loss needs whole sequences, which a token shard does not hold), and
+their gradient is complete on every rank. The cost is the routed-expert compute repeated tp
 times; expert parallelism is the way to split it.
 
 Gradients of replicated parameters. With sequence parallelism every replicated parameter
@@ -40,7 +42,7 @@ ranks may only run over data-parallel replicas, never across tp ranks, which hol
 a ``mindspore.jit`` graph cannot hold, so they stay PyNative; each layer's attention on its
 local heads and its dense MLP on its local units are compiled (one graph each, the weights and
 the attention tables as graph inputs, as ``models.compiled``); the MoE block, the embedding and
-the head run in PyNative. ``training.jit: model`` is refused under tensor parallelism (one
+the head run in PyNative (the shared experts use the dense MLP's graph). ``training.jit: model`` is refused under tensor parallelism (one
 graph of the whole forward would have to hold the collectives).
 """
 from __future__ import annotations
@@ -182,8 +184,13 @@ class TensorParallelRunner:
             mlp = self._mlp or layer.mlp.apply
             return h + self.scatter(mlp(self.gather(x), *layer.mlp.weights())), max_logits, None
         b, _, s, _ = tables[-1].shape
-        out, aux = layer.mlp(self.gather_replicated(x).reshape(b, s, x.shape[-1]))
-        return h + self.split(out.reshape(b * s, x.shape[-1])), max_logits, aux
+        moe = layer.mlp
+        out, aux = moe.routed(self.gather_replicated(x).reshape(b, s, x.shape[-1]))
+        h = h + self.split(out.astype(x.dtype))
+        if moe.shared_experts is not None:
+            mlp = self._mlp or moe.shared_experts.apply
+            h = h + self.scatter(mlp(self.gather(x), *moe.shared_experts.weights()))
+        return h, max_logits, aux
 
     def head(self, h, labels, loss_mask):
         """(loss_sum, n_tokens) of the micro-batch (the same on every tp rank): final norm on

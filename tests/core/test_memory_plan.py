@@ -63,10 +63,10 @@ def test_tiny_deepseek_param_count_by_hand():
     counts = param_counts(m)
     assert counts.layers[0] == mp.LayerParams(norms, attn, dense, 0, 0, 0, down)
     assert counts.layers[1] == mp.LayerParams(norms, attn, shared, router, experts, 4, down)
-    # per tp rank (distributed/tp_layout.py): heads and a dense MLP split, MLA's down
-    # projections and the MoE block (router, shared and routed experts) replicated
+    # per tp rank (distributed/tp_layout.py): heads, a dense MLP and the shared experts split,
+    # MLA's down projections, the router and the routed experts replicated (ep 1)
     assert counts.layers[0].per_rank(2, 1) == norms + (attn - down) // 2 + down + dense // 2
-    assert counts.layers[1].per_rank(2, 1) == norms + (attn - down) // 2 + down + shared \
+    assert counts.layers[1].per_rank(2, 1) == norms + (attn - down) // 2 + down + shared // 2 \
         + router + experts
     assert counts.total == 16 * 8 * 2 + 8 + 2 * (norms + attn) + dense + shared + router + experts
 

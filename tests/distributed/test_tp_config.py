@@ -95,6 +95,10 @@ def test_muon_and_mtp_under_tp_are_refused(world2):
                                           r"implemented with parallelism\.tensor_parallel > 1"):
         dsv3_adamw(TP2 + ["model.num_nextn_predict_layers=1"])
     assert dsv3_adamw(TP2).plan().tensor_parallel == 2
+    with pytest.raises(ConfigError, match=r"^model\.moe_shared_expert_intermediate_size: "
+                                          r"moe_shared_expert_intermediate_size \(33\) must be a "
+                                          r"multiple of tensor_model_parallel_size \(2\)"):
+        dsv3_adamw(TP2 + ["model.moe_shared_expert_intermediate_size=33"])
 
 
 def test_whole_model_jit_and_recompute_under_tp_are_refused(world2):

@@ -87,7 +87,7 @@ def test_interleaved_fc1_keeps_gate_up_pairs_together():
         np.testing.assert_array_equal(local[1::2], w[2 * units + 1])
 
 
-def test_deepseek_v3_layout_mla_column_over_heads_moe_replicated():
+def test_deepseek_v3_layout_mla_column_over_heads_routed_experts_replicated():
     with open(os.path.join(ROOT, "configs", "muon_deepseek_v3_tiny.yaml")) as fh:
         shapes, _ = named_shapes(yaml.safe_load(fh)["model"])
     specs = tp_shard_specs(shapes, 2, AttentionShape(4, 4, 16))
@@ -103,10 +103,13 @@ def test_deepseek_v3_layout_mla_column_over_heads_moe_replicated():
     assert sorted(moe) == ["decoder.layers.1.mlp.experts.weight1",
                            "decoder.layers.1.mlp.experts.weight2",
                            "decoder.layers.1.mlp.router.expert_bias",
-                           "decoder.layers.1.mlp.router.weight",
-                           "decoder.layers.1.mlp.shared_experts.linear_fc1.weight",
-                           "decoder.layers.1.mlp.shared_experts.linear_fc2.weight"]
+                           "decoder.layers.1.mlp.router.weight"]
     assert not any(is_partial_replicated(n) for n in moe)          # complete on every rank
+    shared = "decoder.layers.1.mlp.shared_experts."
+    assert (specs[shared + "linear_fc1.weight"].split_dim,
+            local_shape(specs[shared + "linear_fc1.weight"])) == (0, (64, 64))
+    assert (specs[shared + "linear_fc2.weight"].split_dim,
+            local_shape(specs[shared + "linear_fc2.weight"])) == (1, (64, 32))
     assert is_partial_replicated(att + "linear_kv_down_proj.weight")
     # per-head periodic rows: a contiguous half is heads 0-1 / 2-3 whole
     assert specs[att + "linear_q_up_proj.weight"].blocks is None
