@@ -41,9 +41,10 @@ ranks may only run over data-parallel replicas, never across tp ranks, which hol
 ``training.jit: layer``: the boundaries are host-side collectives with their own bprop, which
 a ``mindspore.jit`` graph cannot hold, so they stay PyNative; each layer's attention on its
 local heads and its dense MLP on its local units are compiled (one graph each, the weights and
-the attention tables as graph inputs, as ``models.compiled``); the MoE block, the embedding and
-the head run in PyNative (the shared experts use the dense MLP's graph). ``training.jit: model`` is refused under tensor parallelism (one
-graph of the whole forward would have to hold the collectives).
+the attention tables as graph inputs, as ``models.compiled``; the shared experts use the MLP
+graph); the routed experts, the embedding and the head run in PyNative. ``training.jit:
+model`` is refused under tensor parallelism (one graph of the whole forward would have to hold
+the collectives).
 """
 from __future__ import annotations
 

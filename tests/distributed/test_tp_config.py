@@ -1,5 +1,6 @@
 """`parallelism.tensor_parallel > 1`: sequence parallel required (upstream's text), the model
-sizes tp splits, the B*S token split, and `--check` exit 2 on each (config/tensor_parallel_rules.py)."""
+sizes tp splits, the B*S token split, `--check` exit 2 on each
+(config/tensor_parallel_rules.py), and the per-rank plan."""
 import os
 import subprocess
 import sys

@@ -123,7 +123,7 @@ def test_tp2_sharded_layers_hold_half_the_bytes_per_rank(tp2):
         assert sum(per_rank[n] for n in sharded) / full == pytest.approx(0.5)
 
 
-def test_tp2_dp2_on_four_workers_equals_one_process(tp2dp2, single):
+def test_tp2_dp2_on_four_workers_equals_one_process(tp2dp2, tp2, single):
     got, want = read_metrics(tp2dp2 / "gpt"), single["gpt"]
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
     for g, w in zip(got, want):
@@ -137,3 +137,9 @@ def test_tp2_dp2_on_four_workers_equals_one_process(tp2dp2, single):
     assert [m["data_rank"] for m in ranks] == [0, 0, 1, 1]
     assert all(m["world"] == 4 for m in ranks)
     assert np.all([ranks[0]["bytes"] == ranks[2]["bytes"], ranks[1]["bytes"] == ranks[3]["bytes"]])
+    # ZeRO-1 over the dp group on the local shards: each rank keeps about half of the AdamW
+    # state a tp-2 rank without data parallelism keeps
+    with open(tp2 / "train.gpt.rank0.json") as fh:
+        unsharded = json.load(fh)["state_bytes"]
+    for m in ranks:
+        assert 0.45 <= m["state_bytes"] / unsharded <= 0.55, (m["state_bytes"], unsharded)

@@ -11,7 +11,7 @@ local gradient against this rank's slice of the reference gradient, the local ma
 against the reference's local heads, and the parameter bytes held.
 ``train``: the real Trainer (``parallelism.tensor_parallel: 2``, sequence parallel) writes
 ``OUT_DIR/MODEL/metrics.jsonl`` (rank 0) and ``OUT_DIR/train.MODEL.rank{r}.json`` (parameter
-bytes per rank).
+and optimizer-state bytes per rank).
 """
 import json
 import os
@@ -37,8 +37,8 @@ def grad_case(out, name, reducer):
     import mindspore as ms
     from mindformers_core.distributed.shard_spec import shard
     from mindformers_core.models import build_model
-    from tp_case import CONFIGS
-    cfg = CONFIGS[name](out, ["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true"])
+    from tp_case import CONFIGS, TP
+    cfg = CONFIGS[name](out, TP)
     full = build_model(cfg.model, seed=7, jit="none")
     from mindformers_core.models.tp_model import apply_tensor_parallel
     model = apply_tensor_parallel(build_model(cfg.model, seed=7, jit="none"),
@@ -87,9 +87,11 @@ def train_case(out, name):
     cfg = CONFIGS[name](run_dir, TP)
     trainer = Trainer(cfg, run_dir, overwrite=True)
     trainer.train()
+    from mindformers_core.distributed.zero import optimizer_state_bytes
     with open(os.path.join(out, f"train.{name}.rank{trainer.rank}.json"), "w") as fh:
         json.dump({"bytes": param_bytes(trainer.model), "data_rank": trainer.data_rank,
-                   "world": trainer.grad_reducer.world_size}, fh)
+                   "world": trainer.grad_reducer.world_size,
+                   "state_bytes": optimizer_state_bytes(trainer.optimizer)}, fh)
 
 
 def main():
