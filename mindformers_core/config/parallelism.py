@@ -1,7 +1,9 @@
 """`parallelism:` section (upstream field names; docs/data_parallel.md). Owned by the distributed package.
 
-Fields: ``tensor_parallel``, ``context_parallel`` (1 each; a larger value on a world where it
-would fit is a ConfigError), ``pipeline_parallel`` (1; above 1 see config/pipeline.py),
+Fields: ``tensor_parallel`` (1; above 1 needs ``sequence_parallel: true``, upstream's rule, and
+the model sizes it splits: config/tensor_parallel_rules.py), ``sequence_parallel`` (False),
+``context_parallel`` (1; not implemented, so a larger value on a world where it would fit is a
+ConfigError), ``pipeline_parallel`` (1; above 1 see config/pipeline.py),
 ``data_parallel_shard`` (-1 default) and ``expert_parallel`` (1; the routed experts split over
 that many data-parallel ranks, docs/expert_parallel.md; its rules against the model and the
 world are config/expert_layout.py's). ``data_parallel`` is not a field: it is derived from
@@ -36,6 +38,8 @@ __all__ = ["ParallelismConfig", "resolve_dp_shard", "DATA_PARALLEL_KEY_MESSAGE",
            "MODEL_PARALLEL_FIELDS"]
 
 MODEL_PARALLEL_FIELDS = ("tensor_parallel", "pipeline_parallel", "context_parallel")
+#: model-parallel sizes that must stay 1 (tensor parallel is implemented)
+UNIMPLEMENTED_PARALLEL_FIELDS = ("context_parallel",)
 
 #: upstream's text for a `data_parallel` key, and what to do instead
 DATA_PARALLEL_KEY_MESSAGE = (
@@ -138,21 +142,20 @@ class ParallelismConfig(Section):
         return ws // mp
 
     def _check_model_parallel(self, path: str) -> None:
-        """Tensor, pipeline and context parallelism are not implemented: a size above 1 is an
-        error. Where the sizes do not even fit the launcher's world, ``RunConfig.plan()``
-        reports upstream's world-size message instead (it names the world size)."""
+        """Context parallelism is not implemented: a size above 1 is an error.
+        Where the sizes do not even fit the launcher's world, ``RunConfig.plan()`` reports
+        upstream's world-size message instead (it names the world size)."""
         if self._env_data_parallel() is None:
             return
-        for name in MODEL_PARALLEL_FIELDS:
+        for name in UNIMPLEMENTED_PARALLEL_FIELDS:
             value = getattr(self, name)
-            if name == "pipeline_parallel":   # implemented: config/pipeline.py has its rules
-                continue
             if value > 1:
                 raise ConfigError(f"{path}.{name}",
-                                  f"must be 1, got {value}: only data parallelism is "
-                                  f"implemented (tensor, pipeline and context parallel sizes "
-                                  f"are fixed to 1); the data-parallel size is the number of "
-                                  f"workers, and data_parallel_shard shards the optimizer state")
+                                  f"must be 1, got {value}: context parallelism is not "
+                                  f"implemented (data, tensor, pipeline and expert parallelism "
+                                  f"are); the data-parallel size is the number of workers / "
+                                  f"(tensor_parallel * pipeline_parallel), and "
+                                  f"data_parallel_shard shards the optimizer state")
 
     def dp_shard(self, dp: int) -> Tuple[int, int]:
         """``(dp_replicate, dp_shard)`` for ``dp`` data-parallel ranks."""

@@ -42,6 +42,7 @@ from .expert_layout import ExpertPlan, check_expert_parallel, expert_plan
 from .parallelism import ParallelismConfig
 from .profiler import ProfilerConfig
 from .recompute import RecomputeConfig
+from .tensor_parallel_rules import check_tensor_parallel
 from .schema import Section, type_name, unknown_key_error
 from .tokenizer import TokenizerConfig, check_text_sections
 from .training import TrainingConfig
@@ -77,6 +78,8 @@ class RunPlan:
     optimizer_type: str = ""
     #: experts per expert-parallel rank (config/expert_layout.py); None without routed experts
     experts: Optional[ExpertPlan] = None
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -101,6 +104,8 @@ class RunPlan:
         lines += [
             f"world size       : {self.world_size}",
             f"data parallel    : {self.data_parallel}",
+            f"tensor parallel  : {self.tensor_parallel}"
+            + (" (sequence parallel)" if self.sequence_parallel else ""),
             f"local batch      : {self.local_batch_size}",
             f"accumulation     : {self.num_accumulation_steps}",
             f"global batch     : {self.global_batch_size} "
@@ -186,6 +191,7 @@ class RunConfig(Section):
         self._check_recompute_vs_jit()
         check_pipeline_vs_model(self.parallelism, self.model, self.training)   # config/pipeline.py
         self.plan()  # schedule against training.steps, data parallel, accumulation
+        check_tensor_parallel(self)   # tp > 1: sequence parallel, sizes (tensor_parallel_rules)
 
     def recompute_layers(self) -> list:
         """The decoder layers ``recompute:`` selects (ConfigError naming the field)."""
@@ -289,6 +295,9 @@ class RunConfig(Section):
             lr_boundaries=bounds, lr_scheduler_type=self.lr_scheduler.type,
             peak_lr=float(getattr(sched, "peak_lr", self.lr_scheduler.learning_rate)),
             optimizer_type=self.optimizer.type, experts=experts,
+            tensor_parallel=self.parallelism.tensor_parallel,
+            sequence_parallel=bool(self.parallelism.sequence_parallel
+                                   and self.parallelism.tensor_parallel > 1),
         )
 
     def to_dict(self) -> Dict[str, Any]:

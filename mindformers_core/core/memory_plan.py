@@ -69,11 +69,19 @@ SHARD_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 class LayerParams:
     """Trainable parameters of one decoder layer, by how a layout splits them."""
     norms: int        # RMSNorm gammas (input, pre-MLP, MLA q/kv): replicated
-    attention: int    # attention matrices: split by tp
-    mlp: int          # dense MLP, or the shared experts of a MoE layer: split by tp
+    attention: int    # attention matrices: split by tp, except ``attention_replicated``
+    mlp: int          # dense MLP (split by tp), or the shared experts of a MoE layer
     router: int       # MoE router E x h: replicated
     experts: int      # routed experts: split by ep
     num_experts: int = 0
+    attention_replicated: int = 0   # MLA's down-projections (inside attention): replicated
+
+    def per_rank(self, tp: int, ep: int) -> int:
+        """Parameters one rank holds (distributed/tp_layout.py): the attention matrices and the
+        dense MLP or shared experts split by tp, MLA's down-projections, the norms and the
+        router replicated, the routed experts split by ep."""
+        attention = (self.attention - self.attention_replicated) // tp + self.attention_replicated
+        return self.norms + attention + self.mlp // tp + self.router + self.experts // ep
 
     @property
     def total(self) -> int:
@@ -103,12 +111,15 @@ def param_counts(model_cfg) -> ParamCounts:
     c = model_cfg
     h, heads, V = c.hidden_size, c.num_attention_heads, c.vocab_size
     norms = 2 * h
+    down = 0
     if c.resolved_multi_latent_attention():
         qk = c.qk_nope_head_dim + c.qk_rope_head_dim
+        down = (c.kv_lora_rank + c.qk_rope_head_dim) * h
         if c.q_lora_rank is None:
             attn = heads * qk * h
         else:
             attn = c.q_lora_rank * h + heads * qk * c.q_lora_rank
+            down += c.q_lora_rank * h
             norms += c.q_lora_rank
         attn += (c.kv_lora_rank + c.qk_rope_head_dim) * h \
             + heads * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank \
@@ -122,9 +133,10 @@ def param_counts(model_cfg) -> ParamCounts:
         if c.model_type == "deepseek_v3" and i >= c.first_k_dense_replace:
             m, e = c.resolved_moe_intermediate_size(), c.n_routed_experts
             layers.append(LayerParams(norms, attn, 3 * c.n_shared_experts * m * h, e * h,
-                                      e * 3 * m * h, e))
+                                      e * 3 * m * h, e, down))
         else:
-            layers.append(LayerParams(norms, attn, 3 * c.resolved_ffn_hidden_size() * h, 0, 0))
+            layers.append(LayerParams(norms, attn, 3 * c.resolved_ffn_hidden_size() * h, 0, 0,
+                                      0, down))
     return ParamCounts(V * h, 0 if c.tie_word_embeddings else V * h, h, tuple(layers))
 
 
@@ -409,7 +421,7 @@ def stage_items(model_cfg, counts: ParamCounts, layout: Layout, settings: Activa
     for i in layers:
         lp = counts.layers[i]
         adamw_branch += lp.norms
-        matrices += lp.attention // tp + lp.mlp // tp + lp.router + lp.experts // ep
+        matrices += lp.per_rank(tp, ep) - lp.norms
     n_rank = adamw_branch + matrices
     p = DTYPE_BYTES[model_cfg.params_dtype]
     items = {

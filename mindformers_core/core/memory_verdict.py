@@ -109,6 +109,8 @@ def format_memory_plan(plan: MemoryPlan) -> str:
              f"recompute {st.recompute}, flash attention {'on' if st.flash_attention else 'off'}"
              f", busiest pipeline stage {plan.stage} with {plan.stage_layers} layers)"]
     width = max(len(k) for k in plan.items)
+    lines.append(f"  {'parameters held'.ljust(width)}  {format_count(plan.params_per_rank):>12}"
+                 f"  (of {format_count(plan.total_params)}; tp {plan.layout.tp})")
     for key, value in plan.items.items():
         lines.append(f"  {key.ljust(width)}  {format_bytes(value):>12}")
     lines.append(f"  {'total'.ljust(width)}  {format_bytes(plan.total):>12}")

@@ -10,6 +10,11 @@ contiguous blocks of the split dim (Megatron: the dim must be divisible by ``S``
 
 and ``unshard`` concatenates the shards in group order along the split dim.
 
+A *blocked* spec (``blocks``: a partition of the split dim into consecutive blocks, e.g. the
+q | k | v row blocks of a fused qkv weight) splits every block that way: shard ``k`` holds the
+``k``-th of ``S`` equal pieces of each block, in block order (each block must be divisible by
+``S``). With one block it is the plain split.
+
 The global gradient norm over sharded parameters. With ``g_p`` the local gradient of parameter
 ``p`` on this rank (already reduced over data parallel, so replicated values agree on every
 rank), ``R`` the replicated parameters and ``P_G`` those split over group ``G``:
@@ -30,7 +35,7 @@ from typing import (Callable, Dict, Iterable, Optional, Protocol, Sequence, Tupl
 import numpy as np
 
 __all__ = ["ShardedCell", "collect_shard_specs", "ShardSpec", "replicated", "local_shape",
-           "local_slice", "shard", "unshard", "partial_sq_norms", "global_sq_norm"]
+           "local_indices", "local_slice", "shard", "unshard", "partial_sq_norms", "global_sq_norm"]
 
 
 @dataclass(frozen=True)
@@ -40,10 +45,15 @@ class ShardSpec:
     split_dim: Optional[int] = None
     group: Optional[str] = None
     num_shards: int = 1
+    blocks: Optional[Tuple[int, ...]] = None
 
     def __post_init__(self):
         object.__setattr__(self, "full_shape", tuple(int(d) for d in self.full_shape))
+        if self.blocks is not None:
+            object.__setattr__(self, "blocks", tuple(int(b) for b in self.blocks))
         if self.split_dim is None:
+            if self.blocks is not None:
+                raise ValueError("a replicated parameter has no blocks")
             if self.group is not None or self.num_shards != 1:
                 raise ValueError(f"a replicated parameter has no group and 1 shard, but got "
                                  f"group={self.group!r}, num_shards={self.num_shards}")
@@ -61,6 +71,14 @@ class ShardSpec:
             raise ValueError(f"dim {self.split_dim} of shape {self.full_shape} "
                              f"({self.full_shape[self.split_dim]}) is not divisible by the "
                              f"{self.group} group size {self.num_shards}")
+        if self.blocks is not None:
+            if sum(self.blocks) != self.full_shape[self.split_dim] or min(self.blocks) < 1:
+                raise ValueError(f"blocks {self.blocks} must be positive and sum to dim "
+                                 f"{self.split_dim} of shape {self.full_shape}")
+            bad = [b for b in self.blocks if b % self.num_shards]
+            if bad:
+                raise ValueError(f"block sizes {bad} of {self.blocks} are not divisible by the "
+                                 f"{self.group} group size {self.num_shards}")
 
     @property
     def is_sharded(self) -> bool:
@@ -98,8 +116,26 @@ def local_shape(spec: ShardSpec) -> Tuple[int, ...]:
     return tuple(out)
 
 
+def local_indices(spec: ShardSpec, index: int) -> np.ndarray:
+    """The indices along the split dim that shard ``index`` holds, in its order."""
+    if not spec.is_sharded:
+        raise ValueError("a replicated parameter has no split dim")
+    if not 0 <= index < spec.num_shards:
+        raise ValueError(f"shard index {index} is out of range for {spec.num_shards} shards")
+    blocks = spec.blocks or (spec.full_shape[spec.split_dim],)
+    out, start = [], 0
+    for b in blocks:
+        piece = b // spec.num_shards
+        out.append(np.arange(start + index * piece, start + (index + 1) * piece))
+        start += b
+    return np.concatenate(out)
+
+
 def local_slice(spec: ShardSpec, index: int) -> Tuple[slice, ...]:
-    """Where shard ``index`` (the rank's index in the group) lies in the full tensor."""
+    """Where shard ``index`` (the rank's index in the group) lies in the full tensor (a spec
+    with several blocks is not one slice: use :func:`local_indices` / :func:`shard`)."""
+    if spec.blocks is not None and len(spec.blocks) > 1:
+        raise ValueError(f"a blocked spec (blocks {spec.blocks}) is not one slice")
     if not spec.is_sharded:
         return tuple(slice(0, d) for d in spec.full_shape)
     if not 0 <= index < spec.num_shards:
@@ -114,7 +150,9 @@ def shard(spec: ShardSpec, full: np.ndarray, index: int) -> np.ndarray:
     full = np.asarray(full)
     if full.shape != spec.full_shape:
         raise ValueError(f"expected the full shape {spec.full_shape}, but got {full.shape}")
-    return full[local_slice(spec, index)].copy()
+    if not spec.is_sharded:
+        return full.copy()
+    return np.take(full, local_indices(spec, index), axis=spec.split_dim)
 
 
 def unshard(spec: ShardSpec, shards: Sequence[np.ndarray]) -> np.ndarray:
@@ -128,7 +166,12 @@ def unshard(spec: ShardSpec, shards: Sequence[np.ndarray]) -> np.ndarray:
             raise ValueError(f"shard {k} has shape {np.shape(s)}, expected {shape}")
     if not spec.is_sharded:
         return np.array(shards[0], copy=True)
-    return np.concatenate([np.asarray(s) for s in shards], axis=spec.split_dim)
+    out = np.empty(spec.full_shape, np.result_type(*[np.asarray(s) for s in shards]))
+    for k, s in enumerate(shards):
+        idx = [slice(None)] * len(spec.full_shape)
+        idx[spec.split_dim] = local_indices(spec, k)
+        out[tuple(idx)] = np.asarray(s)
+    return out
 
 
 def partial_sq_norms(local: Iterable[Tuple[ShardSpec, float]]) -> Tuple[float, Dict[str, float]]:

@@ -176,10 +176,14 @@ class GPTModel(nn.Cell):
         # key heads of the rotary tables: MLA shares one rope key across heads
         self._rope_key_heads = 1 if mla else transformer_config.num_query_groups
         self._tables: Dict[tuple, tuple] = {}
+        # attention heads (and rotary key heads) this process runs: all of them, or the local
+        # ones under tensor parallelism (set_parallel_runner)
+        self._local_heads = cfg.num_attention_heads
+        # name -> ShardSpec of the parameters stored as shards by tensor parallel or FSDP
+        # (set_shard_specs); expert-parallel Cells report their own (shard_specs())
+        self._shard_specs: Dict[str, object] = {}
         self._max_logits: List[Optional[Tensor]] = [None] * self._num_tracked_layers
         self._runner = compiled.Runner(self, "none")
-        # name -> ShardSpec of the parameters stored as shards (absent: replicated)
-        self._shard_specs: Dict[str, object] = {}
 
     # ----------------------------------------------------------------- construction
     def _make_layer(self, i: int) -> TransformerLayer:
@@ -235,13 +239,19 @@ class GPTModel(nn.Cell):
         (``distributed/fsdp.py``)."""
         self._runner = runner
 
-    def shard_specs(self) -> Dict[str, object]:
-        """``{parameter name: ShardSpec}`` of the parameters stored as shards."""
-        return dict(self._shard_specs)
-
     def set_shard_specs(self, specs) -> None:
         """Record the layouts of parameters whose data was replaced by their shards."""
         self._shard_specs.update(specs)
+
+    def set_parallel_runner(self, runner, shard_specs: Dict[str, object], local_heads: int,
+                            local_key_heads: int) -> None:
+        """Run through a model-parallel runner (``models.tp_model.apply_tensor_parallel``):
+        its parameters are already this rank's slices, described by ``shard_specs``."""
+        self.set_runner(runner)
+        self.set_shard_specs(shard_specs)
+        self._local_heads = local_heads
+        self._rope_key_heads = local_key_heads
+        self._tables = {}
 
     def static_tables(self, batch: int, seq_len: int) -> tuple:
         """``layers.attention_tables`` of a (batch, seq_len), cached."""
@@ -252,7 +262,7 @@ class GPTModel(nn.Cell):
 
     def position_tables(self, batch: int, seq_len: int, start: int = 0) -> tuple:
         """``layers.attention_tables`` of positions start .. start + seq_len - 1 (uncached)."""
-        return attention_tables(batch, seq_len, self.cfg.num_attention_heads,
+        return attention_tables(batch, seq_len, self._local_heads,
                                 self._rope_key_heads, self._rope_dim, self.cfg.rope_theta,
                                 self.precision, start,
                                 rope=yarn.rope_tables_for(self.cfg, start + seq_len,
@@ -294,14 +304,22 @@ class GPTModel(nn.Cell):
         self.record_max_logits(max_logits)
         return h, aux
 
+    def _whole_model_only(self, what: str) -> None:
+        if self._shard_specs:
+            raise NotImplementedError(f"{what} of a tensor-parallel model (each rank holds "
+                                      f"its own tokens and vocabulary rows); the training "
+                                      f"forward model(ids, labels, mask) is")
+
     def hidden_states(self, input_ids):
         """Final-normed hidden states [B, S, H] and the summed aux loss (Tensor or None)."""
+        self._whole_model_only("hidden_states")
         h, aux = self._last_hidden(input_ids)
         norm = self.decoder.final_layernorm
         return norm(h).reshape(input_ids.shape + (h.shape[-1],)), aux
 
     def logits(self, input_ids):
         """Float32 logits [B, S, vocab_size] (times 1/mup_width_mult under muP)."""
+        self._whole_model_only("logits")
         h, _ = self._last_hidden(input_ids)
         return self.readout(h, *self.output_weights()).reshape(input_ids.shape + (-1,))
 
@@ -402,8 +420,9 @@ class GPTModel(nn.Cell):
 
     def max_attention_logits_tensor(self) -> Tensor:
         """Running max [num_layers (+ MTP depths), num_heads] float32 Tensor (-inf where nothing ran yet),
-        e.g. for an all-reduce(MAX) across data-parallel ranks."""
-        n = self.cfg.num_attention_heads
+        e.g. for an all-reduce(MAX) across data-parallel ranks. Under tensor parallelism the
+        columns are this rank's local heads (num_heads / tp)."""
+        n = self._local_heads
         rows = [m if m is not None else Tensor(np.full((n,), -np.inf, np.float32))
                 for m in self._max_logits]
         return ops.stack(rows, 0)
@@ -446,9 +465,9 @@ class GPTModel(nn.Cell):
 
     def shard_specs(self) -> dict:
         """Parameter name -> ShardSpec of the parameters split across ranks (expert / tensor
-        parallel; replicated ones absent): what the optimizer, the grad norm and checkpoints
-        read layouts from."""
-        return collect_shard_specs(self)
+        parallel, FSDP; replicated ones absent): what the optimizer, the grad norm and
+        checkpoints read layouts from."""
+        return {**collect_shard_specs(self), **self._shard_specs}
 
     # ----------------------------------------------------------------- MoE statistics
     def moe_layers(self) -> Dict[int, MoE]:

@@ -157,6 +157,20 @@ class MoE(nn.Cell):
     def apply(self, x, w_router, weight1, weight2, *shared_ws):
         """``construct`` with the weights of :meth:`weights` as arguments (the expert bias,
         not trained, is read from the router)."""
+        b, n, hdim = x.shape
+        out, aux = self.routed_apply(x, w_router, weight1, weight2)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts.apply(x.reshape(b * n, hdim), *shared_ws)
+        return out.reshape(b, n, hdim).astype(x.dtype), aux
+
+    def routed(self, x):
+        """(routed experts' output [B*S, H], aux loss or None) of x [B, S, H], without the
+        shared experts (tensor parallelism runs those on their own, ``models/tp_model.py``)."""
+        return self.routed_apply(x, self.router.weight, self.experts.weight1,
+                                 self.experts.weight2)
+
+    def routed_apply(self, x, w_router, weight1, weight2):
+        """:meth:`routed` with the router and expert weights as arguments."""
         s = self.spec
         b, n, hdim = x.shape
         x2d = x.reshape(b * n, hdim)
@@ -165,8 +179,6 @@ class MoE(nn.Cell):
         gate_w = rt.gate_weights(scores, idx, s.norm_topk_prob, s.routed_scaling_factor)
         out, counts, dropped = self.experts.apply(x2d, gate_w, idx, weight1, weight2,
                                                   s.capacity_factor, s.drop_policy)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts.apply(x2d, *shared_ws)
         aux = None
         if s.load_balancing_type != "none" and s.aux_loss_coeff > 0:
             onehot = ops.one_hot(idx, s.num_experts, ms.Tensor(1.0, ms.float32),
@@ -175,7 +187,7 @@ class MoE(nn.Cell):
             aux = rt.aux_loss(scores, per_seq, b, n, s.top_k, s.load_balancing_type,
                               s.aux_loss_coeff)
         self._record(idx, counts, dropped, aux)
-        return out.reshape(b, n, hdim).astype(x.dtype), aux
+        return out, aux
 
     def _record(self, idx, counts, dropped, aux) -> None:
         self.last_topk = ops.stop_gradient(idx)

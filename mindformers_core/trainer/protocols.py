@@ -11,6 +11,8 @@ The trainer checks what a model, an optimizer or a gradient reducer offers with
 * :class:`PipelineReducer` the pipeline-parallel one (``distributed.pipeline_parallel``): it
   runs the forward+backward of a step's micro-batches for this rank's stage and sums the
   gradient norm over the stages;
+  :class:`ModelParallelReducer` one that also shards the model (tensor parallel,
+  ``distributed.tp_reduce``): it names the data shard of this rank and gives the norm rule;
 * :class:`ExpertBiasModel` MoE models with the aux-loss-free expert-bias update, and
   :class:`MoEStatsModel` those whose expert loads a skipped step must drop;
 * :class:`MaxLogitsModel` models that track max attention logits (QK-Clip input);
@@ -26,9 +28,9 @@ from typing import Any, List, Optional, Protocol, Sequence, Tuple, runtime_check
 
 from ..optim.qk_clip import QKClipModel  # declared where QK-Clip reads it
 
-__all__ = ["GradReducer", "DataParallelReducer", "ShardedGradNorm", "ShardedGradReducer",
-           "PipelineReducer", "ExpertBiasModel", "MoEStatsModel", "MaxLogitsModel", "QKClipModel",
-           "QKClipOptimizer"]
+__all__ = ["GradReducer", "DataParallelReducer", "ModelParallelReducer", "ShardedGradNorm",
+           "ShardedGradReducer", "PipelineReducer", "ExpertBiasModel", "MoEStatsModel",
+           "MaxLogitsModel", "QKClipModel", "QKClipOptimizer"]
 
 
 @runtime_checkable
@@ -95,6 +97,16 @@ class PipelineReducer(GradReducer, Protocol):
 
     def gather_checkpoint(self, tensors: dict, state: dict) -> Tuple[dict, dict]:
         """Every stage's checkpoint entries on rank 0 (a collective)."""
+
+
+class ModelParallelReducer(DataParallelReducer, Protocol):
+    #: this rank's index among the data-parallel replicas (the data shard it reads)
+    data_parallel_rank: int
+    #: the GroupCommunicator the model is sharded over (models.tp_model.apply_tensor_parallel)
+    model_parallel_comm: Any
+
+    def grad_norm_fn(self, model, params) -> Any:
+        """``norm(grads) -> float``: the global norm of gradients aligned with ``params``."""
 
 
 @runtime_checkable

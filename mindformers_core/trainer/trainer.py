@@ -52,8 +52,8 @@ from .resume_checks import (check_train_payload, lr_jump_warning,
                             optimizer_tensor_names)
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .protocols import (DataParallelReducer, ExpertBiasModel, MaxLogitsModel, MoEStatsModel,
-                        PipelineReducer, QKClipOptimizer, ShardedGradNorm,
-                        ShardedGradReducer)
+                        ModelParallelReducer, PipelineReducer, QKClipOptimizer,
+                        ShardedGradNorm, ShardedGradReducer)
 from .run_dir import claim_run_dir, new_run_id
 from .sharded_save import reshard_for_model, save_sharded, uses_sharded_checkpoint
 from .signals import StopRequest
@@ -99,15 +99,16 @@ def _jsonable(value):
 
 
 def _default_grad_reducer(cfg):
-    """The data-parallel reducer when launched by msrun (communication initialised there),
-    the identity in a plain process (no communication init)."""
+    """The parallel reducer of ``cfg`` when launched by msrun (communication initialised
+    there; tensor parallel when ``parallelism.tensor_parallel > 1``), the identity in a plain
+    process (no communication init)."""
     from ..distributed.env import launched_by_msrun
     if launched_by_msrun() and cfg.parallelism.pipeline_parallel > 1:   # pipeline parallel
         from ..distributed.pipeline_parallel import setup_pipeline_parallel
         return setup_pipeline_parallel(cfg)
     if launched_by_msrun():
-        from ..distributed.setup import setup_data_parallel
-        return setup_data_parallel()
+        from ..distributed.setup import setup_parallel
+        return setup_parallel(cfg)
     return IdentityGradReducer()
 
 
@@ -135,6 +136,9 @@ class Trainer:
         self.grad_reducer = grad_reducer or _default_grad_reducer(cfg)
         ws = self.grad_reducer.world_size if world_size is None else world_size
         self.rank = self.grad_reducer.rank if rank is None else rank
+        # tensor parallel: the reducer shards the model; tp ranks of one replica read one shard
+        mp = self.grad_reducer if isinstance(self.grad_reducer, ModelParallelReducer) else None
+        self.data_rank = mp.data_parallel_rank if mp is not None else self.rank
         self.plan = cfg.plan(ws) if plan is None else plan
         tr = cfg.training
         self.ckpt_cfg: CheckpointConfig = cfg.checkpoint
@@ -169,6 +173,9 @@ class Trainer:
                                 jit=cfg.model_jit_mode())
             model.set_recompute(cfg.recompute_layers(),   # recompute: (config/recompute.py)
                                 cfg.recompute_modules())
+            if mp is not None:   # this rank's tensor-parallel shards of the seeded model
+                from ..models.tp_model import apply_tensor_parallel
+                model = apply_tensor_parallel(model, mp.model_parallel_comm)
         self.model = model
         # pipeline parallel (distributed/pipeline_parallel.py): this rank trains one stage
         self.pipeline = self.grad_reducer if isinstance(self.grad_reducer, PipelineReducer) \
@@ -212,7 +219,7 @@ class Trainer:
         tokenizer = load_run_tokenizer(cfg)
         if dataset is None:
             from ..data.run_data import build_run_datasets
-            data_rank = self.rank if self.pipeline is None else self.pipeline.data_rank
+            data_rank = self.data_rank if self.pipeline is None else self.pipeline.data_rank
             dataset, eval_dataset = build_run_datasets(cfg, data_rank, self.plan.data_parallel,
                                                        tokenizer)
         self.dataset = dataset
@@ -220,11 +227,25 @@ class Trainer:
         self.progress = RunProgress(self, eval_dataset, tokenizer)
         self.entropy_floor = getattr(dataset, "entropy_floor", None)
         self._grad_fn = make_grad_fn(self.model, self.optimizer.parameters)
+        self._grad_norm = self._grad_norm_rule(mp)
         self.resumed_from: Optional[str] = None
         if loaded is not None:
             self._load_rest(loaded)
 
     # ------------------------------------------------------------------ setup helpers
+    def _grad_norm_rule(self, mp) -> Callable:
+        """``norm(grads) -> float``, the global L2 norm of the reduced gradients, identical on
+        every rank: over the pipeline stages, over tensor-parallel shards (``mp``), over
+        FSDP / expert-parallel shards (a ``ShardedGradNorm`` reducer), or of whole gradients."""
+        if self.pipeline is not None:
+            return self.pipeline.global_grad_norm
+        if mp is not None:
+            return mp.grad_norm_fn(self.model, self.optimizer.parameters)
+        if isinstance(self.grad_reducer, ShardedGradNorm):
+            return self.grad_reducer.grad_norm
+        from ..optim.clip_grad import global_grad_norm
+        return global_grad_norm
+
     def log(self, text: str) -> None:
         self.writer.message(text)
 
@@ -391,7 +412,7 @@ class Trainer:
         """One optimizer step; updates ``self.state`` and returns its metrics."""
         import mindspore as ms
         from ..core.lr import group_lrs
-        from ..optim.clip_grad import clip_by_norm, global_grad_norm
+        from ..optim.clip_grad import clip_by_norm
         from ..models.mtp import step_mtp_loss
 
         t0 = time.perf_counter()
@@ -412,7 +433,7 @@ class Trainer:
         else:
             grads, loss_sum, aux = accumulate_gradients(
                 self._grad_fn, batches, total_tokens, scale,
-                data_parallel=self.grad_reducer.world_size, on_micro=on_micro)
+                data_parallel=self.plan.data_parallel, on_micro=on_micro)
         self.monitor.on_device_step(loss_sum, local_tokens, grads, loss_scale=scale)
         mtp_loss = step_mtp_loss(self.model)   # inside aux; logged on its own
         if self.pipeline is not None:   # computed on the last stage
@@ -430,12 +451,7 @@ class Trainer:
             grads = [g * inv for g in grads]
         for hook in self.grad_hooks:
             grads = hook(step_number, grads)
-        if self.pipeline is not None:   # pipeline: all stages
-            norm = float(self.pipeline.global_grad_norm(grads))
-        elif isinstance(self.grad_reducer, ShardedGradNorm):   # [FSDP / expert parallel hook]
-            norm = float(self.grad_reducer.grad_norm(grads))   # sharded gradients
-        else:
-            norm = float(global_grad_norm(grads))
+        norm = float(self._grad_norm(grads))
         finite = math.isfinite(norm)
 
         clipped = False

@@ -59,9 +59,15 @@ def test_tiny_deepseek_param_count_by_hand():
     norms = 2 * 8 + 4 + 4                                   # + q and kv layernorms
     dense = 3 * 16 * 8
     shared, router, experts = 3 * 6 * 8, 4 * 8, 4 * 3 * 6 * 8
+    down = 4 * 8 + 48                                       # q and kv down: replicated under tp
     counts = param_counts(m)
-    assert counts.layers[0] == mp.LayerParams(norms, attn, dense, 0, 0, 0)
-    assert counts.layers[1] == mp.LayerParams(norms, attn, shared, router, experts, 4)
+    assert counts.layers[0] == mp.LayerParams(norms, attn, dense, 0, 0, 0, down)
+    assert counts.layers[1] == mp.LayerParams(norms, attn, shared, router, experts, 4, down)
+    # per tp rank (distributed/tp_layout.py): heads, a dense MLP and the shared experts split,
+    # MLA's down projections, the router and the routed experts replicated (ep 1)
+    assert counts.layers[0].per_rank(2, 1) == norms + (attn - down) // 2 + down + dense // 2
+    assert counts.layers[1].per_rank(2, 1) == norms + (attn - down) // 2 + down + shared // 2 \
+        + router + experts
     assert counts.total == 16 * 8 * 2 + 8 + 2 * (norms + attn) + dense + shared + router + experts
 
 
@@ -438,7 +444,8 @@ def test_verdict_without_config_and_the_table_text():
     assert lines[0] == ("memory plan (per rank, dp 1 (state sharded over 1, optim), tp 1, pp 1, "
                         "ep 1, cp 1; micro-batch 2, recompute none, flash attention off, "
                         "busiest pipeline stage 0 with 2 layers)")
-    assert lines[1].split() == ["parameters", format_bytes(4 * TINY_PARAMS).split()[0],
+    assert lines[1].split() == ["parameters", "held", "1.58K", "(of", "1.58K;", "tp", "1)"]
+    assert lines[2].split() == ["parameters", format_bytes(4 * TINY_PARAMS).split()[0],
                                 format_bytes(4 * TINY_PARAMS).split()[1]]
     assert lines[-2].split()[0] == "total"
     assert lines[-1].startswith("  limit") and f"(test limit; {plan.total / 1000:.0%} used)" \

@@ -1,5 +1,5 @@
 """`parallelism:` section: data_parallel_shard semantics (docs/data_parallel.md), model-parallel
-sizes fixed to 1, and upstream's text for a `data_parallel` key."""
+sizes (pipeline, context) fixed to 1, and upstream's text for a `data_parallel` key."""
 import pytest
 
 from mindformers_core.config import ConfigError, load_config
@@ -70,13 +70,13 @@ def test_data_parallel_key_gives_upstream_text():
     assert "'data_parallel_shard'" in msg
 
 
-@pytest.mark.parametrize("name", ["tensor_parallel", "context_parallel"])
+@pytest.mark.parametrize("name", ["context_parallel"])
 def test_model_parallel_above_one_is_not_implemented(monkeypatch, name):
     msrun_world(monkeypatch, 2)
     d = base(training={"steps": 10, "local_batch_size": 1, "global_batch_size": 2},
              parallelism={name: 2})
     with pytest.raises(ConfigError, match=rf"^parallelism\.{name}: must be 1, got 2: only data "
-                                          rf"parallelism is implemented"):
+                                          rf"and tensor parallelism are implemented"):
         load_config(d)
 
 

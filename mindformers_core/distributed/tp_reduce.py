@@ -1,0 +1,127 @@
+"""The trainer's reducer under tensor parallelism (``parallelism.tensor_parallel > 1``).
+
+World = ``tp * dp`` ranks in Megatron order (``groups.make_mesh``). The ``tp`` ranks of one
+data-parallel index hold the shards of one model replica and read the same micro-batches
+(``data_parallel_rank``); everything data parallel runs over the ``dp`` group through
+``group_view.GroupView``:
+
+* the token count, the loss sum and the gradients are SUMmed over dp
+  (``DataParallelGradReducer``); the tp sums that sequence parallelism needs were already done
+  in the backward (``models/tp_model.py``: a replicated weight's gradient leaves the model
+  summed over tp);
+* ZeRO-1 (``parallelism.data_parallel_shard``) shards each rank's *local* tensors over its dp
+  group (``zero.ZeroSharding``), so AdamW's moments and fp32 masters are per tp shard and then
+  per dp shard; weight decay is element-wise, the same on a shard;
+* MoE expert counts are SUMmed over dp only (every tp rank counted all tokens of its replica);
+* the MAX of the QK-Clip max logits runs over dp only (tp ranks hold other heads);
+* the global gradient norm (``grad_norm_fn``) follows ``shard_spec.global_sq_norm``::
+
+      ||g||^2 = sum_{replicated p} ||g_p||^2 + AllReduce_tp( sum_{sharded p} ||g_p||^2 )
+
+  identical on every rank, so clipping and skipping agree everywhere.
+
+A stop request is agreed over the whole world.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Sequence
+
+import numpy as np
+
+from ..config.tensor_parallel_rules import MUON_TP_MESSAGE
+from ..errors import ConfigError
+from .collectives import GroupCommunicator
+from .grad_reduce import DataParallelGradReducer
+from .group_view import GroupView
+from .shard_spec import ShardSpec, global_sq_norm, replicated
+
+__all__ = ["TensorParallelGradReducer", "TensorParallelSharding", "tp_grad_norm"]
+
+
+def tp_grad_norm(grads: Sequence, specs: Sequence, group_sum: Callable[[str, float], float],
+                 bucket_norm: Callable[[Sequence], float]) -> float:
+    """The global L2 norm of ``grads`` whose layouts are ``specs`` (a ShardSpec, or None for a
+    replicated parameter): one bucketed norm per group (``bucket_norm``: the trainer's fp32
+    ``global_grad_norm``), combined by ``global_sq_norm`` (module docstring)."""
+    by_group: Dict[object, list] = {}
+    first: Dict[object, ShardSpec] = {}
+    for g, spec in zip(grads, specs):
+        key = spec.group if spec is not None and spec.is_sharded and spec.num_shards > 1 else None
+        by_group.setdefault(key, []).append(g)
+        if key is not None:
+            first.setdefault(key, spec)
+    items = [(first.get(key) or replicated(()), float(bucket_norm(gs)) ** 2)
+             for key, gs in by_group.items()]
+    return float(np.sqrt(global_sq_norm(items, group_sum)))
+
+
+class TensorParallelSharding:
+    """``build_optimizer(..., shard_layout=...)`` under tp > 1: ZeRO-1 over the dp group on
+    the local shards (``zero.ZeroSharding`` on a dp ``GroupView``)."""
+
+    def __init__(self, tp_comm: GroupCommunicator, dp_view: GroupView, dp_shards: int):
+        from .zero import ZeroSharding
+        self.tp_comm = tp_comm
+        self.zero = ZeroSharding(dp_view, dp_shards)
+
+    def build(self, cls: type, groups, kwargs):
+        from ..optim.muon import Muon
+        if issubclass(cls, Muon):
+            # HOOK(#17b): Muon on tp shards -- hand it the tp sharding (self.tp_comm, the
+            # model's shard_specs()) here, e.g. kwargs["tp_layout"] = ...; the config refuses
+            # it until then (config/tensor_parallel_rules.py)
+            raise ConfigError("optimizer.type",
+                              MUON_TP_MESSAGE.format(tp=len(self.tp_comm.ranks("tp"))))
+        return self.zero.build(cls, groups, kwargs)
+
+
+class TensorParallelGradReducer:
+    """The trainer's reducer for tp x dp (module docstring). ``rank``/``world_size`` are the
+    world's; ``data_parallel_rank`` picks the data shard."""
+
+    def __init__(self, comm: GroupCommunicator):
+        self.comm = comm
+        self.world_size = comm.mesh.world
+        self.rank = comm.rank
+        self.dp_comm = GroupView(comm, "dp")
+        self.data_parallel_rank = self.dp_comm.rank
+        self.data = DataParallelGradReducer(self.dp_comm)
+
+    # -- DataParallelReducer ---------------------------------------------------------------------
+    def global_token_count(self, local_tokens: float) -> float:
+        return self.data.global_token_count(local_tokens)
+
+    def reduce(self, grads, loss_sum: float, n_tokens: float):
+        return self.data.reduce(grads, loss_sum, n_tokens)
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        total = self.comm.all_reduce(np.array([1.0 if flag else 0.0], np.float32), "world")
+        return bool(total[0] > 0)
+
+    def optimizer_sharding(self, cfg) -> TensorParallelSharding:
+        _, shards = cfg.parallelism.dp_shard(self.dp_comm.world_size)
+        return TensorParallelSharding(self.comm, self.dp_comm, shards)
+
+    def sync_moe_stats(self, model) -> None:
+        self.data.sync_moe_stats(model)
+
+    def reduce_max(self, values: np.ndarray) -> np.ndarray:
+        """Element-wise MAX over the dp group only (QK-Clip's local-head max logits)."""
+        return self.data.reduce_max(values)
+
+    # -- ModelParallelReducer --------------------------------------------------------------------
+    @property
+    def model_parallel_comm(self) -> GroupCommunicator:
+        """What ``models.tp_model.apply_tensor_parallel`` shards the model over."""
+        return self.comm
+
+    def grad_norm_fn(self, model, params) -> Callable[[Sequence], float]:
+        """``norm(grads)`` for gradients aligned with ``params`` (module docstring)."""
+        from ..optim.clip_grad import global_grad_norm
+        layout = model.shard_specs()
+        specs = [layout.get(p.name) for p in params]
+
+        def group_sum(group: str, x: float) -> float:
+            return float(self.comm.all_reduce(np.array([x], np.float32), group)[0])
+
+        return lambda grads: tp_grad_norm(grads, specs, group_sum, global_grad_norm)

@@ -1,0 +1,209 @@
+"""Megatron tensor parallelism with sequence parallelism for ``GPTModel`` (GPT and DeepSeek-V3).
+
+``apply_tensor_parallel(model, comm)`` takes a model built and initialised as usual (the same
+seeded weights as one process) and keeps, for every parameter ``distributed/tp_layout.py``
+splits, this rank's slice under the same name; ``model.shard_specs()`` then maps those names to
+their :class:`~mindformers_core.distributed.shard_spec.ShardSpec` (absent = replicated). The
+attention blocks run on their local heads (and GQA groups), the MLPs on their local ffn units,
+the embedding / output layer / cross-entropy on the local vocabulary rows.
+
+One layer, with ``h`` this rank's ``T/tp`` tokens of the residual stream (sequence parallel)
+and ``models/sequence_parallel.py``'s boundaries:
+
+    x   = RMSNorm(h)                                     local tokens
+    h  += ScatterSequence(attn_local(GatherSequence(x)))  column-parallel q/k/v (or MLA's q / kv
+                                                          up-projections) over heads, the core
+                                                          on local heads, row-parallel proj
+    x   = RMSNorm(h)
+    h  += ScatterSequence(mlp_local(GatherSequence(x)))   dense MLP: fc1 column, fc2 row
+    h  += SplitSequence(routed(GatherReplicated(x)))      MoE layer: routed experts (below)
+          + ScatterSequence(shared_local(GatherSequence(x)))   and the shared experts, column /
+                                                          row parallel like a dense MLP
+
+The router and the routed experts are replicated and every tp rank runs them on all tokens of
+the micro-batch: routing, expert counts and the sequence aux loss are then those of one
+process exactly (the aux loss needs whole sequences, which a token shard does not hold), and
+their gradient is complete on every rank. The cost is the routed-expert compute repeated tp
+times; expert parallelism is the way to split it.
+
+Gradients of replicated parameters. With sequence parallelism every replicated parameter
+outside the MoE block has a *partial* local gradient: a norm gain sees only this rank's tokens,
+and MLA's down-projections and their norms, replicated inside the tensor-parallel region, feed
+only this rank's heads. Each such weight enters the forward through ``CopyToGroup`` (identity;
+backward AllReduce over tp), so the gradient leaving the model is already the tp sum, the same
+on every tp rank; sharded weights get their own slice's full gradient. Nothing after the
+backward (data-parallel reduction, norm, optimizer) needs to know which is which, except the
+global norm, which counts sharded gradients over the group (``shard_spec.global_sq_norm``).
+
+Max attention logits are per *local* head: ``[num_layers, num_heads / tp]`` (a MAX across
+ranks may only run over data-parallel replicas, never across tp ranks, which hold other heads).
+
+``training.jit: layer``: the boundaries are host-side collectives with their own bprop, which
+a ``mindspore.jit`` graph cannot hold, so they stay PyNative; each layer's attention on its
+local heads and its dense MLP on its local units are compiled (one graph each, the weights and
+the attention tables as graph inputs, as ``models.compiled``; the shared experts use the MLP
+graph); the routed experts, the embedding and the head run in PyNative. ``training.jit:
+model`` is refused under tensor parallelism (one graph of the whole forward would have to hold
+the collectives).
+"""
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import Tensor
+
+from ..distributed.collectives import GroupCommunicator
+from ..distributed.shard_spec import ShardSpec, shard
+from ..distributed.tp_layout import (AttentionShape, is_partial_replicated, tp_shard_specs,
+                                     vocab_range)
+from .compiled import NUM_TABLES, effective_mode
+from .layers import linear, rms_norm
+from .sequence_parallel import (GatherReplicated, GatherSequence, ScatterSequence,
+                                SplitSequence, vocab_parallel_embed, vocab_parallel_token_losses)
+from .tensor_parallel import CopyToGroup, ReduceFromGroup
+
+__all__ = ["apply_tensor_parallel", "TensorParallelRunner"]
+
+
+def _attention_shape(model) -> AttentionShape:
+    cfg, tc = model.cfg, model.get_gpt_transformer_config()
+    return AttentionShape(cfg.num_attention_heads, tc.num_query_groups,
+                          cfg.hidden_size // cfg.num_attention_heads)
+
+
+def _keep_local(param, spec: ShardSpec, index: int) -> None:
+    full = (param.astype(ms.float32) if param.dtype != ms.float32 else param).asnumpy()
+    local = Tensor(shard(spec, full, index))
+    param.set_data(local if param.dtype == ms.float32 else local.astype(param.dtype))
+
+
+def apply_tensor_parallel(model, comm: GroupCommunicator, group: str = "tp"):
+    """Shard ``model`` (a fully built ``GPTModel``) over ``comm``'s ``group``; returns it."""
+    tp = len(comm.ranks(group))
+    if tp == 1:
+        return model
+    if model.shard_specs():
+        raise ValueError("the model is already tensor parallel")
+    if model.mtp is not None:
+        raise ValueError("multi-token prediction is not implemented with tensor parallelism")
+    index = comm.mesh.local_rank(group, comm.rank)
+    params = list(model.get_parameters())
+    specs = tp_shard_specs(((p.name, p.shape) for p in params), tp, _attention_shape(model))
+    for p in params:
+        if p.name in specs:
+            _keep_local(p, specs[p.name], index)
+    mla = model.get_gpt_transformer_config().multi_latent_attention
+    for layer in model.decoder.layers:
+        attn = layer.self_attention
+        attn.num_heads //= tp
+        if not mla:
+            attn.num_groups //= tp
+    runner = TensorParallelRunner(model, comm, group, {p.name for p in params
+                                                       if p.name not in specs and p.requires_grad
+                                                       and is_partial_replicated(p.name)},
+                                  model.jit_mode)
+    model.set_parallel_runner(runner, specs, model.cfg.num_attention_heads // tp,
+                              1 if mla else model.get_gpt_transformer_config().num_query_groups
+                              // tp)
+    return model
+
+
+def _graph(fn):
+    """``fn(x, tables, *ws)`` compiled with the tables and weights as separate graph inputs."""
+    def run(x, *args):
+        return fn(x, args[:NUM_TABLES], *args[NUM_TABLES:])
+    return ms.jit(run)
+
+
+def _graph_mlp(template):
+    """``template.apply(x, *ws)`` compiled, the weights as graph inputs."""
+    def run(x, *ws):
+        return template.apply(x, *ws)
+    return ms.jit(run)
+
+
+class TensorParallelRunner:
+    """Runs the embedding, decoder and head of a tensor-parallel ``GPTModel`` (the interface of
+    ``models.compiled.Runner``: ``mode``, ``embed``, ``layers``, ``head``); ``mode`` "none"
+    or "layer" (module docstring)."""
+
+    def __init__(self, model, comm: GroupCommunicator, group: str, partial: set,
+                 mode: str = "none"):
+        if mode == "model":
+            raise ValueError("training.jit: model compiles the whole forward as one graph, which "
+                             "cannot hold the tensor-parallel collectives; use layer or none")
+        self.mode = effective_mode(mode, model.precision.compute)
+        self._model = model
+        self.comm, self.group = comm, group
+        self.tp = len(comm.ranks(group))
+        self.index = comm.mesh.local_rank(group, comm.rank)
+        self.vocab_start = vocab_range(model.cfg.vocab_size, self.tp, self.index)[0]
+        self.partial = frozenset(partial)
+        self.gather = GatherSequence(comm, group)
+        self.scatter = ScatterSequence(comm, group)
+        self.gather_replicated = GatherReplicated(comm, group)
+        self.split = SplitSequence(comm, group)
+        self.grad_sum = CopyToGroup(comm, group)
+        self.reduce = ReduceFromGroup(comm, group)
+        layers = list(model.decoder.layers)
+        dense = [layer.mlp for layer in layers if layer.dense_mlp]
+        # one graph per kind: every layer has the same structure, only the weights differ
+        self._attention = (_graph(layers[0].self_attention.apply) if self.mode == "layer"
+                           else None)
+        self._mlp = (_graph_mlp(dense[0]) if self.mode == "layer" and dense else None)
+
+    def _w(self, param):
+        """A weight as the forward uses it: through the tp gradient sum when it is partial."""
+        return self.grad_sum(param) if param.name in self.partial else param
+
+    def embed(self, input_ids):
+        """This rank's ``[T/tp, H]`` tokens of the embedded micro-batch."""
+        m = self._model
+        table = m.embedding.word_embeddings.weight
+        return self.scatter(vocab_parallel_embed(input_ids.reshape(-1), table,
+                                                 self.vocab_start, m.precision))
+
+    def layers(self, h, tables):
+        """(h [T/tp, H] after the last layer, summed aux loss or None, [max_logits [N/tp]])."""
+        aux_total, max_logits = None, []
+        for layer in self._model.decoder.layers:
+            h, ml, aux = self._layer(layer, h, tables)
+            max_logits.append(ml)
+            if aux is not None:
+                aux_total = aux if aux_total is None else aux_total + aux
+        return h, aux_total, max_logits
+
+    def _layer(self, layer, h, tables):
+        n1, n2, attn = layer.input_layernorm, layer.pre_mlp_layernorm, layer.self_attention
+        x = rms_norm(h, self._w(n1.weight), n1.eps, n1.mean_column)
+        ws = [self._w(w) for w in attn.weights()]
+        if self._attention is not None:
+            out, max_logits = self._attention(self.gather(x), *tables, *ws)
+        else:
+            out, max_logits = attn.apply(self.gather(x), tables, *ws)
+        h = h + self.scatter(out)
+        x = rms_norm(h, self._w(n2.weight), n2.eps, n2.mean_column)
+        if layer.dense_mlp:
+            mlp = self._mlp or layer.mlp.apply
+            return h + self.scatter(mlp(self.gather(x), *layer.mlp.weights())), max_logits, None
+        b, _, s, _ = tables[-1].shape
+        moe = layer.mlp
+        out, aux = moe.routed(self.gather_replicated(x).reshape(b, s, x.shape[-1]))
+        h = h + self.split(out.astype(x.dtype))
+        if moe.shared_experts is not None:
+            mlp = self._mlp or moe.shared_experts.apply
+            h = h + self.scatter(mlp(self.gather(x), *moe.shared_experts.weights()))
+        return h, max_logits, aux
+
+    def head(self, h, labels, loss_mask):
+        """(loss_sum, n_tokens) of the micro-batch (the same on every tp rank): final norm on
+        the local tokens, local-vocabulary logits of all tokens, vocabulary-parallel CE."""
+        m = self._model
+        w_norm, w_out = m.output_weights()
+        norm = m.decoder.final_layernorm
+        x = self.gather(rms_norm(h, self._w(w_norm), norm.eps, norm.mean_column))
+        logits = linear(x, w_out, m.precision).astype(ms.float32)
+        if m.readout_multiplier is not None:
+            logits = logits * m.readout_multiplier
+        return vocab_parallel_token_losses(logits, labels, loss_mask, self.vocab_start,
+                                           self.comm, self.reduce, self.group)
+
