@@ -158,22 +158,24 @@ class MoE(nn.Cell):
         """``construct`` with the weights of :meth:`weights` as arguments (the expert bias,
         not trained, is read from the router)."""
         b, n, hdim = x.shape
-        out, aux = self.routed_apply(x, w_router, weight1, weight2)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts.apply(x.reshape(b * n, hdim), *shared_ws)
+        x2d = x.reshape(b * n, hdim)
+        out, aux = self.routed_apply(x2d, b, w_router, weight1, weight2)
+        if self.shared_experts is not None:   # the same x2d: the gradient sums in one order
+            out = out + self.shared_experts.apply(x2d, *shared_ws)
         return out.reshape(b, n, hdim).astype(x.dtype), aux
 
     def routed(self, x):
         """(routed experts' output [B*S, H], aux loss or None) of x [B, S, H], without the
         shared experts (tensor parallelism runs those on their own, ``models/tp_model.py``)."""
-        return self.routed_apply(x, self.router.weight, self.experts.weight1,
-                                 self.experts.weight2)
-
-    def routed_apply(self, x, w_router, weight1, weight2):
-        """:meth:`routed` with the router and expert weights as arguments."""
-        s = self.spec
         b, n, hdim = x.shape
-        x2d = x.reshape(b * n, hdim)
+        return self.routed_apply(x.reshape(b * n, hdim), b, self.router.weight,
+                                 self.experts.weight1, self.experts.weight2)
+
+    def routed_apply(self, x2d, b: int, w_router, weight1, weight2):
+        """:meth:`routed` of the tokens x2d [B*S, H] of ``b`` sequences, with the router and
+        expert weights as arguments."""
+        s = self.spec
+        n = x2d.shape[0] // b
         scores = rt.router_scores(router_logits(x2d, w_router), s.scoring_func)     # [T, E]
         idx = rt.select_experts(scores, self.router.expert_bias, s.top_k, s.n_group, s.topk_group)
         gate_w = rt.gate_weights(scores, idx, s.norm_topk_prob, s.routed_scaling_factor)

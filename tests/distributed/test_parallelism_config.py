@@ -75,8 +75,8 @@ def test_model_parallel_above_one_is_not_implemented(monkeypatch, name):
     msrun_world(monkeypatch, 2)
     d = base(training={"steps": 10, "local_batch_size": 1, "global_batch_size": 2},
              parallelism={name: 2})
-    with pytest.raises(ConfigError, match=rf"^parallelism\.{name}: must be 1, got 2: only data "
-                                          rf"and tensor parallelism are implemented"):
+    with pytest.raises(ConfigError, match=rf"^parallelism\.{name}: must be 1, got 2: context "
+                                          rf"parallelism is not implemented"):
         load_config(d)
 
 
