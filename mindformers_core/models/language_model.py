@@ -115,12 +115,13 @@ class TransformerLayer(nn.Cell):
 
     def mlp_block(self, h, x, tables, *ws):
         """h + mlp(x) for the normed x; (h, aux) (aux None for a dense MLP). ``ws``: the MLP's
-        weights as arguments (default: its own)."""
-        ws = ws or self.mlp.weights()
+        weights as arguments (FSDP's gathered ones); without them the MLP runs as its Cell,
+        so a recomputed MLP (``recompute`` / selective recompute) recomputes."""
+        mlp = (lambda v: self.mlp.apply(v, *ws)) if ws else self.mlp
         if self.dense_mlp:
-            return h + self.mlp.apply(x, *ws), None
+            return h + mlp(x), None
         b, _, s, _ = tables[-1].shape
-        out, aux = self.mlp.apply(x.reshape(b, s, x.shape[-1]), *ws)   # MoE reads sequences
+        out, aux = mlp(x.reshape(b, s, x.shape[-1]))   # the MoE reads sequences
         return h + out.reshape(x.shape), aux
 
     def construct(self, h, tables):

@@ -113,11 +113,6 @@ def test_whole_model_jit_and_recompute_under_tp_are_refused(world2):
     assert load_config(MARKOV, overrides=TP2).model_jit_mode() == "layer"
 
 
-def test_pipeline_parallel_stays_refused(world2):
-    with pytest.raises(ConfigError, match=r"^parallelism\.pipeline_parallel: must be 1, got 2"):
-        load_config(MARKOV, overrides=["parallelism.pipeline_parallel=2"])
-
-
 def check(*sets):
     env = dict(os.environ, MS_ROLE="MS_WORKER", MS_WORKER_NUM="4")
     args = [a for kv in sets for a in ("--set", kv)]

@@ -152,6 +152,9 @@ def _check_command(argv, where, capsys):
                 return
             assert importlib.util.find_spec(module) is not None, f"{where}: no module {module}"
             text = _help(("-m", module))
+            if rest and re.search(rf"\{{[^}}]*\b{re.escape(rest[0])}\b[^}}]*\}}", text):
+                # a subcommand (argparse lists them as {a,b}): its flags are in its own help
+                text, rest = _help(("-m", module, rest[0])), rest[1:]
         else:
             script, rest = argv[1], argv[2:]
             assert os.path.isfile(os.path.join(ROOT, script)), f"{where}: no file {script}"
