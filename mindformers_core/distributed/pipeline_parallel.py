@@ -113,6 +113,12 @@ class PipelineParallel:
                     grads[i] = self.comm.all_reduce(grads[i], "pp")
         return grads, float(loss_sum), float(n_tokens)
 
+    def mean_over_ranks(self, value: float) -> float:
+        """A step metric's value over the data-parallel replicas: pipeline runs one replica
+        (pipeline_parallel * dp is refused), and ``combine_mtp_loss`` already gave every
+        stage the step's value."""
+        return float(value)
+
     def broadcast_flag(self, flag: bool) -> bool:
         out = self.comm.all_reduce(np.array([1.0 if flag else 0.0], np.float32), "world")
         return bool(out[0] > 0)
