@@ -26,7 +26,8 @@ PyNative's autodiff saves) and the graphs' own buffers stay allocated between th
 the backward. Above a ~20 MiB constant the ratio is 2.1-2.5; 2.3 is that of the medium
 and large models, where the item dominates (the constant -- graph compilation, ~70 MiB on the
 64-wide model -- is part of MindSpore's own footprint, like the libraries). ``model``
-measured the same within 5% (small 243, medium 730, large 1798 MiB), so one factor serves both modes.
+measured the same within 5% (small 243, medium 730, large 1798 MiB), so one factor serves
+both modes.
 
 Applied to the parts a mode compiles (models/compiled.py): under ``layer`` a dense layer
 whole, a MoE layer only its norms and attention (the experts run in PyNative); under ``model``

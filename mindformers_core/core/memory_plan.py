@@ -54,7 +54,8 @@ __all__ = ["DTYPE_BYTES", "ASCEND_910B_BYTES", "WARN_FRACTION", "LayerParams", "
            "param_counts", "Layout", "ActivationSettings", "OptimizerState", "MemoryPlan",
            "layout_from_config", "settings_from_config", "optimizer_state_from_config",
            "layer_activation_bytes", "moe_dispatch_bytes", "logits_bytes", "estimate_memory",
-           "plan_memory", "device_memory_limit", "plan_backend", "pipeline_stages", "config_stage_layers", "stage_items",
+           "plan_memory", "device_memory_limit", "plan_backend",
+           "pipeline_stages", "config_stage_layers", "stage_items",
            "SHARD_STRATEGIES"]
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp32": 4, "bf16": 2}
@@ -262,7 +263,8 @@ def settings_from_config(cfg, layout: Layout, backend: Optional[str] = None) \
     jit = planned_jit_mode(cfg.model_jit_mode() if recompute == "none" else "none",
                            cfg.model.compute_dtype,
                            plan_backend(cfg.context) if backend is None else backend)
-    return ActivationSettings(jit=jit, micro_batch=tr.local_batch_size, num_micro_batches=accumulation,
+    return ActivationSettings(jit=jit, micro_batch=tr.local_batch_size,
+                              num_micro_batches=accumulation,
                               recompute=recompute, recompute_layers=layers,
                               flash_attention=flash,
                               moe_dispatch="alltoall" if layout.ep > 1 else "dense")

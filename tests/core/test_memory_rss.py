@@ -11,8 +11,9 @@ thread pools) is a framework baseline measured the same way on the 2-layer, 64-w
 for three model sizes, each within 25%, once with PyNative layers (``training.jit: none``) and
 once under the default ``training.jit`` (``layer``: compiled layers, whose graph buffers are
 the planner's "compiled-graph buffers", core/memory_jit.py). The baseline runs under the same
-mode, so graph compilation's constant cost counts as framework footprint. The synthetic corpus is kept at 64 tokens (its
-transition tables are V_markov^2 float64 and the planner does not count data pipelines).
+mode, so graph compilation's constant cost counts as framework footprint. The synthetic
+corpus is kept at 64 tokens (its transition tables are V_markov^2 float64 and the planner does
+not count data pipelines).
 """
 import json
 import os
