@@ -16,7 +16,8 @@ from dataclasses import replace
 from typing import Dict, List, Optional
 
 from ..core.memory_plan import (ActivationSettings, Layout, MemoryPlan, device_memory_limit,
-                                estimate_memory, plan_memory, settings_from_config)
+                                estimate_memory, plan_backend, plan_memory,
+                                settings_from_config)
 from ..core.memory_verdict import format_bytes, format_count, format_memory_plan, memory_verdict
 from .cli import add_run_config_arguments, load_run_config, refuse_graph_mode
 
@@ -57,14 +58,14 @@ def memory_report(cfg, layout_sizes: Optional[Dict[str, int]] = None, *,
                         cfg.parallelism.data_parallel_shard_strategy)
     if shard_strategy is not None:
         layout = replace(layout, shard_strategy=shard_strategy)
-    settings: ActivationSettings = settings_from_config(cfg, layout)
+    context = cfg.context if device_target is None else replace(cfg.context,
+                                                                device_target=device_target)
+    settings: ActivationSettings = settings_from_config(cfg, layout, plan_backend(context))
     if recompute is not None:
         settings = replace(settings, recompute=recompute, recompute_layers=None)
     if flash is not None:
         settings = replace(settings, flash_attention=flash)
     plan = estimate_memory(cfg, layout, settings)
-    context = cfg.context if device_target is None else replace(cfg.context,
-                                                                device_target=device_target)
     plan.limit, plan.limit_source = device_memory_limit(context)
     return plan
 
