@@ -200,6 +200,9 @@ class FSDPGradReducer:
     def broadcast_flag(self, flag: bool) -> bool:
         return self.base.broadcast_flag(flag)
 
+    def mean_over_ranks(self, value: float) -> float:
+        return self.base.mean_over_ranks(value)
+
     def sync_moe_stats(self, model) -> None:
         self.base.sync_moe_stats(model)
 

@@ -99,6 +99,10 @@ class TensorParallelGradReducer:
     def reduce(self, grads, loss_sum: float, n_tokens: float):
         return self.data.reduce(grads, loss_sum, n_tokens)
 
+    def mean_over_ranks(self, value: float) -> float:
+        """The mean over the data-parallel replicas (tp ranks of one replica agree)."""
+        return self.data.mean_over_ranks(value)
+
     def broadcast_flag(self, flag: bool) -> bool:
         total = self.comm.all_reduce(np.array([1.0 if flag else 0.0], np.float32), "world")
         return bool(total[0] > 0)

@@ -2,10 +2,10 @@
 process (and a one-process checkpoint resumed under tensor parallel).
 
 Here: the one-process reference of each case of ``mp_ckpt_case`` (6 steps, checkpoints at 4
-and 6). One msrun launch (``mp_ckpt_worker.py``) trains each case on 2 workers (tensor
+and 6). One msrun launch per case (``mp_ckpt_worker.py``) trains it on 2 workers (tensor
 parallel 2 with sequence parallel, FSDP ``optim_grads_params``, expert parallel 2), every rank
-writing its shards and rank 0 the index, then resumes the reference's GPT step-4 checkpoint
-under tensor parallel. Then: each 2-worker step-4 checkpoint resumed on one process gives the
+writing its shards and rank 0 the index; the TP launch then resumes the reference's GPT
+step-4 checkpoint under tensor parallel. Then: each 2-worker step-4 checkpoint resumed on one process gives the
 2-worker run's own steps 5-6 (loss and grad_norm, relative 1e-5), the merged checkpoint holds
 the one-process shapes, and ``tools/convert_checkpoint merge`` of the TP checkpoint gives the
 same tensors as the loader.
@@ -62,12 +62,14 @@ def single(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory, single):
     out = tmp_path_factory.mktemp("msrun")
-    proc, _ = launch(f"python {os.path.join(HERE, 'mp_ckpt_worker.py')} {out} "
-                     f"{checkpoint_at(str(single[0] / 'tp'), SAVE_AT)}", out / "logs",
-                     timeout=1200)
-    if proc.returncode != 0:
-        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stderr[-2000:]}\n"
-                    f"{worker_logs(out / 'logs')}")
+    for name in CASES:   # one launch per feature (tp also resumes the one-process checkpoint)
+        extra = checkpoint_at(str(single[0] / name), SAVE_AT) if name == "tp" else ""
+        logs = out / f"logs_{name}"
+        proc, _ = launch(f"python {os.path.join(HERE, 'mp_ckpt_worker.py')} {out} {name} "
+                         f"{extra}", logs)
+        if proc.returncode != 0:
+            pytest.fail(f"msrun job {name} failed ({proc.returncode}):\n{proc.stderr[-2000:]}"
+                        f"\n{worker_logs(logs)}")
     return out
 
 
