@@ -1,14 +1,14 @@
 """Sharded checkpoints of real model-parallel runs on 2 msrun CPU workers, resumed on one
-process (and a one-process checkpoint resumed under tensor parallel).
+process, and one-process checkpoints resumed under each layout.
 
 Here: the one-process reference of each case of ``mp_ckpt_case`` (6 steps, checkpoints at 4
 and 6). One msrun launch per case (``mp_ckpt_worker.py``) trains it on 2 workers (tensor
 parallel 2 with sequence parallel, FSDP ``optim_grads_params``, expert parallel 2), every rank
-writing its shards and rank 0 the index; the TP launch then resumes the reference's GPT
-step-4 checkpoint under tensor parallel. Then: each 2-worker step-4 checkpoint resumed on one process gives the
-2-worker run's own steps 5-6 (loss and grad_norm, relative 1e-5), the merged checkpoint holds
-the one-process shapes, and ``tools/convert_checkpoint merge`` of the TP checkpoint gives the
-same tensors as the loader.
+writing its shards and rank 0 the index, then resumes the reference's one-process step-4
+checkpoint under the same layout (steps 5-6 equal the reference's). Then: each 2-worker step-4
+checkpoint resumed on one process gives the 2-worker run's own steps 5-6 (loss and grad_norm,
+relative 1e-5), the merged checkpoint holds the one-process shapes, and
+``tools/convert_checkpoint merge`` of the TP checkpoint gives the same tensors as the loader.
 """
 import io
 import os
@@ -62,8 +62,8 @@ def single(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory, single):
     out = tmp_path_factory.mktemp("msrun")
-    for name in CASES:   # one launch per feature (tp also resumes the one-process checkpoint)
-        extra = checkpoint_at(str(single[0] / name), SAVE_AT) if name == "tp" else ""
+    for name in CASES:   # one launch per feature, which also resumes the one-process checkpoint
+        extra = checkpoint_at(str(single[0] / name), SAVE_AT)
         logs = out / f"logs_{name}"
         proc, _ = launch(f"python {os.path.join(HERE, 'mp_ckpt_worker.py')} {out} {name} "
                          f"{extra}", logs)
@@ -100,10 +100,12 @@ def test_two_worker_checkpoint_resumes_on_one_process(two_workers, single, tmp_p
     assert_same_steps(got, by_step(single[0] / name), 1e-4)
 
 
-def test_one_process_checkpoint_resumes_under_tensor_parallel(two_workers, single):
-    got = by_step(two_workers / "tp_resumed")
+@pytest.mark.parametrize("name", CASES)
+def test_one_process_checkpoint_resumes_under_each_layout(two_workers, single, name):
+    """Loaded after the model's cut: each rank takes its shards of the full tensors."""
+    got = by_step(two_workers / f"{name}_resumed")
     assert sorted(got) == RESUMED
-    assert_same_steps(got, by_step(single[0] / "tp"))
+    assert_same_steps(got, by_step(single[0] / name))
 
 
 def test_convert_merge_of_the_tp_checkpoint(two_workers, tmp_path):
