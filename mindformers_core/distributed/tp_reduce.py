@@ -87,6 +87,11 @@ class TensorParallelGradReducer:
         self.data_parallel_rank = self.dp_comm.rank
         self.data = DataParallelGradReducer(self.dp_comm)
 
+    @property
+    def mesh(self):
+        """The run's mesh (``trainer/sharded_save.MeshReducer``: checkpoint coordinates)."""
+        return self.comm.mesh
+
     # -- DataParallelReducer ---------------------------------------------------------------------
     def global_token_count(self, local_tokens: float) -> float:
         return self.data.global_token_count(local_tokens)

@@ -29,7 +29,8 @@ the layout, the state_dict format and Muon's split rules use (``param_shape``).
 
 ``state_dict()`` is collective (every rank must call it; one all-gather) and returns the same
 full, unsharded format as the plain optimizer, so checkpoints do not depend on the shard
-count; ``load_state_dict`` takes that format and keeps this rank's rows.
+count; ``load_state_dict`` takes that format and keeps this rank's rows (an FSDP parameter's
+state may also come as this rank's rows already).
 """
 from __future__ import annotations
 
@@ -271,7 +272,8 @@ class ZeroMixin:
         rows = {}
         for key, i, arr in self._state_entries():
             sd[key] = arr
-            if layout.is_sharded(i):
+            # an FSDP parameter's rows are its own layout (its ShardSpec), not rows of it
+            if layout.is_sharded(i) and not self._zero_param_rows[i]:
                 rows[key] = layout.rows(i) + (int(self.parameters[i].shape[0]),)
         self.masters.end_step()
         return sd, rows
@@ -290,6 +292,9 @@ class ZeroMixin:
 
         def rows_of(key, i):
             arr = np.asarray(sd[key], dtype=np.float32)
+            if self._zero_param_rows[i] and tuple(arr.shape) == tuple(self.parameters[i].shape):
+                return arr   # an FSDP parameter's state already cut to its rows (a resharded
+                #              sharded checkpoint, trainer/sharded_save.reshard_for_model)
             if tuple(arr.shape) != tuple(self.param_shape(i)):
                 raise ValueError(f"state_dict entry '{key}' has shape {tuple(arr.shape)}, "
                                  f"expected {tuple(self.param_shape(i))}")

@@ -37,6 +37,12 @@ Replicas are written once (:func:`writes_piece`): a piece is written by the rank
 is 0 along every axis that replicates it (``tp``, ``cp``, ``dp`` for a replicated parameter;
 the split axis is dropped; ``ep`` pieces replicate over ``edp``; ZeRO rows over the ZeRO
 replicas). Stages (``pp``) never replicate a parameter.
+
+A blocked spec (``ShardSpec.blocks``, the q | k | v rows of a fused weight) does not give each
+shard one box of the full tensor; its pieces are boxes of the tensor in *shard-major* order
+along the split dim (shard 0's rows of every block, then shard 1's, ...; the piece records
+``blocks``), and merging puts the rows back in their natural order, so the merged tensor and
+``reshard`` (``shard_spec.local_indices``) agree with the model's layout.
 """
 from __future__ import annotations
 
@@ -49,7 +55,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..distributed.shard_spec import ShardSpec, local_shape, local_slice, shard
+from ..distributed.shard_spec import ShardSpec, local_shape, local_slice, shard, unshard
 from .checkpoint_io import (CheckpointData, CheckpointError, checkpoint_data, encode, parse_json,
                             read_header, read_verified, run_metadata, write_atomic)
 
@@ -83,6 +89,7 @@ class Piece:
     zero_shards: int = 1
     zero_index: int = 0
     dtype: Optional[str] = None
+    blocks: Optional[Tuple[int, ...]] = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -92,8 +99,9 @@ class Piece:
         d = dict(d)
         for k in ("full_shape", "offset", "shape"):
             d[k] = tuple(int(x) for x in d[k])
-        if d.get("zero_rows") is not None:
-            d["zero_rows"] = tuple(int(x) for x in d["zero_rows"])
+        for k in ("zero_rows", "blocks"):
+            if d.get(k) is not None:
+                d[k] = tuple(int(x) for x in d[k])
         return cls(**d)
 
     @property
@@ -145,7 +153,7 @@ def describe_pieces(tensors: Mapping[str, np.ndarray], specs: Mapping[str, Shard
         rows = zero.rows.get(key) if zero is not None else None
         if sharded:
             index = _coord(coords, spec.group, name)
-            offset = [s.start for s in local_slice(spec, index)]
+            offset = [s.start for s in local_slice(_shard_major(spec), index)]
             full, local = spec.full_shape, local_shape(spec)
         else:
             index, offset = 0, [0] * len(shape)
@@ -163,8 +171,28 @@ def describe_pieces(tensors: Mapping[str, np.ndarray], specs: Mapping[str, Shard
                          index, spec.num_shards if sharded else 1,
                          (rows[0], rows[1]) if rows is not None else None,
                          zero.num_shards if rows is not None else 1,
-                         zero.shard_index if rows is not None else 0, dtypes.get(key))
+                         zero.shard_index if rows is not None else 0, dtypes.get(key),
+                         spec.blocks if sharded and _is_blocked(spec) else None)
     return out
+
+
+def _is_blocked(spec: ShardSpec) -> bool:
+    return spec.blocks is not None and len(spec.blocks) > 1
+
+
+def _shard_major(spec: ShardSpec) -> ShardSpec:
+    """The spec in the order a blocked tensor is stored in its pieces (module docstring):
+    shard-major along the split dim, so each shard is one box; a plain spec as it is."""
+    return replace(spec, blocks=None) if _is_blocked(spec) else spec
+
+
+def _natural_order(piece: Piece, merged: np.ndarray) -> np.ndarray:
+    """A merged tensor back from the shard-major order of a blocked layout."""
+    if piece.blocks is None:
+        return merged
+    spec = ShardSpec(piece.full_shape, piece.split_dim, piece.group, piece.num_shards,
+                     piece.blocks)
+    return unshard(spec, np.split(merged, piece.num_shards, axis=piece.split_dim))
 
 
 def _coord(coords: Mapping[str, int], group: str, what: str) -> int:
@@ -347,7 +375,7 @@ def merge_pieces(located: Iterable[Tuple[str, Piece, np.ndarray, str]],
         result = np.empty(full, dtype=boxes[0][1].dtype)
         for piece, arr, _ in boxes:
             result[piece.box] = arr
-        out[key] = result
+        out[key] = _natural_order(first, result)
         if first.dtype:
             dtypes[key] = first.dtype
     return out, dtypes

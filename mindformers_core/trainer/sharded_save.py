@@ -6,10 +6,15 @@ expert or fully sharded data parallel) or its optimizer state is row-sharded (Ze
 writes its own pieces without gathering anything; one all-reduce (the reducer's
 ``broadcast_flag``) then tells every rank that all rank files are complete, or that one
 failed, and only then rank 0 writes the index (and prunes). Resuming reads either format as
-full tensors and :func:`reshard_for_model` cuts them to this rank's layout.
+full tensors and :func:`reshard_for_model` cuts them to this rank's layout; the trainer calls
+it once the model is cut (``apply_tensor_parallel``, ``apply_fsdp``, ``setup_expert_parallel``),
+so ``shard_specs()`` is the final layout and either format gives the same start. Optimizer
+slots follow their parameter's spec with local shapes: a tp shard (with ZeRO-1 rows of it
+under dp > 1), an expert's whole state on its rank, an FSDP parameter's rows.
 
-A rank's index along each group comes from the reducer's ``mesh`` (``distributed/groups.py``)
-when it has one, else data parallel only: ``{"dp": rank}``.
+A rank's index along each group comes from the reducer's ``mesh`` (``distributed/groups.py``:
+the tensor-parallel, expert-parallel and FSDP reducers have one) when it has one, else data
+parallel only: ``{"dp": rank}``.
 """
 from __future__ import annotations
 

@@ -182,15 +182,15 @@ class Trainer:
             else None
         if self.pipeline is not None:
             self.pipeline.attach(self.model)
-        if loaded is not None:
-            loaded = reshard_for_model(loaded, self.model, self.grad_reducer)  # sharded ckpt
-            self._load_model(loaded)
         if isinstance(self.grad_reducer, DataParallelReducer):   # [FSDP hook] shards the model
             from ..distributed.fsdp import apply_fsdp            # per data_parallel_shard_strategy
             self.grad_reducer, self.model = apply_fsdp(cfg, self.grad_reducer, self.model)
         # [expert parallel hook] this rank's experts only (models/expert_parallel.py)
         from ..models.expert_parallel import setup_expert_parallel
         self.model, self.grad_reducer = setup_expert_parallel(cfg, self.model, self.grad_reducer)
+        if loaded is not None:   # [sharded checkpoint hook] after every cut (tp, fsdp, ep):
+            loaded = reshard_for_model(loaded, self.model, self.grad_reducer)  # this rank's
+            self._load_model(loaded)                                           # shards
         if lr_scheduler is None:
             lr_scheduler = cfg.build_lr_scheduler()
         self.lr_scheduler = lr_scheduler

@@ -30,7 +30,7 @@ def reference(name: str) -> str:
 ADAMW = {"type": "AdamW", "betas": [0.9, 0.95], "eps": 1.0e-8, "weight_decay": 0.1}
 
 
-def case_config(name: str, expert_parallel: int, global_batch: int = 4):
+def case_config(name: str, expert_parallel: int, global_batch: int = 4, overrides=()):
     from mindformers_core.config import load_config
     with open(os.path.join(ROOT, "configs", "muon_deepseek_v3_tiny.yaml")) as fh:
         data = yaml.safe_load(fh)
@@ -48,6 +48,6 @@ def case_config(name: str, expert_parallel: int, global_batch: int = 4):
     if capacity is not None:
         data["model"]["moe_expert_capacity_factor"] = capacity
     data["parallelism"] = {"expert_parallel": expert_parallel}
-    return load_config(data)
+    return load_config(data, overrides=list(overrides))
 
 

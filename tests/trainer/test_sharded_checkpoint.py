@@ -55,6 +55,11 @@ TP = {"layers.0.linear_qkv.weight": ShardSpec((12, 4), 0, "tp", 2),
       "output_layer.weight": ShardSpec((8, 4), 0, "tp", 2)}
 EP = {"layers.1.experts.weight1": ShardSpec((4, 4, 6), 0, "ep", 2)}
 FSDP = {n: ShardSpec(s, 0, "dp_shard", 2) for n, s in SHAPES.items()}
+#: the fused q | k | v rows of GQA (8 query rows, 2 key rows, 2 value rows), tp 2
+TP_BLOCKED = {**TP, "layers.0.linear_qkv.weight": ShardSpec((12, 4), 0, "tp", 2,
+                                                            blocks=(8, 2, 2))}
+#: FSDP as distributed/fsdp.py records it: split over the "dp" group
+FSDP_DP = {n: ShardSpec(s, 0, "dp", 2) for n, s in SHAPES.items()}
 
 
 def write_ranks(directory, specs, coords_of, world, names_of=None, zero_shards=1,
@@ -90,6 +95,9 @@ LAYOUTS = {
     "zero_dp2": ({}, lambda r: {"dp": r}, 2, None, 2),
     "pp2": ({}, lambda r: make_mesh(2, pp=2).coords(r), 2, lambda r: STAGES[r], 1),
     "tp2_dp2_zero": (TP, lambda r: make_mesh(4, tp=2).coords(r), 4, None, 2),
+    "tp2_blocked": (TP_BLOCKED, lambda r: make_mesh(2, tp=2).coords(r), 2, None, 1),
+    "tp2_blocked_dp2_zero": (TP_BLOCKED, lambda r: make_mesh(4, tp=2).coords(r), 4, None, 2),
+    "fsdp_dp_group": (FSDP_DP, lambda r: make_mesh(2).coords(r), 2, None, 1),
     "tp2_pp2": (TP, lambda r: make_mesh(4, tp=2, pp=2).coords(r), 4,
                 lambda r: STAGES[make_mesh(4, tp=2, pp=2).coords(r)["pp"]], 1),
 }
@@ -352,3 +360,15 @@ def test_which_replica_writes_a_piece():
     assert not writes_piece(fsdp, {"dp": 1, "dp_shard": 1, "dp_replicate": 1})
     assert writes_piece(zero, {"dp": 1}, zero_replica=0)
     assert not writes_piece(zero, {"dp": 3}, zero_replica=1)
+
+
+def test_blocked_shard_is_one_box_of_the_shard_major_order(tmp_path):
+    """Rank 1 of the fused qkv holds rows 4-7 (q), 9 (k) and 11 (v): its piece is rows 6-11
+    of the shard-major order [q0 k0 v0 | q1 k1 v1] and records the blocks."""
+    full = full_tensors()["model.layers.0.linear_qkv.weight"]
+    spec = TP_BLOCKED["layers.0.linear_qkv.weight"]
+    local = shard(spec, full, 1)
+    np.testing.assert_array_equal(local, full[[4, 5, 6, 7, 9, 11]])
+    piece = describe_pieces({"model.layers.0.linear_qkv.weight": local}, TP_BLOCKED,
+                            {"tp": 1})["model.layers.0.linear_qkv.weight"]
+    assert (piece.offset, piece.shape, piece.blocks) == ((6, 0), (6, 4), (8, 2, 2))

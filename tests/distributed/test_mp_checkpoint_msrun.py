@@ -1,0 +1,120 @@
+"""Sharded checkpoints of real model-parallel runs on 2 msrun CPU workers, resumed on one
+process, and one-process checkpoints resumed under each layout.
+
+Here: the one-process reference of each case of ``mp_ckpt_case`` (6 steps, checkpoints at 4
+and 6). One msrun launch per case (``mp_ckpt_worker.py``) trains it on 2 workers (tensor
+parallel 2 with sequence parallel, FSDP ``optim_grads_params``, expert parallel 2), every rank
+writing its shards and rank 0 the index, then resumes the reference's one-process step-4
+checkpoint under the same layout (steps 5-6 equal the reference's). Then: each 2-worker step-4
+checkpoint resumed on one process gives the 2-worker run's own steps 5-6 (loss and grad_norm,
+relative 1e-5), the merged checkpoint holds the one-process shapes, and
+``tools/convert_checkpoint merge`` of the TP checkpoint gives the same tensors as the loader.
+"""
+import io
+import os
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from mp_ckpt_case import CASES, SAVE_AT, STEPS, case_config, checkpoint_at  # noqa: E402
+from msrun_util import launch, read_metrics, worker_logs  # noqa: E402
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+RESUMED = list(range(SAVE_AT + 1, STEPS + 1))
+TOL = 1e-5
+
+
+def by_step(run_dir):
+    return {r["step"]: r for r in read_metrics(run_dir) if "loss" in r}
+
+
+def train(name, out, distributed=False, overrides=()):
+    import mindspore as ms
+    from mindformers_core.trainer import Trainer
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    trainer = Trainer(case_config(name, str(out), distributed, overrides), str(out),
+                      stream=io.StringIO())
+    trainer.train()
+    return trainer
+
+
+def assert_same_steps(got, want, tol=TOL):
+    for s in RESUMED:
+        for key in ("loss", "grad_norm"):
+            assert abs(got[s][key] - want[s][key]) <= tol * abs(want[s][key]), (s, key, got[s],
+                                                                                 want[s])
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single")
+    shapes = {}
+    for name in CASES:
+        trainer = train(name, out / name)
+        shapes[name] = {p.name: tuple(p.shape) for p in trainer.model.get_parameters()}
+    return out, shapes
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory, single):
+    out = tmp_path_factory.mktemp("msrun")
+    for name in CASES:   # one launch per feature, which also resumes the one-process checkpoint
+        extra = checkpoint_at(str(single[0] / name), SAVE_AT)
+        logs = out / f"logs_{name}"
+        proc, _ = launch(f"python {os.path.join(HERE, 'mp_ckpt_worker.py')} {out} {name} "
+                         f"{extra}", logs)
+        if proc.returncode != 0:
+            pytest.fail(f"msrun job {name} failed ({proc.returncode}):\n{proc.stderr[-2000:]}"
+                        f"\n{worker_logs(logs)}")
+    return out
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_each_rank_wrote_its_shards_and_they_merge_to_full_tensors(two_workers, single, name):
+    from mindformers_core.trainer.checkpoint import load_checkpoint
+    from mindformers_core.trainer.sharded_checkpoint import shard_files_of
+    index = checkpoint_at(str(two_workers / name), SAVE_AT)
+    assert [os.path.basename(f)[-30:] for f in shard_files_of(index)] == [
+        "rank00000-of-00002.safetensors", "rank00001-of-00002.safetensors"]
+    data = load_checkpoint(index)
+    want = single[1][name]
+    got = {k[len("model."):]: v.shape for k, v in data.tensors.items() if k.startswith("model.")}
+    assert got == want
+    for key, arr in data.tensors.items():   # optimizer slots in their parameter's full shape
+        if key.startswith("optim.") and key.split(".", 2)[2] in want and arr.ndim > 0:
+            assert arr.shape == want[key.split(".", 2)[2]], key
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_two_worker_checkpoint_resumes_on_one_process(two_workers, single, tmp_path, name):
+    ckpt = checkpoint_at(str(two_workers / name), SAVE_AT)
+    train(name, tmp_path, overrides=[f"checkpoint.load_path={ckpt}"])
+    got = by_step(tmp_path)
+    assert sorted(got) == RESUMED
+    assert_same_steps(got, by_step(two_workers / name))
+    # and the one-process run of the same global batch (the features' own tolerance)
+    assert_same_steps(got, by_step(single[0] / name), 1e-4)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_one_process_checkpoint_resumes_under_each_layout(two_workers, single, name):
+    """Loaded after the model's cut: each rank takes its shards of the full tensors."""
+    got = by_step(two_workers / f"{name}_resumed")
+    assert sorted(got) == RESUMED
+    assert_same_steps(got, by_step(single[0] / name))
+
+
+def test_convert_merge_of_the_tp_checkpoint(two_workers, tmp_path):
+    from mindformers_core.tools.convert_checkpoint import main
+    from mindformers_core.trainer.checkpoint import load_checkpoint
+    index = checkpoint_at(str(two_workers / "tp"), SAVE_AT)
+    merged = str(tmp_path / "one.safetensors")
+    assert main(["merge", "--input", index, "--output", merged]) == 0
+    want, got = load_checkpoint(index), load_checkpoint(merged)
+    assert sorted(got.tensors) == sorted(want.tensors)
+    for key, arr in want.tensors.items():
+        np.testing.assert_array_equal(got.tensors[key], arr, err_msg=key)
