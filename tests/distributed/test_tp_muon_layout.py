@@ -13,7 +13,8 @@ from mindformers_core.distributed.collectives import GroupCommunicator
 from mindformers_core.distributed.groups import make_mesh
 from mindformers_core.distributed.shard_exchange import ShardedMuonExchange, SpecLevel
 from mindformers_core.distributed.shard_spec import ShardSpec, shard, unshard
-from mindformers_core.distributed.tp_sharding import (LocalHeadLogits, GroupView,
+from mindformers_core.distributed.group_view import GroupView
+from mindformers_core.distributed.tp_sharding import (LocalHeadLogits,
                                                       TensorParallelSharding,
                                                       check_shard_specs, local_heads)
 from mindformers_core.models import build_model
