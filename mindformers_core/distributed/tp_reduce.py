@@ -77,6 +77,10 @@ class TensorParallelGradReducer:
     def reduce(self, grads, loss_sum: float, n_tokens: float):
         return self.data.reduce(grads, loss_sum, n_tokens)
 
+    def mean_over_ranks(self, value: float) -> float:
+        """The mean over the dp replicas (the tp ranks of one replica hold the same value)."""
+        return self.data.mean_over_ranks(value)
+
     def broadcast_flag(self, flag: bool) -> bool:
         total = self.comm.all_reduce(np.array([1.0 if flag else 0.0], np.float32), "world")
         return bool(total[0] > 0)
