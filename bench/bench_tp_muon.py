@@ -2,10 +2,11 @@
 
     python bench/bench_tp_muon.py [--tp 2 4] [--json out.json]
 
-One process, no collective runs: for every rank ``r`` of a ``tp``-rank mesh, the real Muon is
-built over rank r's shards of the tiny DeepSeek-V3 (configs/muon_deepseek_v3_tiny.yaml shapes)
-by ``TensorParallelSharding`` (weights split as the TP models do: q/kv up-projections and
-fc1 on dim 0, linear_proj and fc2 on dim 1). Per optimizer step and rank it reports
+One process, no collective runs: for every rank ``r`` of a ``tp``-rank mesh, the tiny
+DeepSeek-V3 (configs/muon_deepseek_v3_tiny.yaml) is sharded as a tensor-parallel run shards it
+(``apply_tensor_parallel``: q/kv up-projections and fc1 on dim 0, linear_proj and fc2 on
+dim 1) and the real Muon is built over rank r's shards by ``TensorParallelSharding`` from
+``model.shard_specs()``. Per optimizer step and rank it reports
 
 * NS FLOPs (``shard_layout.ns_flops`` of the full shapes' pieces): allgather orthogonalises
   every matrix on every rank; allgather_deredundency only the split weights the rank owns,
@@ -26,33 +27,29 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests", "distributed"))
 
 MODEL = "configs/muon_deepseek_v3_tiny.yaml"
 
 
 def rank_row(tp: int, rank: int, strategy: str) -> dict:
-    import numpy as np
-    from mindspore import Parameter, Tensor
     from mindformers_core.config import load_config
     from mindformers_core.distributed.collectives import GroupCommunicator
     from mindformers_core.distributed.groups import make_mesh
     from mindformers_core.distributed.shard_layout import ns_flops
-    from mindformers_core.distributed.shard_spec import local_shape, shard
+    from mindformers_core.distributed.shard_spec import local_shape
     from mindformers_core.distributed.tp_sharding import TensorParallelSharding
     from mindformers_core.models import build_model
-    from mindformers_core.optim.build import optimizer_kwargs
-    from mindformers_core.optim.muon import Muon
-    from tp_muon_case import tp_specs
+    from mindformers_core.models.tp_model import apply_tensor_parallel
+    from mindformers_core.optim.build import build_optimizer
 
-    cfg = load_config(os.path.join(ROOT, MODEL))
-    model = build_model(cfg.model, seed=0)
-    specs = tp_specs(model, tp)
-    params = [Parameter(Tensor(shard(specs[p.name], p.asnumpy(), rank) if p.name in specs
-                               else p.asnumpy()), name=p.name) for p in model.trainable_params()]
-    kwargs = dict(optimizer_kwargs(cfg.optimizer), model=model, comm_strategy=strategy)
+    cfg = load_config(os.path.join(ROOT, MODEL), overrides=[
+        f"optimizer.comm_strategy={strategy}"])
     comm = GroupCommunicator(make_mesh(tp, tp=tp), rank, backend="cpu")
-    opt = TensorParallelSharding(specs, comm).build(Muon, [{"params": params}], kwargs)
+    # rank r's shards and their layout, as a tensor-parallel run holds them (no collective
+    # runs while a model is sharded or an optimizer built)
+    model = apply_tensor_parallel(build_model(cfg.model, seed=0, jit="none"), comm)
+    specs = model.shard_specs()
+    opt = build_optimizer(cfg.optimizer, model, shard_layout=TensorParallelSharding(specs, comm))
     ex = opt.exchange
     flops = gather = owned_bytes = p2p = 0.0
     for i, p in enumerate(opt.parameters):

@@ -21,18 +21,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["SEQUENCE_PARALLEL_MESSAGE", "MUON_TP_MESSAGE", "MTP_TP_MESSAGE",
+__all__ = ["SEQUENCE_PARALLEL_MESSAGE", "MTP_TP_MESSAGE",
            "check_sequence_parallel", "check_divisible_by_tp", "check_sequence_tokens",
            "tp_divisibility_problems", "check_tensor_parallel"]
 
 SEQUENCE_PARALLEL_MESSAGE = ("PyNative tensor parallelism requires sequence_parallel=True when "
                              "tensor_parallel > 1, but got tensor_parallel={tp}.")
-
-#: until the sharded Muon lands (distributed/tp_muon.py), Muon is refused under tp > 1
-MUON_TP_MESSAGE = ("optimizer.type: Muon with parallelism.tensor_parallel > 1 ({tp}) needs the "
-                   "sharded Newton-Schulz (each 2-D weight's update gathered over the tp group), "
-                   "which is not wired yet; use AdamW, or tensor_parallel: 1")
-
 
 MTP_TP_MESSAGE = ("multi-token prediction (num_nextn_predict_layers {n}) is not implemented with "
                   "parallelism.tensor_parallel > 1 ({tp}); set num_nextn_predict_layers: 0 or "
@@ -109,6 +103,3 @@ def check_tensor_parallel(cfg) -> None:
     if cfg.model.num_nextn_predict_layers:
         raise ConfigError("model.num_nextn_predict_layers",
                           MTP_TP_MESSAGE.format(n=cfg.model.num_nextn_predict_layers, tp=tp))
-    # HOOK(#17b): removed once distributed/tp_muon.py provides Muon on tp shards
-    if cfg.optimizer.type == "Muon":
-        raise ConfigError("optimizer.type", MUON_TP_MESSAGE.format(tp=tp))

@@ -168,17 +168,8 @@ class PipelineParallel:
     def combine_qk_stats(self, stats):
         """QK-Clip's step report over every stage (a collective: every stage calls it):
         clipped heads summed, the largest logit; None when no stage clipped anything."""
-        from ..optim.qk_clip import QKClipStats
-        row = [-1.0, -3.0e38] if stats is None else [
-            float(stats.num_clipped_heads),
-            stats.max_logit if math.isfinite(stats.max_logit) else -3.0e38]
-        vals = self.comm.all_gather(np.array([row], np.float32), "pp")
-        ran = vals[:, 0] >= 0
-        if not ran.any():
-            return None
-        mx = float(vals[ran, 1].max())
-        return QKClipStats(int(round(float(vals[ran, 0].sum()))),
-                           mx if mx > -3.0e38 else float("-inf"))
+        from .qk_clip_stats import combine_qk_stats
+        return combine_qk_stats(self.comm, "pp", stats)
 
     def gather_checkpoint(self, tensors: Dict[str, np.ndarray], state: dict):
         """(tensors, state) of the whole model on rank 0 from every stage's payload (a

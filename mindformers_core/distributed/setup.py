@@ -5,7 +5,8 @@ MAX reduction) and, under tensor parallelism, how the model is sharded.
     reducer = setup_parallel(cfg)            # world 1 outside msrun: no communication init
     trainer = Trainer(cfg, out, grad_reducer=reducer)
     # Trainer, when it builds its model and optimizer:
-    #     model = reducer.parallelize_model(model)          (tensor parallel only)
+    #     model = apply_tensor_parallel(model, reducer.model_parallel_comm)   (tensor
+    #     reducer.bind_model(model)                                  parallel only)
     #     build_optimizer(cfg.optimizer, model, shard_layout=reducer.optimizer_sharding(cfg))
 
 ``parallelism.tensor_parallel`` 1: ``grad_reduce.DataParallelGradReducer`` over the world.

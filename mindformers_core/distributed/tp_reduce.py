@@ -9,11 +9,15 @@ data-parallel index hold the shards of one model replica and read the same micro
   (``DataParallelGradReducer``); the tp sums that sequence parallelism needs were already done
   in the backward (``models/tp_model.py``: a replicated weight's gradient leaves the model
   summed over tp);
-* ZeRO-1 (``parallelism.data_parallel_shard``) shards each rank's *local* tensors over its dp
-  group (``zero.ZeroSharding``), so AdamW's moments and fp32 masters are per tp shard and then
-  per dp shard; weight decay is element-wise, the same on a shard;
+* the optimizer is built by ``tp_sharding.TensorParallelSharding`` from the model's
+  ``shard_specs()`` (:meth:`bind_model` names the model): AdamW per tp shard, Muon with
+  the full shapes and its ``comm_strategy`` exchange over the tp group; ZeRO-1
+  (``parallelism.data_parallel_shard``) shards each rank's *local* tensors over its dp group
+  on top, so moments and fp32 masters are per tp shard and then per dp shard;
 * MoE expert counts are SUMmed over dp only (every tp rank counted all tokens of its replica);
-* the MAX of the QK-Clip max logits runs over dp only (tp ranks hold other heads);
+* the MAX of the QK-Clip max logits runs over dp only (tp ranks hold other heads;
+  ``tp_sharding.LocalHeadLogits``), and the step's QK-Clip report (:meth:`combine_qk_stats`)
+  sums the clipped heads over tp and takes the largest logit;
 * the global gradient norm (``grad_norm_fn``) follows ``shard_spec.global_sq_norm``::
 
       ||g||^2 = sum_{replicated p} ||g_p||^2 + AllReduce_tp( sum_{sharded p} ||g_p||^2 )
@@ -28,14 +32,12 @@ from typing import Callable, Dict, Sequence
 
 import numpy as np
 
-from ..config.tensor_parallel_rules import MUON_TP_MESSAGE
-from ..errors import ConfigError
 from .collectives import GroupCommunicator
 from .grad_reduce import DataParallelGradReducer
 from .group_view import GroupView
 from .shard_spec import ShardSpec, global_sq_norm, replicated
 
-__all__ = ["TensorParallelGradReducer", "TensorParallelSharding", "tp_grad_norm"]
+__all__ = ["TensorParallelGradReducer", "tp_grad_norm"]
 
 
 def tp_grad_norm(grads: Sequence, specs: Sequence, group_sum: Callable[[str, float], float],
@@ -55,26 +57,6 @@ def tp_grad_norm(grads: Sequence, specs: Sequence, group_sum: Callable[[str, flo
     return float(np.sqrt(global_sq_norm(items, group_sum)))
 
 
-class TensorParallelSharding:
-    """``build_optimizer(..., shard_layout=...)`` under tp > 1: ZeRO-1 over the dp group on
-    the local shards (``zero.ZeroSharding`` on a dp ``GroupView``)."""
-
-    def __init__(self, tp_comm: GroupCommunicator, dp_view: GroupView, dp_shards: int):
-        from .zero import ZeroSharding
-        self.tp_comm = tp_comm
-        self.zero = ZeroSharding(dp_view, dp_shards)
-
-    def build(self, cls: type, groups, kwargs):
-        from ..optim.muon import Muon
-        if issubclass(cls, Muon):
-            # HOOK(#17b): Muon on tp shards -- hand it the tp sharding (self.tp_comm, the
-            # model's shard_specs()) here, e.g. kwargs["tp_layout"] = ...; the config refuses
-            # it until then (config/tensor_parallel_rules.py)
-            raise ConfigError("optimizer.type",
-                              MUON_TP_MESSAGE.format(tp=len(self.tp_comm.ranks("tp"))))
-        return self.zero.build(cls, groups, kwargs)
-
-
 class TensorParallelGradReducer:
     """The trainer's reducer for tp x dp (module docstring). ``rank``/``world_size`` are the
     world's; ``data_parallel_rank`` picks the data shard."""
@@ -86,6 +68,7 @@ class TensorParallelGradReducer:
         self.dp_comm = GroupView(comm, "dp")
         self.data_parallel_rank = self.dp_comm.rank
         self.data = DataParallelGradReducer(self.dp_comm)
+        self._model = None
 
     @property
     def mesh(self):
@@ -107,9 +90,16 @@ class TensorParallelGradReducer:
         total = self.comm.all_reduce(np.array([1.0 if flag else 0.0], np.float32), "world")
         return bool(total[0] > 0)
 
-    def optimizer_sharding(self, cfg) -> TensorParallelSharding:
+    def optimizer_sharding(self, cfg):
+        """``tp_sharding.TensorParallelSharding`` over the shards of the model that
+        :meth:`bind_model` named, ZeRO-1 over dp per ``parallelism.dp_shard``."""
+        from .tp_sharding import TensorParallelSharding
+        if self._model is None:
+            raise RuntimeError("TensorParallelGradReducer.optimizer_sharding needs the sharded "
+                               "model: call bind_model(model) first")
         _, shards = cfg.parallelism.dp_shard(self.dp_comm.world_size)
-        return TensorParallelSharding(self.comm, self.dp_comm, shards)
+        return TensorParallelSharding(self._model.shard_specs(), self.comm,
+                                      data_parallel_shard=shards)
 
     def sync_moe_stats(self, model) -> None:
         self.data.sync_moe_stats(model)
@@ -118,7 +108,19 @@ class TensorParallelGradReducer:
         """Element-wise MAX over the dp group only (QK-Clip's local-head max logits)."""
         return self.data.reduce_max(values)
 
+    def combine_qk_stats(self, stats):
+        """The step's QK-Clip report over the tp ranks (each clipped its local heads): one
+        process's count and max logit (``qk_clip_stats.combine_qk_stats``)."""
+        from .qk_clip_stats import combine_qk_stats
+        return combine_qk_stats(self.comm, "tp", stats)
+
     # -- ModelParallelReducer --------------------------------------------------------------------
+    def bind_model(self, model) -> None:
+        """The tensor-parallel model of this rank (``models.tp_model.apply_tensor_parallel``
+        over :attr:`model_parallel_comm`): its ``shard_specs()`` lay out the optimizer
+        (:meth:`optimizer_sharding`)."""
+        self._model = model
+
     @property
     def model_parallel_comm(self) -> GroupCommunicator:
         """What ``models.tp_model.apply_tensor_parallel`` shards the model over."""

@@ -16,7 +16,7 @@ and says how it is split (``model.shard_specs() -> {name: ShardSpec}``; absent =
   the logits are MAX-reduced over the data-parallel group only (the tp ranks hold different
   heads).
 * ``data_parallel_shard`` != 1 adds ZeRO-1 over the dp group on top of the TP shards
-  (``zero.ZeroSharding`` over :class:`GroupView` of the dp group; Muon's exchange levels are
+  (``zero.ZeroSharding`` over a ``group_view.GroupView`` of the dp group; Muon's exchange levels are
   ``[tp, ZeRO rows of the TP shard]``).
 """
 from __future__ import annotations
@@ -26,33 +26,11 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 
 from .collectives import GroupCommunicator
+from .group_view import GroupView
 from .shard_exchange import ShardedMuonExchange, SpecLevel
 from .shard_spec import ShardSpec, local_shape
 
-__all__ = ["TensorParallelSharding", "GroupView", "LocalHeadLogits", "check_shard_specs",
-           "local_heads"]
-
-
-class GroupView:
-    """One group of a ``GroupCommunicator`` as the world-style ``Communicator`` that ZeRO uses
-    (``rank``/``world_size`` in the group, ``all_gather``, ``all_reduce_max``)."""
-
-    def __init__(self, comm: GroupCommunicator, group: str):
-        self.comm, self.group = comm, group
-        self.rank = comm.mesh.local_rank(group, comm.rank)
-        self.world_size = comm.mesh.size(group)
-
-    def all_gather(self, x):
-        return self.comm.all_gather(x, self.group)
-
-    def all_reduce_max(self, x: np.ndarray) -> np.ndarray:
-        """Element-wise MAX over the group (an all-gather, then max: CPU sums only)."""
-        arr = np.asarray(x)
-        if self.world_size == 1:
-            return arr.copy()
-        flat = np.ascontiguousarray(arr, np.float32).reshape(1, -1)
-        gathered = np.asarray(self.all_gather(flat))
-        return gathered.reshape((self.world_size,) + arr.shape).max(axis=0).astype(arr.dtype)
+__all__ = ["TensorParallelSharding", "LocalHeadLogits", "check_shard_specs", "local_heads"]
 
 
 def check_shard_specs(specs: Mapping[str, ShardSpec], params, tp_size: int) -> Dict[str, ShardSpec]:

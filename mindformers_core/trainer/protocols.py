@@ -12,7 +12,10 @@ The trainer checks what a model, an optimizer or a gradient reducer offers with
   runs the forward+backward of a step's micro-batches for this rank's stage and sums the
   gradient norm over the stages;
   :class:`ModelParallelReducer` one that also shards the model (tensor parallel,
-  ``distributed.tp_reduce``): it names the data shard of this rank and gives the norm rule;
+  ``distributed.tp_reduce``): it names the data shard of this rank, learns the sharded model
+  (its ``shard_specs()`` lay out the optimizer) and gives the norm rule;
+* :class:`QKStatsReducer` one whose ranks clip different heads (pipeline stages, tp ranks):
+  it makes the step's one QK-Clip report;
 * :class:`ExpertBiasModel` MoE models with the aux-loss-free expert-bias update, and
   :class:`MoEStatsModel` those whose expert loads a skipped step must drop;
 * :class:`MaxLogitsModel` models that track max attention logits (QK-Clip input);
@@ -30,7 +33,7 @@ from ..optim.qk_clip import QKClipModel  # declared where QK-Clip reads it
 
 __all__ = ["GradReducer", "DataParallelReducer", "ModelParallelReducer", "ShardedGradNorm",
            "ShardedGradReducer", "PipelineReducer", "ExpertBiasModel", "MoEStatsModel",
-           "MaxLogitsModel", "QKClipModel", "QKClipOptimizer"]
+           "MaxLogitsModel", "QKClipModel", "QKClipOptimizer", "QKStatsReducer"]
 
 
 @runtime_checkable
@@ -105,8 +108,17 @@ class ModelParallelReducer(DataParallelReducer, Protocol):
     #: the GroupCommunicator the model is sharded over (models.tp_model.apply_tensor_parallel)
     model_parallel_comm: Any
 
+    def bind_model(self, model) -> None:
+        """The sharded model of this rank (before the optimizer is built)."""
+
     def grad_norm_fn(self, model, params) -> Any:
         """``norm(grads) -> float``: the global norm of gradients aligned with ``params``."""
+
+
+@runtime_checkable
+class QKStatsReducer(Protocol):
+    def combine_qk_stats(self, stats) -> Any:
+        """One QK-Clip report for the step from every rank's (each clipped other heads)."""
 
 
 @runtime_checkable

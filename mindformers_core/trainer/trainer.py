@@ -53,7 +53,7 @@ from .resume_checks import (check_train_payload, lr_jump_warning,
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .protocols import (DataParallelReducer, ExpertBiasModel, MaxLogitsModel, MoEStatsModel,
                         ModelParallelReducer, PipelineReducer, QKClipOptimizer,
-                        ShardedGradNorm, ShardedGradReducer)
+                        QKStatsReducer, ShardedGradNorm, ShardedGradReducer)
 from .run_dir import claim_run_dir, new_run_id
 from .sharded_save import reshard_for_model, save_sharded, uses_sharded_checkpoint
 from .signals import StopRequest
@@ -177,6 +177,8 @@ class Trainer:
                 from ..models.tp_model import apply_tensor_parallel
                 model = apply_tensor_parallel(model, mp.model_parallel_comm)
         self.model = model
+        if mp is not None:   # its shard_specs() lay out the optimizer (distributed/tp_reduce.py)
+            mp.bind_model(model)
         # pipeline parallel (distributed/pipeline_parallel.py): this rank trains one stage
         self.pipeline = self.grad_reducer if isinstance(self.grad_reducer, PipelineReducer) \
             else None
@@ -498,9 +500,10 @@ class Trainer:
             self.optimizer.step(grads)
             qk_stats = self.optimizer.last_qk_clip \
                 if isinstance(self.optimizer, QKClipOptimizer) else None
-            if self.pipeline is not None and isinstance(self.optimizer, QKClipOptimizer):
-                # every stage's QK-Clip in one report
-                qk_stats = self.pipeline.combine_qk_stats(qk_stats)
+            if isinstance(self.grad_reducer, QKStatsReducer) and \
+                    isinstance(self.optimizer, QKClipOptimizer):
+                # every stage's / tp rank's QK-Clip in one report
+                qk_stats = self.grad_reducer.combine_qk_stats(qk_stats)
             if isinstance(self.model, ExpertBiasModel):
                 # expert loads were summed over micro-batches and DP ranks once this step
                 # (moe_step_stats, after the gradient reduction)

@@ -5,11 +5,15 @@ Two msrun launches through scripts/msrun_launcher.sh (tests/distributed/tp_worke
 A. 2 workers (tp 2, dp 1): one forward/backward of the tiny GPT (GQA) and the tiny
    DeepSeek-V3 (MLA + MoE), each rank's local gradients against its slice of the unsharded
    model's gradients, its local-head max logits and its parameter bytes; then the real
-   Trainer, 10 steps of each model with AdamW;
-B. 4 workers (tp 2 x dp 2, ZeRO-1 over the dp group): the Trainer, 10 steps of the GPT.
+   Trainer, 10 steps of each model with AdamW, and of the DeepSeek-V3 with Muon under
+   ``comm_strategy`` allgather and allgather_deredundency (PyNative) and deredundency under
+   ``training.jit: layer``, QK-Clip on at a threshold that clips heads every step;
+B. 4 workers (tp 2 x dp 2, ZeRO-1 over the dp group): the Trainer, 10 steps of the GPT with
+   AdamW and of the DeepSeek-V3 with Muon (allgather_deredundency, QK-Clip).
 
 This process runs the single-process Trainer on the same global batch and compares the
-per-step loss and grad_norm (relative 1e-4), the MoE aux loss and expert loads.
+per-step loss and grad_norm (relative 1e-4), the MoE aux loss and expert loads, and for Muon
+the QK-Clip report (clipped heads summed over the tp ranks, the largest logit).
 """
 import json
 import os
@@ -22,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from msrun_util import launch  # noqa: E402
-from tp_case import CONFIGS, STEPS  # noqa: E402
+from tp_case import CONFIGS, MODELS, MUON_CASES, STEPS  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 WORKER = os.path.join(HERE, "tp_worker.py")
@@ -40,12 +44,13 @@ def run_workers(out, what, names, workers):
 
 @pytest.fixture(scope="module")
 def tp2(tmp_path_factory):
-    return run_workers(tmp_path_factory.mktemp("tp2"), "all", ["gpt", "dsv3"], 2)
+    return run_workers(tmp_path_factory.mktemp("tp2"), "all", list(MODELS + MUON_CASES), 2)
 
 
 @pytest.fixture(scope="module")
 def tp2dp2(tmp_path_factory):
-    return run_workers(tmp_path_factory.mktemp("tp2dp2"), "train", ["gpt"], 4)
+    return run_workers(tmp_path_factory.mktemp("tp2dp2"), "train",
+                       ["gpt", "dsv3_muon_deredundency"], 4)
 
 
 def read_metrics(run_dir):
@@ -93,19 +98,31 @@ def test_local_gradients_are_slices_of_the_unsharded_gradients(tp2, name):
         assert "decoder.layers.1.mlp.router.weight" not in r["sharded"]
 
 
-@pytest.mark.parametrize("name", ["gpt", "dsv3"])
-def test_tp2_trainer_equals_one_process(tp2, single, name):
-    got, want = read_metrics(tp2 / name), single[name]
+def assert_same_steps(got, want, name, aux=True):
+    """Per-step loss and grad_norm (rel 1e-4), lr; MoE loads and (``aux``) aux loss; QK-Clip
+    report. ``aux`` False under dp > 1: the logged aux loss is rank 0's micro-batches' mean
+    there (the data-parallel reducer does not average it over the replicas)."""
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
     for g, w in zip(got, want):
         assert close(g["loss"], w["loss"]), (g["step"], g["loss"], w["loss"])
         assert close(g["grad_norm"], w["grad_norm"]), (g["step"], g["grad_norm"], w["grad_norm"])
         assert g["lr"] == pytest.approx(w["lr"], rel=1e-12)
-        if name == "dsv3":
-            assert close(g["aux_loss"], w["aux_loss"])
+        if name.startswith("dsv3"):
+            assert not aux or close(g["aux_loss"], w["aux_loss"])
             assert g["moe"]["layers"]["1"]["tokens_per_expert"] == \
                 w["moe"]["layers"]["1"]["tokens_per_expert"]
+        if name in MUON_CASES:
+            # each tp rank clipped its local heads; the report is one process's
+            assert g["qk_clipped_heads"] == w["qk_clipped_heads"], g["step"]
+            assert close(g["max_attention_logit"], w["max_attention_logit"])
+    if name in MUON_CASES:
+        assert all(w["qk_clipped_heads"] > 0 for w in want)    # the threshold clips heads
     assert want[0]["loss"] - want[-1]["loss"] > 0.1    # the runs trained
+
+
+@pytest.mark.parametrize("name", MODELS + MUON_CASES)
+def test_tp2_trainer_equals_one_process(tp2, single, name):
+    assert_same_steps(read_metrics(tp2 / name), single[name], name)
     for rank in (0, 1):
         with open(tp2 / f"train.{name}.rank{rank}.json") as fh:
             meta = json.load(fh)
@@ -123,16 +140,44 @@ def test_tp2_sharded_layers_hold_half_the_bytes_per_rank(tp2):
         assert sum(per_rank[n] for n in sharded) / full == pytest.approx(0.5)
 
 
+def train_meta(out, name, workers=2):
+    return [json.load(open(out / f"train.{name}.rank{r}.json")) for r in range(workers)]
+
+
+def test_tp2_muon_uses_full_shapes_and_deredundency_splits_the_newton_schulz(tp2):
+    with open(tp2 / "grad.dsv3.rank0.json") as fh:
+        layout = json.load(fh)
+    for name in MUON_CASES:
+        for meta in train_meta(tp2, name):
+            assert meta["optimizer"] == "Muon"
+            # the pieces and the scale of a split weight come from its unsharded shape
+            for pname in layout["sharded"]:
+                assert 4 * int(np.prod(meta["full_shapes"][pname])) == \
+                    layout["bytes_full"][pname], pname
+    gathered = train_meta(tp2, "dsv3_muon_allgather")
+    assert gathered[0]["ns_flops"] == gathered[1]["ns_flops"] > 0   # every rank runs every NS
+    for name in ("dsv3_muon_deredundency", "dsv3_muon_layer"):
+        dr = train_meta(tp2, name)
+        owners = dr[0]["owners"]
+        assert owners == dr[1]["owners"] and set(owners.values()) == {0, 1}
+        assert set(owners) <= set(layout["sharded"])      # only split weights have owners
+        for meta in dr:      # each rank orthogonalises its owned split weights only
+            assert meta["ns_flops"] < 0.85 * gathered[0]["ns_flops"], meta["ns_flops"]
+
+
+def test_tp2_dp2_muon_with_zero_on_four_workers_equals_one_process(tp2dp2, tp2, single):
+    name = "dsv3_muon_deredundency"
+    assert_same_steps(read_metrics(tp2dp2 / name), single[name], name, aux=False)
+    # ZeRO-1 over dp on top of the TP shards: about half of a tp-2 rank's Muon state
+    unsharded = train_meta(tp2, name)[0]["state_bytes"]
+    for m in train_meta(tp2dp2, name, 4):
+        assert m["optimizer"] == "ShardedMuon"
+        assert 0.45 <= m["state_bytes"] / unsharded <= 0.6, (m["state_bytes"], unsharded)
+
+
 def test_tp2_dp2_on_four_workers_equals_one_process(tp2dp2, tp2, single):
-    got, want = read_metrics(tp2dp2 / "gpt"), single["gpt"]
-    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
-    for g, w in zip(got, want):
-        assert close(g["loss"], w["loss"]), (g["step"], g["loss"], w["loss"])
-        assert close(g["grad_norm"], w["grad_norm"]), (g["step"], g["grad_norm"], w["grad_norm"])
-    ranks = []
-    for rank in range(4):
-        with open(tp2dp2 / f"train.gpt.rank{rank}.json") as fh:
-            ranks.append(json.load(fh))
+    assert_same_steps(read_metrics(tp2dp2 / "gpt"), single["gpt"], "gpt")
+    ranks = train_meta(tp2dp2, "gpt", 4)
     # Megatron order: tp {0,1} {2,3}; dp index = rank // 2 picks the data shard
     assert [m["data_rank"] for m in ranks] == [0, 0, 1, 1]
     assert all(m["world"] == 4 for m in ranks)

@@ -12,8 +12,9 @@ from mindspore import Parameter, Tensor
 from mindformers_core.distributed.collectives import GroupCommunicator
 from mindformers_core.distributed.groups import make_mesh
 from mindformers_core.distributed.shard_exchange import ShardedMuonExchange, SpecLevel
-from mindformers_core.distributed.shard_spec import ShardSpec, shard, unshard
-from mindformers_core.distributed.tp_sharding import (LocalHeadLogits, GroupView,
+from mindformers_core.distributed.shard_spec import ShardSpec, local_shape, shard, unshard
+from mindformers_core.distributed.group_view import GroupView
+from mindformers_core.distributed.tp_sharding import (LocalHeadLogits,
                                                       TensorParallelSharding,
                                                       check_shard_specs, local_heads)
 from mindformers_core.models import build_model
@@ -196,3 +197,55 @@ def test_muon_full_shapes_messages():
     with pytest.raises(ValueError, match=r"full shape \(50, 16\) of '.*linear_q_up_proj.weight' "
                                          r"does not hold its shard \(48, 16\) a whole number"):
         Muon(params, model=model, full_shapes={Q_UP: (50, 16)}, **kwargs)
+
+
+# -- the trainer's path: the tp reducer builds the optimizer from model.shard_specs() ----------
+@pytest.fixture
+def world2(monkeypatch):
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    monkeypatch.setenv("MS_WORKER_NUM", "2")
+
+
+def test_tp_reducer_builds_muon_and_adamw_through_tensor_parallel_sharding(world2, tmp_path):
+    from mindformers_core.distributed.tp_reduce import TensorParallelGradReducer
+    from mindformers_core.models.tp_model import apply_tensor_parallel
+    from mindformers_core.optim.adamw import AdamW
+    from mindformers_core.optim.build import build_optimizer
+    from tp_case import TP, dsv3_config, dsv3_muon
+    from mindformers_core.trainer.protocols import ModelParallelReducer, QKStatsReducer
+    reducer = TensorParallelGradReducer(tp2_comm(1))
+    # what the trainer checks before it shards the model / combines the QK-Clip report
+    assert isinstance(reducer, ModelParallelReducer) and isinstance(reducer, QKStatsReducer)
+    assert reducer.mean_over_ranks(0.5) == 0.5         # one dp replica
+    cfg = dsv3_muon("allgather_deredundency")(str(tmp_path), TP)
+    with pytest.raises(RuntimeError, match=r"^TensorParallelGradReducer\.optimizer_sharding "
+                                           r"needs the sharded model: call bind_model\(model\) "
+                                           r"first$"):
+        reducer.optimizer_sharding(cfg)
+    model = apply_tensor_parallel(build_model(cfg.model, seed=7, jit="none"), tp2_comm(1))
+    reducer.bind_model(model)
+    opt = build_optimizer(cfg.optimizer, model, shard_layout=reducer.optimizer_sharding(cfg))
+    assert type(opt) is Muon and opt.comm_strategy == "allgather_deredundency"
+    q_up = "decoder.layers.0.self_attention.linear_q_up_proj.weight"
+    i = opt.index_of(q_up)
+    assert opt.full_shape(i) == model.shard_specs()[q_up].full_shape
+    assert opt.full_shape(i)[0] == 2 * opt.parameters[i].shape[0]
+    assert opt.max_logits_reducer.local_heads == cfg.model.num_attention_heads // 2
+    assert set(opt.exchange.owner_by_name) <= set(model.shard_specs())
+    adamw_cfg = dsv3_config(str(tmp_path), TP)
+    opt = build_optimizer(adamw_cfg.optimizer, model,
+                          shard_layout=reducer.optimizer_sharding(adamw_cfg))
+    assert type(opt) is AdamW      # dp 1: no ZeRO; per-shard state
+    j = opt.index_of(q_up)
+    assert opt.get_state("adam_m", j).shape == opt.parameters[j].shape == \
+        local_shape(model.shard_specs()[q_up])
+
+
+def test_qk_clip_report_combines_over_a_group():
+    from mindformers_core.distributed.qk_clip_stats import combine_qk_stats
+    from mindformers_core.optim.qk_clip import QKClipStats
+    comm = tp2_comm(0)          # its dp group has one member: no collective runs
+    assert combine_qk_stats(comm, "dp", None) is None
+    assert combine_qk_stats(comm, "dp", QKClipStats(3, 0.25)) == QKClipStats(3, 0.25)
+    assert combine_qk_stats(comm, "dp", QKClipStats(0, float("-inf"))) == \
+        QKClipStats(0, float("-inf"))

@@ -1,5 +1,7 @@
 """The tiny models of the tensor-parallel tests (``test_tp_msrun.py``): a GPT with GQA and the
-DeepSeek-V3 of configs/muon_deepseek_v3_tiny.yaml with AdamW, each as a Trainer config."""
+DeepSeek-V3 of configs/muon_deepseek_v3_tiny.yaml with AdamW, and that DeepSeek-V3 with Muon
+under each ``comm_strategy`` with QK-Clip at a threshold its heads exceed (PyNative, and one
+under ``training.jit: layer``), each as a Trainer config."""
 import os
 
 import yaml
@@ -22,18 +24,43 @@ def gpt_config(out_dir: str, overrides=()):
     ] + list(overrides))
 
 
-def dsv3_config(out_dir: str, overrides=()):
-    """The tiny DeepSeek-V3 (MLA, one dense layer, one MoE layer) with AdamW, seq 16."""
+def dsv3_config(out_dir: str, overrides=(), muon=None):
+    """The tiny DeepSeek-V3 (MLA, one dense layer, one MoE layer), seq 16: with AdamW, or with
+    the yaml's Muon and the ``muon`` overrides."""
     from mindformers_core.config import load_config
     with open(os.path.join(ROOT, "configs", "muon_deepseek_v3_tiny.yaml")) as fh:
         d = yaml.safe_load(fh)
-    d["optimizer"] = {"type": "AdamW", "weight_decay": 0.1, "betas": [0.9, 0.95]}
-    d["lr_scheduler"] = {"type": "ConstantWarmUpLR", "learning_rate": 3.0e-3, "warmup_steps": 2}
+    if muon is None:
+        d["optimizer"] = {"type": "AdamW", "weight_decay": 0.1, "betas": [0.9, 0.95]}
+        d["lr_scheduler"] = {"type": "ConstantWarmUpLR", "learning_rate": 3.0e-3,
+                             "warmup_steps": 2}
+    else:
+        d["lr_scheduler"] = {"type": "ConstantWarmUpLR", "learning_rate": 2.0e-2,
+                             "warmup_steps": 2}
     return load_config(d, overrides=[
         f"training.steps={STEPS}", "training.local_batch_size=2", "training.global_batch_size=4",
         "training.jit=none", "model.seq_length=16", "checkpoint.enable_save=false",
         f"checkpoint.save_path={os.path.join(out_dir, 'checkpoint')}",
-    ] + list(overrides))
+    ] + list(muon or ()) + list(overrides))
 
 
-CONFIGS = {"gpt": gpt_config, "dsv3": dsv3_config}
+#: QK-Clip threshold below the tiny DeepSeek-V3's max logits (so heads are clipped every step)
+QK_CLIP_THRESHOLD = 0.05
+
+
+def dsv3_muon(strategy: str, jit: str = "none"):
+    """``dsv3_config`` with Muon under ``strategy``, QK-Clip at QK_CLIP_THRESHOLD, ``jit``."""
+    def make(out_dir: str, overrides=()):
+        return dsv3_config(out_dir, overrides, muon=[
+            f"optimizer.comm_strategy={strategy}", "optimizer.qk_clip_enabled=true",
+            f"optimizer.qk_clip_threshold={QK_CLIP_THRESHOLD}", f"training.jit={jit}"])
+    return make
+
+
+CONFIGS = {"gpt": gpt_config, "dsv3": dsv3_config,
+           "dsv3_muon_allgather": dsv3_muon("allgather"),
+           "dsv3_muon_deredundency": dsv3_muon("allgather_deredundency"),
+           "dsv3_muon_layer": dsv3_muon("allgather_deredundency", "layer")}
+#: the models of the gradient check (the Muon cases train the dsv3 model)
+MODELS = ("gpt", "dsv3")
+MUON_CASES = ("dsv3_muon_allgather", "dsv3_muon_deredundency", "dsv3_muon_layer")

@@ -1,15 +1,13 @@
 """Muon (and AdamW) on tensor-parallel shards vs one process on the full weights.
 
 Every rank builds the same tiny DeepSeek-V3 in full (same seed), takes its shard of the weights
-tensor parallel splits (``tp_specs``: the Megatron layout of the TP models, by ``ShardSpec``),
+tensor parallel splits (``tp_specs``: the TP models' layout, ``distributed/tp_layout.py``),
 and steps the optimizer built by ``TensorParallelSharding`` on the slices of the same full
 gradients (seeded, one set per step). QK-Clip is on with a low threshold and max logits chosen
 per head (some heads above it); each rank reports the logits of its local heads only. The
 reference is the plain optimizer over the full weights, fed the full gradients and logits.
 """
 from __future__ import annotations
-
-import fnmatch
 
 import numpy as np
 
@@ -24,14 +22,6 @@ MODEL = {"model_type": "deepseek_v3", "multi_latent_attention": True, "vocab_siz
 MUON = {"type": "Muon", "weight_decay": 0.1, "momentum": 0.95, "qk_clip_enabled": True,
         "qk_clip_threshold": THRESHOLD, "lr": 2e-2}
 ADAMW = {"type": "AdamW", "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1, "lr": 1e-2}
-
-#: name pattern -> split dim of the tensor-parallel layout (weights are [out, in])
-TP_SPLITS = (
-    ("*self_attention.linear_q_up_proj.weight", 0), ("*self_attention.linear_q_proj.weight", 0),
-    ("*self_attention.linear_kv_up_proj.weight", 0), ("*self_attention.linear_proj.weight", 1),
-    ("*linear_fc1.weight", 0), ("*linear_fc2.weight", 1),
-    ("embedding.word_embeddings.weight", 0), ("output_layer.weight", 0),
-)
 
 #: name -> (optimizer config, comm_strategy, send/recv forced, data_parallel_shard)
 CASES = {
@@ -50,15 +40,10 @@ CASES_2D = {
 
 
 def tp_specs(model, tp: int):
-    """name -> ShardSpec of the weights tensor parallel splits (test-side layout)."""
-    from mindformers_core.distributed.shard_spec import ShardSpec
-    out = {}
-    for p in model.trainable_params():
-        for pattern, dim in TP_SPLITS:
-            if fnmatch.fnmatchcase(p.name, pattern):
-                out[p.name] = ShardSpec(tuple(p.shape), dim, "tp", tp)
-                break
-    return out
+    """name -> ShardSpec of the weights tensor parallel splits: the package's layout
+    (``tp_layout.tp_shard_specs``, what ``apply_tensor_parallel`` records) of the full model."""
+    from mindformers_core.distributed.tp_layout import tp_shard_specs
+    return tp_shard_specs(((p.name, p.shape) for p in model.trainable_params()), tp)
 
 
 def full_gradients(model, step: int):

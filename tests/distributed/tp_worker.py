@@ -11,7 +11,8 @@ local gradient against this rank's slice of the reference gradient, the local ma
 against the reference's local heads, and the parameter bytes held.
 ``train``: the real Trainer (``parallelism.tensor_parallel: 2``, sequence parallel) writes
 ``OUT_DIR/MODEL/metrics.jsonl`` (rank 0) and ``OUT_DIR/train.MODEL.rank{r}.json`` (parameter
-and optimizer-state bytes per rank).
+and optimizer-state bytes per rank; for Muon the NS FLOPs this rank ran, its owned weights
+and the optimizer's class). ``grad`` runs for the ``tp_case.MODELS`` among MODEL...
 """
 import json
 import os
@@ -88,10 +89,18 @@ def train_case(out, name):
     trainer = Trainer(cfg, run_dir, overwrite=True)
     trainer.train()
     from mindformers_core.distributed.zero import optimizer_state_bytes
+    from mindformers_core.optim.muon import Muon
+    opt = trainer.optimizer
+    muon = isinstance(opt, Muon)     # under tp: the shard_exchange.ShardedMuonExchange
     with open(os.path.join(out, f"train.{name}.rank{trainer.rank}.json"), "w") as fh:
         json.dump({"bytes": param_bytes(trainer.model), "data_rank": trainer.data_rank,
                    "world": trainer.grad_reducer.world_size,
-                   "state_bytes": optimizer_state_bytes(trainer.optimizer)}, fh)
+                   "state_bytes": optimizer_state_bytes(opt),
+                   "optimizer": type(opt).__name__,
+                   "full_shapes": {p.name: list(opt.full_shape(i))
+                                   for i, p in enumerate(opt.parameters)} if muon else {},
+                   "ns_flops": opt.exchange.ns_flops_total if muon else 0.0,
+                   "owners": opt.exchange.owner_by_name if muon else {}}, fh)
 
 
 def main():
@@ -102,10 +111,11 @@ def main():
     os.makedirs(out, exist_ok=True)
     if what in ("grad", "all"):
         from mindformers_core.distributed.setup import setup_parallel
-        from tp_case import CONFIGS, TP
+        from tp_case import CONFIGS, MODELS, TP
         reducer = setup_parallel(CONFIGS[names[0]](out, TP))
         for name in names:
-            grad_case(out, name, reducer)
+            if name in MODELS:
+                grad_case(out, name, reducer)
     if what in ("train", "all"):
         for name in names:
             train_case(out, name)
