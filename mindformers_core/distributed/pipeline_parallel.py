@@ -125,6 +125,11 @@ class PipelineParallel:
                     grads[i] = self.comm.all_reduce(grads[i], "pp")
         return grads, float(loss_sum), float(n_tokens)
 
+    def mean_over_ranks(self, value: float) -> float:
+        """The value itself: data parallel is 1 and every stage already holds the step's
+        value (the MTP loss from combine_mtp_loss)."""
+        return float(value)
+
     def broadcast_flag(self, flag: bool) -> bool:
         out = self.comm.all_reduce(np.array([1.0 if flag else 0.0], np.float32), "world")
         return bool(out[0] > 0)
