@@ -1,6 +1,6 @@
 """Pipeline-parallel memory bench: what a pp2 rank holds against one process.
 
-    python bench/bench_pp_memory.py [--hidden 512] [--layers 8] [--steps 2] [--json out.json]
+    python bench/bench_pp_memory.py [--hidden 512] [--layers 8] [--steps 2] [--out out.json]
 
 Runs the same Trainer config (configs/markov_check.yaml, a GPT of ``--layers`` layers of width
 ``--hidden``, AdamW, global batch 4 as 4 micro-batches) on one process and on 2 msrun CPU
@@ -98,7 +98,7 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--worker")
     ap.add_argument("--pp", type=int, default=1)
-    ap.add_argument("--json")
+    ap.add_argument("--out", help="write the rows as JSON here")
     a = ap.parse_args(argv)
     if a.worker:
         worker(a.worker, a.hidden, a.layers, a.steps, a.pp)
@@ -113,8 +113,8 @@ def main(argv=None) -> None:
               f"{r['model_param_bytes'] / mib:>13.1f} {r['planned_param_bytes'] / mib:>9.1f} "
               f"{r['optimizer_state_bytes'] / mib:>10.1f} "
               f"{r['rss_bytes'] / mib:>9.0f} {r['peak_rss_bytes'] / mib:>13.0f}")
-    if a.json:
-        with open(a.json, "w") as fh:
+    if a.out:
+        with open(a.out, "w") as fh:
             json.dump(rows, fh, indent=1)
 
 

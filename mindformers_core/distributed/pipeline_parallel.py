@@ -20,9 +20,9 @@ The trainer's gradient reducer when ``parallelism.pipeline_parallel`` > 1 (the
 
 Each rank builds the whole model (the same initialisation as one process) and keeps only its
 stage's parameters: the others are frozen and emptied (distributed/pipeline_release.py) before
-the optimizer is built, so the rank holds its stage's share of the weights, and the optimizer (AdamW, Muon, QK-Clip on the stage's own layers: the other layers'
-max logits stay -inf) and the expert-bias update (no load on other stages' layers) run per
-stage.
+the optimizer is built, so the rank holds its stage's share of the weights, and the optimizer
+(AdamW, Muon, QK-Clip on the stage's own layers: the other layers' max logits stay -inf) and
+the expert-bias update (the released layers are skipped) run per stage.
 """
 from __future__ import annotations
 

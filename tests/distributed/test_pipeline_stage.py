@@ -85,6 +85,21 @@ def run_pipeline_in_one_process(model, split, bs, total, name):
     return grads, sum(r[1] for r in results), sum(r[2] for r in results), peak
 
 
+def whole_model(model_dict, pp, vpp):
+    """The step's micro-batches, their loss tokens, the whole model, its trainable parameters
+    and accumulate_gradients' (gradients, loss sum, aux) on them."""
+    import mindspore as ms
+    from mindformers_core.trainer.accumulate import (accumulate_gradients, count_loss_tokens,
+                                                     make_grad_fn)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    bs = batches(MICRO if vpp == 1 else 2 * pp)
+    total = count_loss_tokens(bs)
+    model = build(model_dict, len(bs))
+    params = list(model.trainable_params())
+    return bs, total, model, params, accumulate_gradients(make_grad_fn(model, params), bs,
+                                                          total, 1.0)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model_dict,pp,vpp,lps", [
     (GPT, 2, 1, None), (GPT, 2, 1, ["0-0", "1-3"]), (GPT, 2, 2, None),
@@ -92,16 +107,8 @@ def run_pipeline_in_one_process(model, split, bs, total, name):
     (MLA, 2, 2, None),    # MoE aux, MTP and the tied table on the last stage
     (dict(MLA, tie_word_embeddings=False), 2, 1, ["0-2", "3-3"])])
 def test_stage_programs_equal_the_whole_model(model_dict, pp, vpp, lps):
-    import mindspore as ms
-    from mindformers_core.trainer.accumulate import (accumulate_gradients, count_loss_tokens,
-                                                     make_grad_fn)
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    bs = batches(MICRO if vpp == 1 else 2 * pp)
-    total = count_loss_tokens(bs)
-    ref_model = build(model_dict, len(bs))
-    params = list(ref_model.trainable_params())
-    ref_grads, ref_loss, ref_aux = accumulate_gradients(make_grad_fn(ref_model, params), bs,
-                                                        total, 1.0)
+    bs, total, ref_model, params, (ref_grads, ref_loss, ref_aux) = whole_model(model_dict, pp,
+                                                                               vpp)
     ref_loads = ref_model.get_tokens_per_expert()
     model = build(model_dict, len(bs))
     split = StageSplit.build(model_dict["num_layers"], pp, vpp, lps,
@@ -158,16 +165,8 @@ def test_released_stages_hold_their_share_and_equal_the_whole_model(model_dict, 
     count of every parameter it holds, the shared table on both ends), and the stages run on
     those alone give the whole model's gradients (the shared table's summed over its two
     stages, as PipelineParallel.reduce does) and loss."""
-    import mindspore as ms
-    from mindformers_core.trainer.accumulate import (accumulate_gradients, count_loss_tokens,
-                                                     make_grad_fn)
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    bs = batches(MICRO if vpp == 1 else 2 * pp)
-    total = count_loss_tokens(bs)
-    ref_model = build(model_dict, len(bs))
-    ref_params = list(ref_model.trainable_params())
-    ref_grads, ref_loss, ref_aux = accumulate_gradients(make_grad_fn(ref_model, ref_params), bs,
-                                                        total, 1.0)
+    bs, total, ref_model, ref_params, (ref_grads, ref_loss, ref_aux) = whole_model(model_dict,
+                                                                                   pp, vpp)
     full_bytes = {p.name: int(np.prod(p.shape)) * 4 for p in ref_model.get_parameters()}
     split = StageSplit.build(model_dict["num_layers"], pp, vpp, lps, shares_embedding=True)
     held, shapes, params, grads, loss, aux = run_released_stages(
