@@ -1,7 +1,8 @@
 """A pipeline run's checkpoint: every stage's parameters and optimizer state, written once.
 
 Stage parameters are disjoint (core/pipeline_split.py ``StageSplit.owner``; the shared
-embedding table's two copies are equal, the first stage's is written). Every rank builds its
+embedding table's two copies are equal, the first stage's is written); a rank holds only its
+stage's data, so each entry comes from its owner's part. Every rank builds its
 payload; rank 0 receives the other stages' part and writes one checkpoint holding the whole
 model and the whole optimizer state under the single-process names, so it resumes on one
 process or on the same pipeline layout (each stage loads the entries of its parameters), and
@@ -50,12 +51,21 @@ def stage_payload(split, stage: int, tensors: Dict[str, np.ndarray]) -> Dict[str
     return out
 
 
-def merge_stage_payloads(tensors: Dict[str, np.ndarray], parts: list) -> Dict[str, np.ndarray]:
-    """Rank 0's payload with every stage's part laid over it (stage order; a stage's own
-    entries win: each model entry is in exactly one part)."""
-    merged = dict(tensors)
+def merge_stage_payloads(tensors: Dict[str, np.ndarray], parts: list,
+                         full_shapes: Dict[str, tuple]) -> Dict[str, np.ndarray]:
+    """Rank 0's payload with every model entry taken from its owner's part (each is in exactly
+    one part; rank 0's own copies of other stages' parameters are empty placeholders,
+    distributed/pipeline_release.py) and every stage's optimizer entries added.
+    ``full_shapes``: parameter name -> the whole model's shape, which each entry must have."""
+    merged = {k: v for k, v in tensors.items() if not k.startswith("model.")}
     for part in parts:
         for key, arr in part.items():
             if key.startswith("model.") or key not in merged:
                 merged[key] = arr
+    for name, shape in full_shapes.items():
+        got = merged.get(f"model.{name}")
+        if got is None or tuple(got.shape) != tuple(shape):
+            raise RuntimeError(f"pipeline checkpoint: parameter {name} came from no stage with "
+                               f"its shape {tuple(shape)} (got "
+                               f"{None if got is None else tuple(got.shape)})")
     return merged

@@ -18,11 +18,11 @@ The trainer's gradient reducer when ``parallelism.pipeline_parallel`` > 1 (the
    counted once (the shared table on the first stage): clipping, skip decisions and
    ``max_consecutive_skipped_steps`` see the same number on every stage.
 
-Each rank builds the whole model (the same initialisation as one process) and trains only its
-stage's parameters: the others are frozen (``requires_grad`` False) before the optimizer is
-built, so the optimizer (AdamW, Muon, QK-Clip on the stage's own layers: the other layers'
-max logits stay -inf) and the expert-bias update (no load on other stages' layers) run per
-stage.
+Each rank builds the whole model (the same initialisation as one process) and keeps only its
+stage's parameters: the others are frozen and emptied (distributed/pipeline_release.py) before
+the optimizer is built, so the rank holds its stage's share of the weights, and the optimizer
+(AdamW, Muon, QK-Clip on the stage's own layers: the other layers' max logits stay -inf) and
+the expert-bias update (the released layers are skipped) run per stage.
 """
 from __future__ import annotations
 
@@ -72,14 +72,20 @@ class PipelineParallel:
         self.runner: Optional[StageRunner] = None
         self._programs: Dict[int, list] = {}
         self.model = None
+        #: the whole model's parameter shapes (name -> shape), recorded before the release
+        self.full_shapes: Dict[str, Tuple[int, ...]] = {}
 
     # -- construction ---------------------------------------------------------------------------
     def attach(self, model) -> None:
-        """Freeze the parameters other stages own (before the optimizer is built)."""
+        """Freeze and release the parameters other stages own (after any checkpoint load,
+        before the optimizer is built)."""
+        from .pipeline_release import release_foreign_parameters
         self.model = model
-        for p in model.get_parameters():
-            if self.stage not in self.split.holders(p.name):
-                p.requires_grad = False
+        self.full_shapes = release_foreign_parameters(model, self.split, self.stage)
+
+    def parameter_sizes(self) -> Dict[str, int]:
+        """name -> element count of the whole model's parameters (every stage's)."""
+        return {n: int(np.prod(s, dtype=np.int64)) for n, s in self.full_shapes.items()}
 
     def describe(self, num_micro: int) -> str:
         old = self.cfg.parallelism.pipeline_parallel_microbatch_size
@@ -87,6 +93,12 @@ class PipelineParallel:
         lines = [f"pipeline parallel: stage {self.stage} of {self.split.pp} "
                  f"(interleave {self.split.vpp}, {order}, {num_micro} micro-batches, "
                  f"activations recomputed in the backward); {self.split.describe()}"]
+        if self.model is not None:
+            from .pipeline_release import held_parameter_bytes
+            held = sum(int(p.size) for p in self.model.get_parameters())
+            lines.append(f"this stage holds {held:,} of the model's "
+                         f"{sum(self.parameter_sizes().values()):,} parameters "
+                         f"({held_parameter_bytes(self.model) / 2**20:.2f} MiB)")
         if old != num_micro:
             lines.append(MICROBATCH_MESSAGE.format(old=old, new=num_micro))
         return "\n".join(lines)
@@ -114,9 +126,8 @@ class PipelineParallel:
         return grads, float(loss_sum), float(n_tokens)
 
     def mean_over_ranks(self, value: float) -> float:
-        """A step metric's value over the data-parallel replicas: pipeline runs one replica
-        (pipeline_parallel * dp is refused), and ``combine_mtp_loss`` already gave every
-        stage the step's value."""
+        """The value itself: data parallel is 1 and every stage already holds the step's
+        value (the MTP loss from combine_mtp_loss)."""
         return float(value)
 
     def broadcast_flag(self, flag: bool) -> bool:
@@ -179,7 +190,7 @@ class PipelineParallel:
         parts = gather_to_all(self.comm, stage_payload(self.split, self.stage, tensors))
         if self.rank != 0:
             return tensors, state
-        merged = merge_stage_payloads(tensors, parts)
+        merged = merge_stage_payloads(tensors, parts, self.full_shapes)
         state = dict(state, pipeline_stages=stage_map(
             self.split, [k[len("model."):] for k in merged if k.startswith("model.")]))
         if state.get("has_optimizer"):

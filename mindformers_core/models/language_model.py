@@ -503,6 +503,8 @@ class GPTModel(nn.Cell):
             if load.sum() == 0:
                 continue
             bias = self.moe_layers()[i].router.expert_bias
+            if bias.size == 0:   # another pipeline stage's layer (distributed/pipeline_release.py)
+                continue
             bias.set_data(Tensor(expert_bias_step(bias.asnumpy(), load, rate)))
         if reset:
             self.reset_moe_stats()

@@ -54,8 +54,7 @@ class RunProgress:
         self._t0 = time.perf_counter()
         self._steps_this_session = 0
         mc = trainer.cfg.model
-        sizes = {p.name: int(p.size) for p in trainer.model.get_parameters()}
-        self.counts = param_counts(sizes)
+        self.counts = param_counts(trainer.parameter_sizes())
         self.flops_per_token = flops_per_token(self.counts, mc.num_layers, mc.hidden_size,
                                                mc.seq_length, mc.vocab_size,
                                                mc.tie_word_embeddings)
@@ -80,7 +79,9 @@ class RunProgress:
 
     def group_counts(self) -> dict:
         groups = getattr(self.t.optimizer, "param_groups", [])
-        return {str(g.get("name", i)): sum(int(p.size) for p in g["params"])
+        # a pipeline rank's optimizer holds its stage's parameters only
+        tag = "" if self.t.pipeline is None else " (this stage)"
+        return {str(g.get("name", i)) + tag: sum(int(p.size) for p in g["params"])
                 for i, g in enumerate(groups)}
 
     # ------------------------------------------------------------------ hooks

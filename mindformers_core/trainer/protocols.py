@@ -27,7 +27,7 @@ The trainer checks what a model, an optimizer or a gradient reducer offers with
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 from ..optim.qk_clip import QKClipModel  # declared where QK-Clip reads it
 
@@ -80,7 +80,11 @@ class PipelineReducer(GradReducer, Protocol):
     data_rank: int   #: this rank's index along data parallel (which rows it reads)
 
     def attach(self, model) -> None:
-        """Keep only this stage's parameters trainable (before the optimizer is built)."""
+        """Keep only this stage's parameters (the others frozen and released; after any
+        checkpoint load, before the optimizer is built)."""
+
+    def parameter_sizes(self) -> Dict[str, int]:
+        """name -> element count of the whole model's parameters (every stage's)."""
 
     def describe(self, num_micro: int) -> str:
         """The stage, its layers and the schedule, for the run log."""

@@ -28,7 +28,7 @@ import math
 import os
 import sys
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -182,8 +182,6 @@ class Trainer:
         # pipeline parallel (distributed/pipeline_parallel.py): this rank trains one stage
         self.pipeline = self.grad_reducer if isinstance(self.grad_reducer, PipelineReducer) \
             else None
-        if self.pipeline is not None:
-            self.pipeline.attach(self.model)
         if isinstance(self.grad_reducer, DataParallelReducer):   # [FSDP hook] shards the model
             from ..distributed.fsdp import apply_fsdp            # per data_parallel_shard_strategy
             self.grad_reducer, self.model = apply_fsdp(cfg, self.grad_reducer, self.model)
@@ -193,6 +191,8 @@ class Trainer:
         if loaded is not None:   # [sharded checkpoint hook] after every cut (tp, fsdp, ep):
             loaded = reshard_for_model(loaded, self.model, self.grad_reducer)  # this rank's
             self._load_model(loaded)                                           # shards
+        if self.pipeline is not None:   # after the load: frees the other stages' weights
+            self.pipeline.attach(self.model)
         if lr_scheduler is None:
             lr_scheduler = cfg.build_lr_scheduler()
         self.lr_scheduler = lr_scheduler
@@ -215,7 +215,7 @@ class Trainer:
         if self.rank == 0:   # writable directories and room for one checkpoint, before step 1
             preflight_run_dirs(output_dir, self.save_dir, bool(self.ckpt_cfg.save_path),
                                estimate_checkpoint_bytes(
-                                   (int(np.prod(p.shape)) for p in self.model.get_parameters()),
+                                   self.parameter_sizes().values(),
                                    not self.ckpt_cfg.no_save_optim), self.ckpt_cfg.enable_save)
         from ..data.tokenizer import load_run_tokenizer
         tokenizer = load_run_tokenizer(cfg)
@@ -235,6 +235,13 @@ class Trainer:
             self._load_rest(loaded)
 
     # ------------------------------------------------------------------ setup helpers
+    def parameter_sizes(self) -> Dict[str, int]:
+        """name -> element count of the model's parameters (a pipeline rank: every stage's,
+        though it holds only its own)."""
+        if self.pipeline is not None:
+            return self.pipeline.parameter_sizes()
+        return {p.name: int(np.prod(p.shape)) for p in self.model.get_parameters()}
+
     def _grad_norm_rule(self, mp) -> Callable:
         """``norm(grads) -> float``, the global L2 norm of the reduced gradients, identical on
         every rank: over the pipeline stages, over tensor-parallel shards (``mp``), over

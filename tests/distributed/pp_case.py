@@ -37,6 +37,16 @@ CASES = {
 }
 
 
+#: the case whose step-SAVE_AT checkpoint is resumed (on one process and on pp2)
+RESUME_CASE = "gpt_1f1b"
+
+
+def resume_extra(run_dir: str):
+    """The override that resumes ``run_dir``'s checkpoint of step SAVE_AT."""
+    name = f"mindformers_core_step{SAVE_AT:08d}.safetensors"
+    return [f"checkpoint.load_path={os.path.join(run_dir, 'checkpoint', name)}"]
+
+
 def case_config(name: str, out_dir: str, pipeline: bool, extra=()):
     from mindformers_core.config import load_config
     path, overrides, pp = CASES[name]

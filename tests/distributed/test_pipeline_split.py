@@ -154,16 +154,68 @@ def test_stage_payloads_merge_into_the_whole_model():
     split = StageSplit.build(2, 2, shares_embedding=True)
     names = ["embedding.word_embeddings.weight", "decoder.layers.0.w", "decoder.layers.1.w",
              "decoder.final_layernorm.weight"]
-    # each rank's payload: its own stage's values are current (s), the others stale (-1)
-    payloads = [{**{f"model.{n}": np.full(2, s if split.owner(n) == s else -1.0) for n in names},
+    # each rank's payload: its own stage's values (s), the others' empty placeholders
+    payloads = [{**{f"model.{n}": np.full(2, float(s)) if split.owner(n) == s else np.zeros(0)
+                    for n in names},
                  f"optim.exp_avg.{names[1 + s]}": np.full(2, 10.0 + s), "rng.seed": np.zeros(1)}
                 for s in (0, 1)]
     payloads[1]["optim.exp_avg.embedding.word_embeddings.weight"] = np.full(2, 7.0)
     parts = [stage_payload(split, s, payloads[s]) for s in (0, 1)]
     assert "rng.seed" not in parts[1] and "model.decoder.layers.0.w" not in parts[1]
-    merged = merge_stage_payloads(payloads[0], parts)
+    full = {n: (2,) for n in names}
+    merged = merge_stage_payloads(payloads[0], parts, full)
     for n in names:
         np.testing.assert_array_equal(merged[f"model.{n}"], np.full(2, split.owner(n)))
     assert merged["optim.exp_avg.decoder.layers.1.w"][0] == 11.0
     assert merged["optim.exp_avg.embedding.word_embeddings.weight"][0] == 7.0
     assert stage_map(split, names) == {names[0]: 0, names[1]: 0, names[2]: 1, names[3]: 1}
+
+
+def test_stage_payload_merge_refuses_a_placeholder_or_a_missing_entry():
+    import numpy as np
+    from mindformers_core.distributed.pipeline_checkpoint import (merge_stage_payloads,
+                                                                  stage_payload)
+    split = StageSplit.build(2, 2)
+    names = ["decoder.layers.0.w", "decoder.layers.1.w"]
+    full = {n: (2,) for n in names}
+    rank0 = {"model.decoder.layers.0.w": np.ones(2), "model.decoder.layers.1.w": np.zeros(0)}
+    stage1 = {"model.decoder.layers.1.w": np.zeros(0)}   # the owner sent an empty copy
+    with pytest.raises(RuntimeError, match=r"pipeline checkpoint: parameter decoder.layers.1.w "
+                       r"came from no stage with its shape \(2,\) \(got \(0,\)\)"):
+        merge_stage_payloads(rank0, [stage_payload(split, 0, rank0), stage1], full)
+    with pytest.raises(RuntimeError, match=r"parameter decoder.layers.1.w came from no stage "
+                       r"with its shape \(2,\) \(got None\)"):
+        merge_stage_payloads(rank0, [stage_payload(split, 0, rank0)], full)
+
+
+def test_pipeline_parallel_is_the_trainers_reducer_and_keeps_only_its_stage(monkeypatch):
+    """PipelineParallel satisfies the trainer's PipelineReducer protocol (else the trainer
+    would not run the pipeline), and attach() leaves the rank its stage's parameter bytes while
+    the parameter counts still describe the whole model."""
+    import os
+    import numpy as np
+    from mindformers_core.distributed.collectives import GroupCommunicator
+    from mindformers_core.distributed.groups import make_mesh
+    from mindformers_core.distributed.pipeline_parallel import PipelineParallel
+    from mindformers_core.distributed.pipeline_release import held_parameter_bytes
+    from mindformers_core.models import build_model
+    from mindformers_core.trainer.protocols import PipelineReducer
+    msrun_world(monkeypatch, 2)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cfg = load_config(os.path.join(root, "configs", "markov_check.yaml"), overrides=[
+        "parallelism.pipeline_parallel=2", "training.global_batch_size=4",
+        "training.local_batch_size=1", "model.hidden_size=32", "model.num_layers=4"])
+    pp = PipelineParallel(cfg, GroupCommunicator(make_mesh(2, pp=2), 1))
+    assert isinstance(pp, PipelineReducer)
+    assert (pp.stage, pp.data_rank, pp.mean_over_ranks(2.5)) == (1, 0, 2.5)
+    model = build_model(cfg.model, seed=1)
+    whole = {p.name: int(np.prod(p.shape)) for p in model.get_parameters()}
+    pp.attach(model)
+    assert pp.parameter_sizes() == whole
+    mine = [n for n in whole if n.startswith(("decoder.layers.2.", "decoder.layers.3."))
+            or not n.startswith(("decoder.layers.", "embedding."))]
+    assert held_parameter_bytes(model) == 4 * sum(whole[n] for n in mine)
+    assert sorted(p.name for p in model.trainable_params()) == sorted(mine)
+    held = sum(whole[n] for n in mine)
+    assert f"this stage holds {held:,} of the model's {sum(whole.values()):,} parameters" \
+        in pp.describe(4)

@@ -12,7 +12,8 @@ real Trainer (10 steps, 4 micro-batches of 1 sequence):
 
 This process runs the same configs on one process and compares the logged loss and grad_norm
 per step (relative 1e-4), then resumes the pp2 checkpoint of step 5 on one process and
-checks that steps 6..10 are the uninterrupted ones.
+checks that steps 6..10 are the uninterrupted ones; the msrun job also resumed it on the
+same 2 stages, with the same check.
 """
 import os
 import sys
@@ -23,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from msrun_util import launch, read_metrics, worker_logs  # noqa: E402
-from pp_case import CASES, SAVE_AT, STEPS, run_case  # noqa: E402
+from pp_case import CASES, RESUME_CASE, SAVE_AT, STEPS, resume_extra, run_case  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -79,15 +80,24 @@ def test_interleaved_case_ran_muon_qk_clip_on_both_stages(pp_runs, references):
 
 def test_pp2_checkpoint_resumes_on_one_process(pp_runs, references, tmp_path):
     from mindformers_core.trainer.checkpoint import load_checkpoint
-    ckpt = os.path.join(pp_runs["out"], "gpt_1f1b", "checkpoint",
-                        f"mindformers_core_step{SAVE_AT:08d}.safetensors")
+    extra = resume_extra(os.path.join(pp_runs["out"], RESUME_CASE))
+    ckpt = extra[0].split("=", 1)[1]
     data = load_checkpoint(ckpt)
     stages = data.state["pipeline_stages"]
     assert stages["embedding.word_embeddings.weight"] == 0
     assert stages["decoder.layers.1.mlp.linear_fc1.weight"] == 1
     assert stages["output_layer.weight"] == 1
-    trainer = run_case("gpt_1f1b", str(tmp_path), pipeline=False,
-                       extra=[f"checkpoint.load_path={ckpt}"])
+    trainer = run_case(RESUME_CASE, str(tmp_path), pipeline=False, extra=extra)
     assert trainer.resumed_from == ckpt
-    assert_same_steps(read_metrics(tmp_path), references["gpt_1f1b"],
+    # every entry is the owner stage's whole tensor (a rank holds only its stage's weights)
+    assert {k: v.shape for k, v in data.tensors.items() if k.startswith("model.")} == {
+        f"model.{p.name}": tuple(p.shape) for p in trainer.model.get_parameters()}
+    assert_same_steps(read_metrics(tmp_path), references[RESUME_CASE],
                       range(SAVE_AT + 1, STEPS + 1))
+
+
+def test_pp2_checkpoint_resumes_on_pp2(pp_runs, references):
+    """The same checkpoint resumed on the 2 stages (each loads the whole model, then
+    releases the other stage's parameters) continues with the uninterrupted steps."""
+    got = read_metrics(pp_runs["out"] / f"{RESUME_CASE}_resumed")
+    assert_same_steps(got, references[RESUME_CASE], range(SAVE_AT + 1, STEPS + 1))
