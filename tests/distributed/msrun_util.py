@@ -38,6 +38,13 @@ def read_metrics(run_dir):
         return [json.loads(line) for line in fh if line.strip()]
 
 
+def rel_err(got, want) -> float:
+    """max |got - want| / max |want| (the relative error the parallel tests compare with)."""
+    import numpy as np
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-12))
+
+
 def launch_cases(cmd: str, out_dir, names, workers: int = 2):
     """``(CompletedProcess, {(case, rank): (arrays, meta)})``: launch ``cmd``, fail the test with
     the workers' logs unless it exits 0, then read each rank's ``{case}.rank{r}.npz`` / ``.json``

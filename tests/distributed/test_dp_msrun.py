@@ -19,14 +19,13 @@ import os
 import re
 import sys
 
-import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from dp_case import CASES, STEPS  # noqa: E402
-from msrun_util import launch, launch_cases, read_metrics  # noqa: E402
+from msrun_util import launch, launch_cases, read_metrics, rel_err  # noqa: E402
 from trainer_case import STEPS as TRAINER_STEPS  # noqa: E402
 
 KILL_AT = 5
@@ -61,11 +60,6 @@ def references():
     ms.runtime.launch_blocking()
     return {"adamw": run_case("adamw_replicated", Communicator(0, 1)),
             "muon": run_case("muon_replicated", Communicator(0, 1))}
-
-
-def rel_err(got, want) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-12))
 
 
 def test_launcher_ran_msrun_with_per_worker_logs(dp_results):

@@ -19,21 +19,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from ep_case import CASES, STEPS, reference  # noqa: E402
-from msrun_util import launch  # noqa: E402
+from msrun_util import launch, read_metrics, rel_err  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 EXPERTS = ("decoder.layers.1.mlp.experts.weight1", "decoder.layers.1.mlp.experts.weight2")
 BIAS = "decoder.layers.1.mlp.router.expert_bias"
-
-
-def read_metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
-def rel(got, want) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-12))
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +98,7 @@ def test_each_rank_holds_its_whole_experts(ep_runs, references, case):
             for key, shape in meta["state_shapes"].items():
                 if key.endswith(name):
                     assert shape == [2] + list(full[1:]), key
-            assert rel(experts[name], ref[name][2 * rank:2 * rank + 2]) < 1e-4, name
+            assert rel_err(experts[name], ref[name][2 * rank:2 * rank + 2]) < 1e-4, name
         assert meta["split_again"] == ("the experts of this model are already split over "
                                        "expert parallel ranks")
         # the aux-loss-free bias update saw the global loads on both ranks
@@ -153,4 +143,4 @@ def test_four_ranks_with_expert_data_parallel_match_one_process(edp_run, tmp_pat
     for rank in range(4):   # ep rank = dp rank % 2; ranks 0, 2 (and 1, 3) are edp replicas
         e = rank % 2
         for name in EXPERTS:
-            assert rel(edp_run["experts"][rank][name], params[name][2 * e:2 * e + 2]) < 1e-4
+            assert rel_err(edp_run["experts"][rank][name], params[name][2 * e:2 * e + 2]) < 1e-4

@@ -18,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from dp_case import DIVIDED_SUFFIX, FSDP_CASES, STEPS, fsdp_reference  # noqa: E402
-from msrun_util import launch_cases, read_metrics  # noqa: E402
+from msrun_util import launch_cases, read_metrics, rel_err  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -27,11 +27,6 @@ REFERENCES = sorted({fsdp_reference(n) for n in SHARDED})
 DIVIDED = [n for n in SHARDED if n.endswith(DIVIDED_SUFFIX)]
 SAME = [n for n in SHARDED if n not in DIVIDED]   # the 1-process run, bit for bit or nearly
 TOL = 1e-4
-
-
-def rel_err(got, want) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-12))
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """The logged ``mtp_loss`` of a data-parallel run is the global batch's (the mean over the
 ranks, ``DataParallelGradReducer.mean_over_ranks``): 2 msrun CPU workers x local batch 2 log
 the same mtp_loss, loss and grad norm as 1 process with global batch 4 (2 micro-batches)."""
-import json
 import os
 import sys
 
@@ -11,13 +10,8 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from msrun_util import launch  # noqa: E402
+from msrun_util import launch, read_metrics  # noqa: E402
 from trainer_case import MTP_OVERRIDES, trainer_config  # noqa: E402
-
-
-def read_metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
 
 
 def test_mean_over_ranks_on_one_rank_is_the_value():

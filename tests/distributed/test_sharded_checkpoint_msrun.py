@@ -14,13 +14,12 @@ import json
 import os
 import sys
 
-import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from msrun_util import launch  # noqa: E402
+from msrun_util import launch, rel_err  # noqa: E402
 from trainer_case import STEPS, trainer_config  # noqa: E402
 
 STOP_AT = 4
@@ -30,11 +29,6 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 def read_metrics(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
         return {r["step"]: r for r in (json.loads(line) for line in fh if line.strip())}
-
-
-def rel_err(got, want) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-12))
 
 
 def assert_steps_match(got, want, steps):

@@ -25,7 +25,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from msrun_util import launch  # noqa: E402
+from msrun_util import launch, read_metrics  # noqa: E402
 from tp_case import CONFIGS, MODELS, MUON_CASES, STEPS  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
@@ -51,11 +51,6 @@ def tp2(tmp_path_factory):
 def tp2dp2(tmp_path_factory):
     return run_workers(tmp_path_factory.mktemp("tp2dp2"), "train",
                        ["gpt", "dsv3_muon_deredundency"], 4)
-
-
-def read_metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
 
 
 @pytest.fixture(scope="module")
