@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .memory_jit import JIT_PLAN_MODES, compiled_graph_bytes, planned_jit_mode
-from .pipeline_split import StageSplit, peak_in_flight_bound
+from .pipeline_split import StageSplit, peak_in_flight_bound, pipeline_stages
 from .recompute import SELECT_MODES, parse_layer_selection
 
 __all__ = ["DTYPE_BYTES", "ASCEND_910B_BYTES", "WARN_FRACTION", "LayerParams", "ParamCounts",
@@ -397,17 +397,6 @@ class MemoryPlan:
                 "flash_attention": self.settings.flash_attention,
                 "micro_batch": self.settings.micro_batch,
                 "moe_dispatch": self.settings.moe_dispatch, "notes": list(self.notes)}
-
-
-def pipeline_stages(num_layers: int, pp: int) -> List[range]:
-    """Contiguous layer ranges per stage; the first ``L mod pp`` stages take one more."""
-    base, extra = divmod(num_layers, pp)
-    out, start = [], 0
-    for i in range(pp):
-        n = base + (1 if i < extra else 0)
-        out.append(range(start, start + n))
-        start += n
-    return out
 
 
 def config_stage_layers(cfg, model_cfg, layout: Layout) -> Tuple[List[List[int]], int]:

@@ -21,7 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["StageSplit", "split_layers", "AUTO_MESSAGE", "warmup_forwards", "peak_in_flight_bound"]
+__all__ = ["StageSplit", "split_layers", "pipeline_stages", "AUTO_MESSAGE", "warmup_forwards",
+           "peak_in_flight_bound"]
 
 AUTO_MESSAGE = ("Number of layers ({n}) is not divisible by total stages ({t}).Please configure "
                 "the model distribution via 'pipeline_parallel_layers_per_stage'.")
@@ -98,6 +99,18 @@ def split_layers(num_layers: int, pp: int, vpp: int = 1,
     if expect != num_layers:
         raise ValueError(f"the ranges cover layers 0..{expect - 1}, but the model has "
                          f"{num_layers} layers (num_layers)")
+    return out
+
+
+def pipeline_stages(num_layers: int, pp: int) -> List[range]:
+    """Contiguous layer ranges per stage; the first ``L mod pp`` stages take one more (the
+    memory planner's split of a layout other than the config's, which may not divide)."""
+    base, extra = divmod(num_layers, pp)
+    out, start = [], 0
+    for i in range(pp):
+        n = base + (1 if i < extra else 0)
+        out.append(range(start, start + n))
+        start += n
     return out
 
 

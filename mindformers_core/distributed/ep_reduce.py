@@ -121,8 +121,7 @@ class ExpertParallelReducer:
     def mean_over_ranks(self, value: float) -> float:
         """The mean of ``value`` over every rank: the logged aux loss of one process (the mean
         over all micro-batches of the step) from each rank's mean over its own."""
-        total = self.inner.comm.all_reduce_sum(np.array([value], np.float32))
-        return float(total[0]) / self.world_size
+        return self.inner.mean_over_ranks(value)
 
     def sync_moe_stats(self, model) -> None:
         """The wrapped reducer's global loads; and each MoE layer's logged aux loss (the mean

@@ -65,15 +65,18 @@ class DataParallelReducer(GradReducer, Protocol):
 
 
 @runtime_checkable
-class ShardedGradReducer(Protocol):
+class ShardedGradNorm(Protocol):
+    def grad_norm(self, grads: Sequence) -> float:
+        """Global L2 norm of reduced gradients some of which are shards (same on every rank)."""
+
+
+@runtime_checkable
+class ShardedGradReducer(ShardedGradNorm, Protocol):
+    """A sharded-gradient reducer that must learn the optimizer's parameter order (expert
+    parallel); ``mean_over_ranks`` is the ``GradReducer``'s."""
+
     def bind_parameters(self, params: Sequence) -> None:
         """The parameters the gradients come aligned with (once the optimizer exists)."""
-
-    def grad_norm(self, grads: Sequence) -> float:
-        """The global L2 norm of the reduced gradients over parameters split across ranks."""
-
-    def mean_over_ranks(self, value: float) -> float:
-        """The mean of a per-rank value (the step's aux loss) over every rank."""
 
 
 class PipelineReducer(GradReducer, Protocol):
@@ -147,9 +150,3 @@ class MaxLogitsModel(Protocol):
 class QKClipOptimizer(Protocol):
     #: what the last step's QK-Clip did (None before the first step or when off)
     last_qk_clip: Any
-
-
-@runtime_checkable
-class ShardedGradNorm(Protocol):
-    def grad_norm(self, grads: Sequence) -> float:
-        """Global L2 norm of reduced gradients some of which are shards (same on every rank)."""

@@ -40,10 +40,11 @@ from .accumulate import accumulate_gradients, count_loss_tokens, make_grad_fn
 from .checkpoint import (CheckpointData, CheckpointError, checkpoint_name, list_checkpoints,
                          prune_checkpoints, resolve_checkpoint, save_checkpoint)
 from .config_diff import config_changes
-from .grad_reducer import IdentityGradReducer
+from .grad_reducer import default_grad_reducer, grad_norm_rule
 from .metrics import MetricsWriter, StepMetrics
 from .async_checkpoint import AsyncCheckpointWriter, snapshot
 from .monitor import TrainStateMonitor
+from .payload import jsonable, tensor_to_numpy
 from .moe_metrics import log_due, moe_step_stats
 from .preflight import estimate_checkpoint_bytes, preflight_run_dirs
 from .profiler import StepProfiler
@@ -53,7 +54,7 @@ from .resume_checks import (check_train_payload, lr_jump_warning,
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .protocols import (DataParallelReducer, ExpertBiasModel, MaxLogitsModel, MoEStatsModel,
                         ModelParallelReducer, PipelineReducer, QKClipOptimizer,
-                        QKStatsReducer, ShardedGradNorm, ShardedGradReducer)
+                        QKStatsReducer, ShardedGradReducer)
 from .run_dir import claim_run_dir, new_run_id
 from .sharded_save import reshard_for_model, save_sharded, uses_sharded_checkpoint
 from .signals import StopRequest
@@ -74,42 +75,6 @@ NONFINITE_ERROR = ("global gradient norm is {norm} at step {step}; the update wa
 THRESHOLD_WARNING = ("[SkipStep] Global gradient norm %.6g exceeds optimizer.grad_norm_skip_"
                      "threshold=%g at step %d, skipping the optimizer update "
                      "(consecutive skipped: %d, total skipped: %d).")
-
-
-def _nullcontext(value):
-    return contextlib.nullcontext(value)
-
-
-def _to_numpy(param) -> tuple:
-    """(array, original dtype name or None): bf16 has no numpy dtype, store it as fp32 (exact)."""
-    import mindspore as ms
-    if param.dtype == ms.bfloat16:
-        return param.astype(ms.float32).asnumpy(), "bfloat16"
-    return param.asnumpy(), None
-
-
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def _default_grad_reducer(cfg):
-    """The parallel reducer of ``cfg`` when launched by msrun (communication initialised
-    there; tensor parallel when ``parallelism.tensor_parallel > 1``), the identity in a plain
-    process (no communication init)."""
-    from ..distributed.env import launched_by_msrun
-    if launched_by_msrun() and cfg.parallelism.pipeline_parallel > 1:   # pipeline parallel
-        from ..distributed.pipeline_parallel import setup_pipeline_parallel
-        return setup_pipeline_parallel(cfg)
-    if launched_by_msrun():
-        from ..distributed.setup import setup_parallel
-        return setup_parallel(cfg)
-    return IdentityGradReducer()
 
 
 class Trainer:
@@ -133,7 +98,7 @@ class Trainer:
         self.cfg = cfg
         self.output_dir = output_dir
         # under msrun: the data-parallel all-reduce (distributed package); else the identity
-        self.grad_reducer = grad_reducer or _default_grad_reducer(cfg)
+        self.grad_reducer = grad_reducer or default_grad_reducer(cfg)
         ws = self.grad_reducer.world_size if world_size is None else world_size
         self.rank = self.grad_reducer.rank if rank is None else rank
         # tensor parallel: the reducer shards the model; tp ranks of one replica read one shard
@@ -229,7 +194,8 @@ class Trainer:
         self.progress = RunProgress(self, eval_dataset, tokenizer)
         self.entropy_floor = getattr(dataset, "entropy_floor", None)
         self._grad_fn = make_grad_fn(self.model, self.optimizer.parameters)
-        self._grad_norm = self._grad_norm_rule(mp)
+        self._grad_norm = grad_norm_rule(self.pipeline, mp, self.grad_reducer, self.model,
+                                         self.optimizer.parameters)
         self.resumed_from: Optional[str] = None
         if loaded is not None:
             self._load_rest(loaded)
@@ -241,19 +207,6 @@ class Trainer:
         if self.pipeline is not None:
             return self.pipeline.parameter_sizes()
         return {p.name: int(np.prod(p.shape)) for p in self.model.get_parameters()}
-
-    def _grad_norm_rule(self, mp) -> Callable:
-        """``norm(grads) -> float``, the global L2 norm of the reduced gradients, identical on
-        every rank: over the pipeline stages, over tensor-parallel shards (``mp``), over
-        FSDP / expert-parallel shards (a ``ShardedGradNorm`` reducer), or of whole gradients."""
-        if self.pipeline is not None:
-            return self.pipeline.global_grad_norm
-        if mp is not None:
-            return mp.grad_norm_fn(self.model, self.optimizer.parameters)
-        if isinstance(self.grad_reducer, ShardedGradNorm):
-            return self.grad_reducer.grad_norm
-        from ..optim.clip_grad import global_grad_norm
-        return global_grad_norm
 
     def log(self, text: str) -> None:
         self.writer.message(text)
@@ -348,7 +301,7 @@ class Trainer:
         sharded checkpoint's local optimizer state instead of ``state_dict()``)."""
         tensors, dtypes = {}, {}
         for param in self.model.get_parameters():
-            arr, orig = _to_numpy(param)
+            arr, orig = tensor_to_numpy(param)
             tensors[f"model.{param.name}"] = arr
             if orig:
                 dtypes[f"model.{param.name}"] = orig
@@ -360,9 +313,9 @@ class Trainer:
                 if isinstance(value, np.ndarray):
                     tensors[f"optim.{key}"] = value
                 elif hasattr(value, "asnumpy"):
-                    tensors[f"optim.{key}"] = _to_numpy(value)[0]
+                    tensors[f"optim.{key}"] = tensor_to_numpy(value)[0]
                 else:
-                    scalars[key] = _jsonable(value)
+                    scalars[key] = jsonable(value)
             state["optimizer_scalars"] = scalars
             state["optimizer_tensors"] = optimizer_tensor_names(tensors)
             state["has_optimizer"] = True
@@ -370,8 +323,8 @@ class Trainer:
         rng_json, rng_arrays = capture_rng_state()
         state["rng"] = rng_json
         tensors.update({f"rng.{k}": v for k, v in rng_arrays.items()})
-        state["data"] = _jsonable(self.dataset.state_dict()) if hasattr(self.dataset, "state_dict") else None
-        state["loss_scaler"] = (_jsonable(self.loss_scaler.state_dict())
+        state["data"] = jsonable(self.dataset.state_dict()) if hasattr(self.dataset, "state_dict") else None
+        state["loss_scaler"] = (jsonable(self.loss_scaler.state_dict())
                                 if self.loss_scaler is not None else None)
         return tensors, dtypes, state
 
@@ -588,7 +541,7 @@ class Trainer:
         last_saved = self.state.step if self.resumed_from else None  # already on disk
         try:
             own = StopRequest(log=self.log) if stop_request is None else None
-            with (own if own is not None else _nullcontext(stop_request)) as stop:
+            with (own if own is not None else contextlib.nullcontext(stop_request)) as stop:
                 while self.state.step < end:
                     if stop.requested and self.grad_reducer.world_size == 1:
                         reason = "interrupted"     # signalled before this step started
@@ -630,7 +583,7 @@ class Trainer:
             yaml.safe_dump(self.cfg.to_dict(), fh, sort_keys=False)
         plan = self.plan.to_dict() if hasattr(self.plan, "to_dict") else {}
         with open(os.path.join(self.output_dir, "run_plan.yaml"), "w", encoding="utf-8") as fh:
-            yaml.safe_dump(_jsonable(plan), fh, sort_keys=False)
+            yaml.safe_dump(jsonable(plan), fh, sort_keys=False)
 
     def latest_checkpoint(self) -> Optional[str]:
         found = list_checkpoints(self.save_dir)

@@ -70,6 +70,18 @@ def assert_grads_match_fd(named_grads, P, objective, rng, coords_per_param=2, ep
     return checked
 
 
+def objective_and_grads(model, ids, labels, mask):
+    """(float loss / tokens + aux, trainable params, their gradients) of one batch."""
+    def fn(a, b, c):
+        loss, n, aux = model(a, b, c)
+        return loss / n + aux, n
+
+    params = model.trainable_params()
+    (value, _), grads = ms.value_and_grad(fn, None, params, has_aux=True)(T(ids), T(labels),
+                                                                          T(mask))
+    return float(value.asnumpy()), params, grads
+
+
 def loss_and_grads(model, cfg):
     """(loss / tokens + aux, numpy gradients of every trainable parameter) of one batch."""
     ids, labels, mask = batch(cfg, b=2, s=8, seed=3)

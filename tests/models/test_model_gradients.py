@@ -2,10 +2,10 @@
 the independent numpy reference, under mindspore.value_and_grad in PyNative mode."""
 import numpy as np
 import pytest
-import mindspore as ms
 
 from mindformers_core.models import build_model
-from model_test_utils import T, assert_grads_match_fd, batch, tiny_dsv3, tiny_gpt
+from model_test_utils import (assert_grads_match_fd, batch, objective_and_grads,
+                              tiny_dsv3, tiny_gpt)
 import model_numpy_reference as ref
 
 
@@ -17,15 +17,9 @@ def _objective(P, cfg, ids, labels, mask):
 def _check_all_params(cfg, seed, coords_per_param=2, eps=1e-5):
     model = build_model(cfg, seed=seed)
     ids, labels, mask = batch(cfg, b=2, s=5, seed=seed)
-
-    def fn(a, b, c):
-        loss, n, aux = model(a, b, c)
-        return loss / n + aux, n
-
-    params = model.trainable_params()
-    (value, _), grads = ms.value_and_grad(fn, None, params, has_aux=True)(T(ids), T(labels), T(mask))
+    value, params, grads = objective_and_grads(model, ids, labels, mask)
     P = ref.params_of(model)
-    assert float(value.asnumpy()) == pytest.approx(_objective(P, cfg, ids, labels, mask), rel=1e-4)
+    assert value == pytest.approx(_objective(P, cfg, ids, labels, mask), rel=1e-4)
     named = []
     for p, g in zip(params, grads):
         g = g.asnumpy().astype(np.float64)

@@ -2,7 +2,6 @@
 differences of that reference, inference exclusion, optimizer routing / QK-Clip rows, config."""
 import numpy as np
 import pytest
-import mindspore as ms
 
 from mindformers_core.config.errors import ConfigError
 from mindformers_core.config.model import ModelConfig
@@ -10,7 +9,8 @@ from mindformers_core.models.build import build_model
 from mindformers_core.optim.muon_routing import muon_routing
 
 import model_numpy_reference as ref
-from model_test_utils import T, assert_grads_match_fd, batch, tiny_dsv3, tiny_gpt
+from model_test_utils import (T, assert_grads_match_fd, batch, objective_and_grads,
+                              tiny_dsv3, tiny_gpt)
 
 
 def _ce(logits, labels, mask):
@@ -81,15 +81,9 @@ def test_mtp_gradients_match_finite_differences(make, kw):
     cfg = make(**kw)
     model = build_model(cfg, seed=4)
     ids, labels, mask = batch(cfg, b=2, s=5, seed=4)
-
-    def fn(a, b, c):
-        loss, n, aux = model(a, b, c)
-        return loss / n + aux, n
-
-    params = model.trainable_params()
-    (value, _), grads = ms.value_and_grad(fn, None, params, has_aux=True)(T(ids), T(labels), T(mask))
+    value, params, grads = objective_and_grads(model, ids, labels, mask)
     P = ref.params_of(model)
-    assert float(value.asnumpy()) == pytest.approx(_objective(P, cfg, ids, labels, mask), rel=1e-5)
+    assert value == pytest.approx(_objective(P, cfg, ids, labels, mask), rel=1e-5)
     named = [(p.name, g.asnumpy()) for p, g in zip(params, grads)
              if p.name.startswith(("mtp.", "decoder.layers.1.")) or "word_embeddings" in p.name
              or "output_layer" in p.name]
