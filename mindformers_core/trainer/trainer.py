@@ -243,7 +243,9 @@ class Trainer:
         path = self.ckpt_cfg.load_path
         if not path:
             return None
-        data = resolve_checkpoint(path, log=self.log)
+        data = resolve_checkpoint(path, log=self.log,  # threads: checkpoint.load_worker_number
+                                  read_workers=self.ckpt_cfg.load_worker_number,
+                                  merge_workers=self.ckpt_cfg.reshard_worker_num)
         changes = config_changes(data.config, self.cfg.to_dict())
         if changes:
             self.log(f"resuming from {data.path} with a changed config ({len(changes)} "
