@@ -140,8 +140,8 @@ def test_checkpoint_upstream_nothing_values(monkeypatch):
 
 
 @pytest.mark.parametrize("key,value,msg", [
-    ("load_worker_number", 4, r"4 needs parallel checkpoint loading"),
-    ("reshard_worker_num", 2, r"2 needs parallel checkpoint loading"),
+    ("load_worker_number", 0, r"must be >= 1, got 0"),
+    ("reshard_worker_num", -2, r"must be >= 1, got -2"),
 ])
 def test_checkpoint_refusals(monkeypatch, key, value, msg):
     monkeypatch.delenv("MS_WORKER_NUM", raising=False)
@@ -149,11 +149,22 @@ def test_checkpoint_refusals(monkeypatch, key, value, msg):
         CheckpointConfig.from_dict({key: value}, "checkpoint")
 
 
-def test_redundancy_options_need_one_process(monkeypatch):
+def test_distributed_checkpoint_options_act_under_msrun(monkeypatch):
     two_workers(monkeypatch)
-    with pytest.raises(ConfigError, match=r"^checkpoint\.remove_redundancy: True needs "
-                                          r"distributed checkpoints"):
-        CheckpointConfig.from_dict({"remove_redundancy": True}, "checkpoint")
+    cfg = CheckpointConfig.from_dict({"remove_redundancy": True, "load_worker_number": 4,
+                                      "reshard_worker_num": 2,
+                                      "save_global_layout_cache": False}, "checkpoint")
+    assert (cfg.remove_redundancy, cfg.load_worker_number, cfg.reshard_worker_num) == \
+        (True, 4, 2)
+
+
+def test_balanced_loading_needs_one_process(monkeypatch):
+    assert CheckpointConfig.from_dict({"load_balanced": True}, "checkpoint").load_balanced
+    two_workers(monkeypatch)
+    with pytest.raises(ConfigError, match=r"^checkpoint\.load_balanced: True needs balanced "
+                                          r"loading \(each replica read by one rank, then "
+                                          r"broadcast\), which is not implemented here"):
+        CheckpointConfig.from_dict({"load_balanced": True}, "checkpoint")
 
 
 # ---- monitor / profiler / context / callbacks / recompute ------------------------------------
