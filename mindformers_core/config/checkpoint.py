@@ -27,9 +27,10 @@ Distributed (sharded) checkpoints, as upstream means the keys:
 * ``save_global_layout_cache``: upstream caches the gathered layout between saves; here each
   rank computes its share from its own layout without communication, so there is nothing to
   cache and both values write the same files;
-* ``load_balanced``: any value on one process (nothing to balance); under msrun only False
-  (every rank reads the whole checkpoint; upstream's read-once-and-broadcast is not
-  implemented).
+* ``load_balanced``: False: every rank reads every rank file; True: each rank file is read
+  and verified by one rank, balanced by bytes, and shared with the others over the world group
+  (trainer/balanced_load.py; upstream reads each replica once and broadcasts it). The same
+  tensors either way.
 """
 from __future__ import annotations
 
@@ -37,7 +38,6 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from .errors import ConfigError
-from .noop import require_noop
 from .schema import Section, check_range
 
 DEFAULT_PREFIX = "mindformers_core"
@@ -84,9 +84,3 @@ class CheckpointConfig(Section):
         # distributed-checkpoint options (trainer/sharded_save.py, trainer/checkpoint_plan.py)
         for name in ("load_worker_number", "reshard_worker_num"):
             check_range(getattr(self, name), f"{path}.{name}", lo=1)
-        from ..launch_env import env_world_size  # no MindSpore import
-        if env_world_size() > 1:
-            # upstream reads each replicated piece on one rank and broadcasts it; here every
-            # rank reads the whole checkpoint, so only the unbalanced load is accepted
-            require_noop(f"{path}.load_balanced", self.load_balanced, (False,),
-                         "balanced loading (each replica read by one rank, then broadcast)")

@@ -132,19 +132,21 @@ def checkpoint_run_id(path: str) -> Optional[str]:
     return meta.get("run_id") or None
 
 
-def load_checkpoint(path: str, read_workers: int = 1, merge_workers: int = 1) -> CheckpointData:
+def load_checkpoint(path: str, read_workers: int = 1, merge_workers: int = 1,
+                    sharing=None) -> CheckpointData:
     """Read and verify one checkpoint; :class:`CheckpointError` if it is unusable.
 
     ``path`` is a single-process file or the index of a sharded checkpoint, whose rank files
     are verified and merged into full tensors (``sharded_checkpoint.load_sharded``, by
-    ``read_workers`` / ``merge_workers`` threads).
+    ``read_workers`` / ``merge_workers`` threads, the files divided over the ranks by
+    ``sharing``: ``balanced_load.py``).
     """
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint file not found: {path}")
     header = read_header(path, os.path.getsize(path))
     fmt = header["__metadata__"].get("format")
     if fmt == INDEX_FORMAT:
-        return load_sharded(path, header, read_workers, merge_workers)
+        return load_sharded(path, header, read_workers, merge_workers, sharing)
     if fmt != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a {FORMAT} file (format={fmt!r:.80})")
     meta, tensors = read_verified(path, (FORMAT,), header)
@@ -152,7 +154,7 @@ def load_checkpoint(path: str, read_workers: int = 1, merge_workers: int = 1) ->
 
 
 def resolve_checkpoint(load_path: str, log=None, read_workers: int = 1,
-                       merge_workers: int = 1) -> CheckpointData:
+                       merge_workers: int = 1, sharing=None) -> CheckpointData:
     """Load ``load_path``: a file, or a directory meaning its newest complete checkpoint.
 
     In a directory, a newer checkpoint that fails verification is reported through ``log``
@@ -161,7 +163,7 @@ def resolve_checkpoint(load_path: str, log=None, read_workers: int = 1,
     """
     if os.path.isfile(load_path):
         try:
-            return load_checkpoint(load_path, read_workers, merge_workers)
+            return load_checkpoint(load_path, read_workers, merge_workers, sharing)
         except CheckpointError as exc:
             others = [p for _, p in list_checkpoints(os.path.dirname(load_path) or ".")
                       if os.path.abspath(p) != os.path.abspath(load_path)]
@@ -177,7 +179,7 @@ def resolve_checkpoint(load_path: str, log=None, read_workers: int = 1,
     problems = []
     for _, path in reversed(found):
         try:
-            data = load_checkpoint(path, read_workers, merge_workers)
+            data = load_checkpoint(path, read_workers, merge_workers, sharing)
         except CheckpointError as exc:
             problems.append(str(exc))
             if log is not None:

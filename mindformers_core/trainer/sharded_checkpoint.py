@@ -56,7 +56,8 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import (Dict, Iterable, List, Mapping, Optional, Protocol, Sequence, Tuple,
+                    runtime_checkable)
 
 import numpy as np
 
@@ -68,7 +69,7 @@ from .checkpoint_io import (CheckpointData, CheckpointError, checkpoint_data, en
 __all__ = ["SHARD_FORMAT", "INDEX_FORMAT", "Piece", "ZeroRows", "param_of", "describe_pieces",
            "rank_file_name", "shard_files_of", "save_rank_file", "write_rank",
            "save_index",
-           "load_sharded", "merge_pieces", "reshard", "RankLayout", "zero_rows_of",
+           "FileSharing", "load_sharded", "merge_pieces", "reshard", "RankLayout", "zero_rows_of",
            "split_checkpoint"]
 
 SHARD_FORMAT = "mindformers_core.checkpoint_shard/1"
@@ -284,9 +285,19 @@ def save_index(directory: str, index_name: str, step: int, world: int,
 
 
 # -- loading -------------------------------------------------------------------------------------
+@runtime_checkable
+class FileSharing(Protocol):
+    """The rank files this rank reads, and every rank's reads shared (``balanced_load.py``)."""
+
+    def files_to_read(self, nbytes: List[int]) -> List[int]: ...
+
+    def gather(self, part: Dict[int, object]) -> List[Dict[int, object]]: ...
+
+
 def load_sharded(path: str, header: Optional[dict] = None, read_workers: int = 1,
-                 merge_workers: int = 1) -> CheckpointData:
-    """The index at ``path`` and its rank files, merged into full tensors (module docstring)."""
+                 merge_workers: int = 1, sharing: Optional[FileSharing] = None) -> CheckpointData:
+    """The index at ``path`` and its rank files, merged into full tensors (module docstring);
+    with ``sharing``, this rank reads only its files and gets the others' from the others."""
     meta, tensors = read_verified(path, (INDEX_FORMAT,), header)
     data = checkpoint_data(path, meta, tensors)
     files = parse_json(meta.get("files", "null"), path, "files")
@@ -296,12 +307,25 @@ def load_sharded(path: str, header: Optional[dict] = None, read_workers: int = 1
                               f"match its world size {meta.get('world')!r:.20}")
     directory = os.path.dirname(path)
 
-    def read(rank_entry):
-        return _read_rank_file(path, meta["step"], directory, len(files), *rank_entry)
+    def read(rank: int):
+        try:
+            return _read_rank_file(path, meta["step"], directory, len(files), rank, files[rank])
+        except CheckpointError as exc:
+            return str(exc)
 
-    # map keeps the rank order, so the first failing rank's error is the one raised
+    mine = list(range(len(files)))
+    if sharing is not None:
+        mine = sharing.files_to_read([_size_of(directory, f) for f in files])
     with ThreadPoolExecutor(max_workers=max(1, int(read_workers))) as pool:
-        located = [x for part in pool.map(read, enumerate(files)) for x in part]
+        parts = [dict(zip(mine, pool.map(read, mine)))]
+    if sharing is not None:
+        parts = sharing.gather(parts[0])
+    read_back = {rank: got for part in parts for rank, got in part.items()}
+    located = []
+    for rank in range(len(files)):   # the first failing rank's error, on every rank
+        if isinstance(read_back[rank], str):
+            raise CheckpointError(read_back[rank])
+        located.extend(read_back[rank])
     merged, dtypes = merge_pieces(located, path, merge_workers)
     overlap = sorted(set(merged) & set(data.tensors))
     if overlap:
@@ -309,6 +333,13 @@ def load_sharded(path: str, header: Optional[dict] = None, read_workers: int = 1
                               "index and in rank files")
     merged.update(data.tensors)
     return replace(data, tensors=merged, dtypes=dtypes)
+
+
+def _size_of(directory: str, entry: dict) -> int:
+    try:
+        return os.path.getsize(os.path.join(directory, os.path.basename(entry["name"])))
+    except OSError:
+        return 0
 
 
 def _read_rank_file(path: str, step: str, directory: str, world: int, rank: int,

@@ -27,11 +27,13 @@ from typing import Dict, Optional, Protocol, Tuple, runtime_checkable
 from ..distributed.groups import AXES, Mesh
 from ..distributed.shard_spec import ShardSpec
 from .checkpoint import checkpoint_name, prune_checkpoints
+from .balanced_load import file_sharing
 from .checkpoint_io import CheckpointData, CheckpointError
 from .sharded_checkpoint import ZeroRows, param_of, reshard, save_index, write_rank
 
 __all__ = ["ShardedModel", "RowShardedOptimizer", "MeshReducer", "model_specs", "rank_coords",
-           "axis_sizes_of", "uses_sharded_checkpoint", "save_sharded", "reshard_for_model"]
+           "axis_sizes_of", "uses_sharded_checkpoint", "save_sharded", "load_options",
+           "reshard_for_model"]
 
 
 @runtime_checkable
@@ -123,6 +125,12 @@ def save_sharded(trainer, write_hook=None) -> Optional[str]:
                       protect=ck.keep_steps)
     trainer.log(f"saved checkpoint {path}")
     return path
+
+
+def load_options(ck, rank: int, world_size: int) -> dict:
+    """``resolve_checkpoint``'s keyword arguments from the ``checkpoint:`` section."""
+    return {"read_workers": ck.load_worker_number, "merge_workers": ck.reshard_worker_num,
+            "sharing": file_sharing(ck.load_balanced, rank, world_size)}
 
 
 def reshard_for_model(data: CheckpointData, model, reducer) -> CheckpointData:

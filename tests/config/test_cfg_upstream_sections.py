@@ -152,19 +152,10 @@ def test_checkpoint_refusals(monkeypatch, key, value, msg):
 def test_distributed_checkpoint_options_act_under_msrun(monkeypatch):
     two_workers(monkeypatch)
     cfg = CheckpointConfig.from_dict({"remove_redundancy": True, "load_worker_number": 4,
-                                      "reshard_worker_num": 2,
+                                      "reshard_worker_num": 2, "load_balanced": True,
                                       "save_global_layout_cache": False}, "checkpoint")
-    assert (cfg.remove_redundancy, cfg.load_worker_number, cfg.reshard_worker_num) == \
-        (True, 4, 2)
-
-
-def test_balanced_loading_needs_one_process(monkeypatch):
-    assert CheckpointConfig.from_dict({"load_balanced": True}, "checkpoint").load_balanced
-    two_workers(monkeypatch)
-    with pytest.raises(ConfigError, match=r"^checkpoint\.load_balanced: True needs balanced "
-                                          r"loading \(each replica read by one rank, then "
-                                          r"broadcast\), which is not implemented here"):
-        CheckpointConfig.from_dict({"load_balanced": True}, "checkpoint")
+    assert (cfg.remove_redundancy, cfg.load_worker_number, cfg.reshard_worker_num,
+            cfg.load_balanced) == (True, 4, 2, True)
 
 
 # ---- monitor / profiler / context / callbacks / recompute ------------------------------------

@@ -79,3 +79,13 @@ def test_axis_sizes_of_a_whole_layout():
     assert axis_sizes([mesh.coords(r) for r in range(4)]) == {
         "tp": 2, "cp": 1, "dp": 2, "pp": 1, "ep": 1, "edp": 2, "world": 4}
     assert axis_sizes([]) == {}
+
+
+def test_balanced_load_divides_the_rank_files_over_the_ranks_by_bytes():
+    from mindformers_core.trainer.balanced_load import file_sharing, files_to_read
+    nbytes = [100, 10, 60, 50, 0]
+    parts = [files_to_read(nbytes, r, 2) for r in range(2)]
+    # 100 -> 0, 60 -> 1, 50 -> 1 (60 < 100), 10 -> 0 (100 < 110), 0 -> 0 (110 = 110, lower)
+    assert parts == [[0, 1, 4], [2, 3]]
+    assert files_to_read(nbytes, 0, 1) == [0, 1, 2, 3, 4]
+    assert file_sharing(True, 0, 1) is None and file_sharing(False, 1, 2) is None
