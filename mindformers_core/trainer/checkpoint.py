@@ -38,7 +38,7 @@ import numpy as np
 from .checkpoint_io import (TMP_MARK, CheckpointData, CheckpointError, checkpoint_data, encode,
                             read_header, read_verified, run_metadata,
                             write_atomic)
-from .sharded_checkpoint import INDEX_FORMAT, load_sharded, shard_files_of
+from .sharded_checkpoint import INDEX_FORMAT, FileSharing, load_sharded, shard_files_of
 
 __all__ = [
     "CheckpointError", "CheckpointData", "checkpoint_name", "list_checkpoints",
@@ -133,7 +133,7 @@ def checkpoint_run_id(path: str) -> Optional[str]:
 
 
 def load_checkpoint(path: str, read_workers: int = 1, merge_workers: int = 1,
-                    sharing=None) -> CheckpointData:
+                    sharing: Optional[FileSharing] = None) -> CheckpointData:
     """Read and verify one checkpoint; :class:`CheckpointError` if it is unusable.
 
     ``path`` is a single-process file or the index of a sharded checkpoint, whose rank files
@@ -153,8 +153,8 @@ def load_checkpoint(path: str, read_workers: int = 1, merge_workers: int = 1,
     return checkpoint_data(path, meta, tensors)
 
 
-def resolve_checkpoint(load_path: str, log=None, read_workers: int = 1,
-                       merge_workers: int = 1, sharing=None) -> CheckpointData:
+def resolve_checkpoint(load_path: str, log=None, read_workers: int = 1, merge_workers: int = 1,
+                       sharing: Optional[FileSharing] = None) -> CheckpointData:
     """Load ``load_path``: a file, or a directory meaning its newest complete checkpoint.
 
     In a directory, a newer checkpoint that fails verification is reported through ``log``

@@ -235,6 +235,16 @@ def test_missing_rank_file_is_refused(tmp_path):
         load_checkpoint(index)
 
 
+def test_threaded_read_raises_the_first_failing_rank_s_error(tmp_path):
+    index = write_ranks(tmp_path, *LAYOUTS["tp2_dp2_zero"])
+    for rank in (1, 3):
+        os.remove(os.path.join(tmp_path, rank_file_name(NAME, rank, 4)))
+    for workers in (1, 4):
+        with pytest.raises(CheckpointError, match=r"rank00001-of-00004\.safetensors \(rank 1 "
+                                                  r"of 4\) is missing"):
+            load_checkpoint(index, read_workers=workers, merge_workers=workers)
+
+
 def test_flipped_byte_in_a_rank_file_is_refused(tmp_path):
     index = write_ranks(tmp_path, *LAYOUTS["ep2"])
     path = os.path.join(tmp_path, rank_file_name(NAME, 1, 2))
