@@ -89,3 +89,18 @@ def test_balanced_load_divides_the_rank_files_over_the_ranks_by_bytes():
     assert parts == [[0, 1, 4], [2, 3]]
     assert files_to_read(nbytes, 0, 1) == [0, 1, 2, 3, 4]
     assert file_sharing(True, 0, 1) is None and file_sharing(False, 1, 2) is None
+
+
+def test_what_a_balanced_load_broadcasts_survives_its_int32_packing():
+    import pickle
+
+    import numpy as np
+    from mindformers_core.trainer.balanced_load import (from_words, join_count, split_count,
+                                                        to_words)
+    for raw in (b"", b"a", b"abcd", pickle.dumps({3: [("k", np.arange(5, dtype=np.float32))]})):
+        words = to_words(raw)
+        assert words.dtype == np.int32 and words.size == (len(raw) + 3) // 4
+        assert from_words(words, len(raw)) == raw
+    for n in (0, 7, 2**30 - 1, 2**30, 5 * 2**30 + 11):
+        pair = split_count(n)
+        assert pair.dtype == np.int32 and join_count(pair) == n
