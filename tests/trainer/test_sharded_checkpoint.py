@@ -173,11 +173,16 @@ def rank_file_pieces(index):
     return out
 
 
-def test_removed_redundancy_writes_each_piece_once_balanced_over_its_replicas(tmp_path):
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_removed_redundancy_writes_each_piece_once(tmp_path, layout):
+    files = rank_file_pieces(write_ranks(tmp_path, *LAYOUTS[layout], remove_redundancy=True))
+    boxes = [(k, box) for pieces in files.values() for k, box in pieces.items()]
+    assert len(boxes) == len(set(boxes))
+
+
+def test_removed_redundancy_balances_the_pieces_over_their_replicas(tmp_path):
     index = write_ranks(tmp_path, *LAYOUTS["tp2_dp2_zero"], remove_redundancy=True)
     files = rank_file_pieces(index)
-    boxes = [(k, box) for pieces in files.values() for k, box in pieces.items()]
-    assert len(boxes) == len(set(boxes))          # every piece once
     # mesh tp2 x dp2: the replicated weights are spread over all four ranks, the tp shards
     # over the two dp replicas of each tp index, not all on the coordinate-0 rank
     for pieces in files.values():
