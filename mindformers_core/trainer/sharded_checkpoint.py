@@ -25,7 +25,7 @@ that each listed rank file exists, verifies it, and that it is the one the index
 then per key the boxes must tile the full shape exactly (identical boxes are replicas, see
 below; a gap or a partial overlap is refused), and the full tensor is the pieces copied to
 their offsets, so merging is bit-identical. Pipeline stages hold disjoint parameters, so the
-rank files of all stages together are such a tiling; nothing but the files is communicated.
+rank files of all stages together are such a tiling.
 
 Re-splitting (:func:`reshard`) takes full tensors (from either format) to the target layout of
 one rank: its ``ShardSpec`` per sharded parameter (``model.shard_specs()``), the rank's index
@@ -39,8 +39,10 @@ ranks; with redundancy removed each piece is written once, by one of its replica
 Loading accepts both: identical boxes of one key are replicas, which must be equal byte for
 byte (a difference is refused, naming both files) and are taken once. ``read_workers``
 threads read and verify the rank files and ``merge_workers`` threads merge the keys
-(``checkpoint.load_worker_number`` / ``reshard_worker_num``); the result does not depend on
-either.
+(``checkpoint.load_worker_number`` / ``reshard_worker_num``); with a :class:`FileSharing`
+(``checkpoint.load_balanced``, ``balanced_load.py``) a rank reads only its share of the rank
+files and receives the others' from the ranks that read them. The result depends on none of
+these.
 
 A blocked spec (``ShardSpec.blocks``, the q | k | v rows of a fused weight) does not give each
 shard one box of the full tensor; its pieces are boxes of the tensor in *shard-major* order
