@@ -15,9 +15,22 @@
 Upstream's spellings of "nothing": ``load_path: ""`` means no checkpoint to load and
 ``prefix: null`` the default prefix (both are normalised when loading; ``save_path: ""`` is
 the default directory). ``async_save`` writes the files in a background thread
-(trainer/async_checkpoint.py), still atomically. ``remove_redundancy``, ``load_balanced``,
-``load_worker_number``, ``save_global_layout_cache`` and ``reshard_worker_num`` concern
-distributed checkpoints; only their single-process values are accepted (``validate``).
+(trainer/async_checkpoint.py), still atomically.
+
+Distributed (sharded) checkpoints, as upstream means the keys:
+
+* ``remove_redundancy``: False (upstream's default): every rank writes every piece it holds, so
+  each rank file is self-contained; True: each piece is written once, by one of the ranks that
+  hold it, balanced over them (trainer/checkpoint_plan.py). Either loads, on any layout;
+* ``load_worker_number``: threads that read and verify the rank files at load (>= 1);
+* ``reshard_worker_num``: threads that merge the pieces into full tensors at load (>= 1);
+* ``save_global_layout_cache``: upstream caches the gathered layout between saves; here each
+  rank computes its share from its own layout without communication, so there is nothing to
+  cache and both values write the same files;
+* ``load_balanced``: False: every rank reads every rank file; True: each rank file is read
+  and verified by one rank, balanced by bytes, and shared with the others over the world group
+  (trainer/balanced_load.py; upstream reads each replica once and broadcasts it). The same
+  tensors either way.
 """
 from __future__ import annotations
 
@@ -25,7 +38,6 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from .errors import ConfigError
-from .noop import require_noop
 from .schema import Section, check_range
 
 DEFAULT_PREFIX = "mindformers_core"
@@ -69,16 +81,6 @@ class CheckpointConfig(Section):
             raise ConfigError(f"{path}.prefix", "must be a non-empty file name prefix without "
                                                 f"path separators or a leading dot, got "
                                                 f"{self.prefix!r}")
-        # distributed-checkpoint options: one process has no redundancy to remove, nothing to
-        # balance and one file per load; other values need distributed checkpoints
-        for name, accepted in (("remove_redundancy", (False, True)),
-                               ("load_balanced", (False, True)),
-                               ("save_global_layout_cache", (False, True)),
-                               ("load_worker_number", (1,)), ("reshard_worker_num", (1,))):
-            require_noop(f"{path}.{name}", getattr(self, name), accepted,
-                         "parallel checkpoint loading")
-        from ..launch_env import env_world_size  # no MindSpore import
-        if env_world_size() > 1:
-            for name in ("remove_redundancy", "load_balanced"):
-                require_noop(f"{path}.{name}", getattr(self, name), (False,),
-                             "distributed checkpoints")
+        # distributed-checkpoint options (trainer/sharded_save.py, trainer/checkpoint_plan.py)
+        for name in ("load_worker_number", "reshard_worker_num"):
+            check_range(getattr(self, name), f"{path}.{name}", lo=1)

@@ -20,7 +20,9 @@ writes the sharded checkpoint (``trainer/sharded_checkpoint.py``) of the layout 
      "specs": {"layers.0.w": {"full_shape": [64, 32], "split_dim": 0, "group": "tp",
                               "num_shards": 2}},
      "names": [[...], [...]],                # optional: the parameters each rank holds (pp)
-     "zero_shards": 1}                       # optional: ZeRO-1 shards of the optimizer state
+     "zero_shards": 1,                       # optional: ZeRO-1 shards of the optimizer state
+     "remove_redundancy": false}             # optional: true writes each piece once
+                                             # (checkpoint.remove_redundancy)
 
 Exit codes: 0 done, 1 unusable checkpoint (``CheckpointError``), 2 bad arguments or layout.
 """
@@ -35,7 +37,7 @@ from typing import List, Optional
 
 import numpy as np
 
-__all__ = ["parse_layout", "merge", "split", "main"]
+__all__ = ["parse_layout", "layout_remove_redundancy", "merge", "split", "main"]
 
 
 def parse_layout(spec: dict):
@@ -68,6 +70,14 @@ def parse_layout(spec: dict):
                    for r, c in enumerate(coords)]
 
 
+def layout_remove_redundancy(spec: dict) -> bool:
+    """The layout's ``remove_redundancy`` (default False, as upstream's)."""
+    value = spec.get("remove_redundancy", False)
+    if not isinstance(value, bool):
+        raise ValueError(f"layout: 'remove_redundancy' must be true or false, got {value!r}")
+    return value
+
+
 def merge(src: str, output: str, weights_only: bool = False) -> str:
     """One file from the checkpoint at ``src`` (module docstring)."""
     from ..trainer.checkpoint import FORMAT, resolve_checkpoint
@@ -89,12 +99,14 @@ def split(src: str, layout: dict, output_dir: str, prefix: Optional[str] = None)
     from ..trainer.checkpoint import checkpoint_name, resolve_checkpoint
     from ..trainer.sharded_checkpoint import split_checkpoint
     specs, ranks = parse_layout(layout)
+    remove_redundancy = layout_remove_redundancy(layout)
     data = resolve_checkpoint(src)
     if prefix is None:   # the input's own ({prefix}_stepNNNNNNNN.safetensors), else the config's
         match = re.match(r"^(.+)_step\d{8,}\.safetensors$", os.path.basename(data.path))
         prefix = match.group(1) if match else \
             (data.config.get("checkpoint") or {}).get("prefix") or "mindformers_core"
-    return split_checkpoint(data, output_dir, checkpoint_name(prefix, data.step), specs, ranks)
+    return split_checkpoint(data, output_dir, checkpoint_name(prefix, data.step), specs, ranks,
+                            remove_redundancy)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

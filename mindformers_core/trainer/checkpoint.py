@@ -38,7 +38,7 @@ import numpy as np
 from .checkpoint_io import (TMP_MARK, CheckpointData, CheckpointError, checkpoint_data, encode,
                             read_header, read_verified, run_metadata,
                             write_atomic)
-from .sharded_checkpoint import INDEX_FORMAT, load_sharded, shard_files_of
+from .sharded_checkpoint import INDEX_FORMAT, FileSharing, load_sharded, shard_files_of
 
 __all__ = [
     "CheckpointError", "CheckpointData", "checkpoint_name", "list_checkpoints",
@@ -132,25 +132,29 @@ def checkpoint_run_id(path: str) -> Optional[str]:
     return meta.get("run_id") or None
 
 
-def load_checkpoint(path: str) -> CheckpointData:
+def load_checkpoint(path: str, read_workers: int = 1, merge_workers: int = 1,
+                    sharing: Optional[FileSharing] = None) -> CheckpointData:
     """Read and verify one checkpoint; :class:`CheckpointError` if it is unusable.
 
     ``path`` is a single-process file or the index of a sharded checkpoint, whose rank files
-    are verified and merged into full tensors (``sharded_checkpoint.load_sharded``).
+    are verified and merged into full tensors (``sharded_checkpoint.load_sharded``, by
+    ``read_workers`` / ``merge_workers`` threads, the files divided over the ranks by
+    ``sharing``: ``balanced_load.py``).
     """
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint file not found: {path}")
     header = read_header(path, os.path.getsize(path))
     fmt = header["__metadata__"].get("format")
     if fmt == INDEX_FORMAT:
-        return load_sharded(path, header)
+        return load_sharded(path, header, read_workers, merge_workers, sharing)
     if fmt != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a {FORMAT} file (format={fmt!r:.80})")
     meta, tensors = read_verified(path, (FORMAT,), header)
     return checkpoint_data(path, meta, tensors)
 
 
-def resolve_checkpoint(load_path: str, log=None) -> CheckpointData:
+def resolve_checkpoint(load_path: str, log=None, read_workers: int = 1, merge_workers: int = 1,
+                       sharing: Optional[FileSharing] = None) -> CheckpointData:
     """Load ``load_path``: a file, or a directory meaning its newest complete checkpoint.
 
     In a directory, a newer checkpoint that fails verification is reported through ``log``
@@ -159,7 +163,7 @@ def resolve_checkpoint(load_path: str, log=None) -> CheckpointData:
     """
     if os.path.isfile(load_path):
         try:
-            return load_checkpoint(load_path)
+            return load_checkpoint(load_path, read_workers, merge_workers, sharing)
         except CheckpointError as exc:
             others = [p for _, p in list_checkpoints(os.path.dirname(load_path) or ".")
                       if os.path.abspath(p) != os.path.abspath(load_path)]
@@ -175,7 +179,7 @@ def resolve_checkpoint(load_path: str, log=None) -> CheckpointData:
     problems = []
     for _, path in reversed(found):
         try:
-            data = load_checkpoint(path)
+            data = load_checkpoint(path, read_workers, merge_workers, sharing)
         except CheckpointError as exc:
             problems.append(str(exc))
             if log is not None:

@@ -22,10 +22,10 @@ atomic writer and digest (``checkpoint_io.py``), with ``NAME = {prefix}_step{NNN
 
 Every file carries its own digest over data and header. Loading (:func:`load_sharded`) checks
 that each listed rank file exists, verifies it, and that it is the one the index lists;
-then per key the boxes must tile the full shape exactly (identical boxes are replicas and are
-read once; a gap or a partial overlap is refused), and the full tensor is the pieces copied to
+then per key the boxes must tile the full shape exactly (identical boxes are replicas, see
+below; a gap or a partial overlap is refused), and the full tensor is the pieces copied to
 their offsets, so merging is bit-identical. Pipeline stages hold disjoint parameters, so the
-rank files of all stages together are such a tiling; nothing but the files is communicated.
+rank files of all stages together are such a tiling.
 
 Re-splitting (:func:`reshard`) takes full tensors (from either format) to the target layout of
 one rank: its ``ShardSpec`` per sharded parameter (``model.shard_specs()``), the rank's index
@@ -33,10 +33,16 @@ along each group (``coords``, e.g. ``Mesh.coords(rank)``), and the parameter nam
 (a pipeline stage's). Optimizer slots follow their parameter's spec. ZeRO-1 targets take the
 per-parameter full tensors and keep their own rows (``distributed/zero.py``).
 
-Replicas are written once (:func:`writes_piece`): a piece is written by the ranks whose index
-is 0 along every axis that replicates it (``tp``, ``cp``, ``dp`` for a replicated parameter;
-the split axis is dropped; ``ep`` pieces replicate over ``edp``; ZeRO rows over the ZeRO
-replicas). Stages (``pp``) never replicate a parameter.
+Which rank writes which piece is ``checkpoint_plan.py``'s (``checkpoint.remove_redundancy``):
+by default every rank writes all the pieces it holds, so replicas are stored on each of their
+ranks; with redundancy removed each piece is written once, by one of its replicas, balanced.
+Loading accepts both: identical boxes of one key are replicas, which must be equal byte for
+byte (a difference is refused, naming both files) and are taken once. ``read_workers``
+threads read and verify the rank files and ``merge_workers`` threads merge the keys
+(``checkpoint.load_worker_number`` / ``reshard_worker_num``); with a :class:`FileSharing`
+(``checkpoint.load_balanced``, ``balanced_load.py``) a rank reads only its share of the rank
+files and receives the others' from the ranks that read them. The result depends on none of
+these.
 
 A blocked spec (``ShardSpec.blocks``, the q | k | v rows of a fused weight) does not give each
 shard one box of the full tensor; its pieces are boxes of the tensor in *shard-major* order
@@ -50,29 +56,28 @@ import json
 import math
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import (Dict, Iterable, List, Mapping, Optional, Protocol, Sequence, Tuple,
+                    runtime_checkable)
 
 import numpy as np
 
 from ..distributed.shard_spec import ShardSpec, local_shape, local_slice, shard, unshard
+from .checkpoint_plan import ZERO_REPLICA, axis_sizes, pieces_to_write
 from .checkpoint_io import (CheckpointData, CheckpointError, checkpoint_data, encode, parse_json,
                             read_header, read_verified, run_metadata, write_atomic)
 
 __all__ = ["SHARD_FORMAT", "INDEX_FORMAT", "Piece", "ZeroRows", "param_of", "describe_pieces",
-           "writes_piece", "rank_file_name", "shard_files_of", "save_rank_file", "write_rank",
+           "rank_file_name", "shard_files_of", "save_rank_file", "write_rank",
            "save_index",
-           "load_sharded", "merge_pieces", "reshard", "RankLayout", "zero_rows_of",
+           "FileSharing", "load_sharded", "merge_pieces", "reshard", "RankLayout", "zero_rows_of",
            "split_checkpoint"]
 
 SHARD_FORMAT = "mindformers_core.checkpoint_shard/1"
 INDEX_FORMAT = "mindformers_core.checkpoint_index/1"
 _SUFFIX = ".safetensors"
 _RANK_RE = re.compile(r"\.rank(\d{5,})-of-(\d{5,})\.safetensors$")
-
-#: the axes whose ranks hold the same piece, by the group a parameter is split over
-_REPLICATED_OVER = {None: ("tp", "cp", "dp"), "tp": ("cp", "dp"), "ep": ("tp", "cp", "edp"),
-                    "dp_shard": ("tp", "cp", "dp_replicate")}
 
 
 @dataclass(frozen=True)
@@ -202,17 +207,6 @@ def _coord(coords: Mapping[str, int], group: str, what: str) -> int:
     return int(coords[group])
 
 
-def writes_piece(piece: Piece, coords: Mapping[str, int], zero_replica: int = 0) -> bool:
-    """True on the one rank of a piece's replicas that writes it (module docstring)."""
-    axes = _REPLICATED_OVER.get(piece.group, tuple(a for a in _REPLICATED_OVER[None]
-                                                   if a != piece.group))
-    if piece.zero_rows is not None:
-        axes = tuple(a for a in axes if a != "dp")
-        if zero_replica != 0:
-            return False
-    return all(int(coords.get(a, 0)) == 0 for a in axes)
-
-
 # -- files ---------------------------------------------------------------------------------------
 def rank_file_name(index_name: str, rank: int, world: int) -> str:
     """``NAME.rank{r:05d}-of-{W:05d}.safetensors`` of the index ``NAME.safetensors``."""
@@ -251,15 +245,22 @@ def write_rank(directory: str, index_name: str, step: int, rank: int, world: int
                tensors: Mapping[str, np.ndarray], specs: Mapping[str, ShardSpec],
                coords: Mapping[str, int], zero: Optional[ZeroRows] = None,
                dtypes: Optional[Mapping[str, str]] = None, run_id: Optional[str] = None,
-               write_hook=None) -> str:
+               write_hook=None, sizes: Optional[Mapping[str, int]] = None,
+               remove_redundancy: bool = False) -> str:
     """One rank's part of a save: its ``model.*``/``optim.*`` tensors described
-    (:func:`describe_pieces`), the replicas it does not write left out (:func:`writes_piece`),
-    and its rank file written (:func:`save_rank_file`)."""
+    (:func:`describe_pieces`), with ``remove_redundancy`` the replicas it does not write left
+    out (``checkpoint_plan.pieces_to_write``; ``sizes``: the size of every axis of
+    ``coords``), and its rank file written (:func:`save_rank_file`)."""
     pieces = describe_pieces(tensors, specs, coords, zero, dtypes)
-    mine = {k: p for k, p in pieces.items()
-            if writes_piece(p, coords, zero.replica if zero is not None else 0)}
+    coords, sizes = dict(coords), dict(sizes or {})
+    if zero is not None:
+        coords[ZERO_REPLICA] = zero.replica
+        sizes[ZERO_REPLICA] = max(1, int(sizes.get("dp", 1)) // zero.num_shards)
+    mine = pieces_to_write(pieces, {k: int(np.asarray(tensors[k]).nbytes) for k in pieces},
+                           coords, sizes, remove_redundancy)
     return save_rank_file(directory, index_name, step, rank, world,
-                          {k: tensors[k] for k in mine}, mine, run_id, write_hook)
+                          {k: tensors[k] for k in mine}, {k: pieces[k] for k in mine}, run_id,
+                          write_hook)
 
 
 def save_index(directory: str, index_name: str, step: int, world: int,
@@ -286,8 +287,19 @@ def save_index(directory: str, index_name: str, step: int, world: int,
 
 
 # -- loading -------------------------------------------------------------------------------------
-def load_sharded(path: str, header: Optional[dict] = None) -> CheckpointData:
-    """The index at ``path`` and its rank files, merged into full tensors (module docstring)."""
+@runtime_checkable
+class FileSharing(Protocol):
+    """The rank files this rank reads, and every rank's reads shared (``balanced_load.py``)."""
+
+    def files_to_read(self, nbytes: List[int]) -> List[int]: ...
+
+    def gather(self, part: Dict[int, object]) -> List[Dict[int, object]]: ...
+
+
+def load_sharded(path: str, header: Optional[dict] = None, read_workers: int = 1,
+                 merge_workers: int = 1, sharing: Optional[FileSharing] = None) -> CheckpointData:
+    """The index at ``path`` and its rank files, merged into full tensors (module docstring);
+    with ``sharing``, this rank reads only its files and gets the others' from the others."""
     meta, tensors = read_verified(path, (INDEX_FORMAT,), header)
     data = checkpoint_data(path, meta, tensors)
     files = parse_json(meta.get("files", "null"), path, "files")
@@ -296,33 +308,27 @@ def load_sharded(path: str, header: Optional[dict] = None) -> CheckpointData:
         raise CheckpointError(f"checkpoint {path} is corrupt: its list of rank files does not "
                               f"match its world size {meta.get('world')!r:.20}")
     directory = os.path.dirname(path)
-    located = []
-    for rank, entry in enumerate(files):
-        name = os.path.basename(entry["name"])
-        fpath = os.path.join(directory, name)
-        if not os.path.isfile(fpath):
-            raise CheckpointError(f"sharded checkpoint {path} is incomplete: rank file {name} "
-                                  f"(rank {rank} of {len(files)}) is missing")
-        fmeta, ftensors = read_verified(fpath, (SHARD_FORMAT,))
-        if fmeta.get("sha256") != entry.get("sha256") or fmeta.get("step") != meta["step"] \
-                or fmeta.get("rank") != str(rank):
-            raise CheckpointError(
-                f"sharded checkpoint {path}: rank file {name} is not the one the index was "
-                f"written with (rank {fmeta.get('rank')!r:.12}, step {fmeta.get('step')!r:.20}, "
-                f"sha256 {str(fmeta.get('sha256'))[:12]}..., the index expects rank {rank}, step "
-                f"{meta['step']}, sha256 {str(entry.get('sha256'))[:12]}...: a file of another "
-                "save)")
-        raw = parse_json(fmeta.get("pieces", "null"), fpath, "pieces")
+
+    def read(rank: int):
         try:
-            pieces = {k: Piece.from_json(v) for k, v in raw.items()}
-        except (AttributeError, TypeError, ValueError, KeyError) as exc:
-            raise CheckpointError(f"checkpoint {fpath} is corrupt: unreadable layout entries "
-                                  f"({type(exc).__name__}: {str(exc)[:120]})") from None
-        if set(pieces) != set(ftensors):
-            raise CheckpointError(f"checkpoint {fpath} is corrupt: its layout entries and "
-                                  f"tensors differ: {sorted(set(pieces) ^ set(ftensors))[:5]}")
-        located.extend((key, piece, ftensors[key], name) for key, piece in pieces.items())
-    merged, dtypes = merge_pieces(located, path)
+            return _read_rank_file(path, meta["step"], directory, len(files), rank, files[rank])
+        except CheckpointError as exc:
+            return str(exc)
+
+    mine = list(range(len(files)))
+    if sharing is not None:
+        mine = sharing.files_to_read([_size_of(directory, f) for f in files])
+    with ThreadPoolExecutor(max_workers=max(1, int(read_workers))) as pool:
+        parts = [dict(zip(mine, pool.map(read, mine)))]
+    if sharing is not None:
+        parts = sharing.gather(parts[0])
+    read_back = {rank: got for part in parts for rank, got in part.items()}
+    located = []
+    for rank in range(len(files)):   # the first failing rank's error, on every rank
+        if isinstance(read_back[rank], str):
+            raise CheckpointError(read_back[rank])
+        located.extend(read_back[rank])
+    merged, dtypes = merge_pieces(located, path, merge_workers)
     overlap = sorted(set(merged) & set(data.tensors))
     if overlap:
         raise CheckpointError(f"checkpoint {path} is corrupt: {overlap[:3]} are both in the "
@@ -331,54 +337,106 @@ def load_sharded(path: str, header: Optional[dict] = None) -> CheckpointData:
     return replace(data, tensors=merged, dtypes=dtypes)
 
 
-def merge_pieces(located: Iterable[Tuple[str, Piece, np.ndarray, str]],
-                 where: str) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
+def _size_of(directory: str, entry: dict) -> int:
+    try:
+        return os.path.getsize(os.path.join(directory, os.path.basename(entry["name"])))
+    except OSError:
+        return 0
+
+
+def _read_rank_file(path: str, step: str, directory: str, world: int, rank: int,
+                    entry: dict) -> List[Tuple[str, Piece, np.ndarray, str]]:
+    """One listed rank file, verified and bound to the index, as ``(key, piece, array, file)``."""
+    name = os.path.basename(entry["name"])
+    fpath = os.path.join(directory, name)
+    if not os.path.isfile(fpath):
+        raise CheckpointError(f"sharded checkpoint {path} is incomplete: rank file {name} "
+                              f"(rank {rank} of {world}) is missing")
+    fmeta, ftensors = read_verified(fpath, (SHARD_FORMAT,))
+    if fmeta.get("sha256") != entry.get("sha256") or fmeta.get("step") != step \
+            or fmeta.get("rank") != str(rank):
+        raise CheckpointError(
+            f"sharded checkpoint {path}: rank file {name} is not the one the index was "
+            f"written with (rank {fmeta.get('rank')!r:.12}, step {fmeta.get('step')!r:.20}, "
+            f"sha256 {str(fmeta.get('sha256'))[:12]}..., the index expects rank {rank}, step "
+            f"{step}, sha256 {str(entry.get('sha256'))[:12]}...: a file of another save)")
+    raw = parse_json(fmeta.get("pieces", "null"), fpath, "pieces")
+    try:
+        pieces = {k: Piece.from_json(v) for k, v in raw.items()}
+    except (AttributeError, TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"checkpoint {fpath} is corrupt: unreadable layout entries "
+                              f"({type(exc).__name__}: {str(exc)[:120]})") from None
+    if set(pieces) != set(ftensors):
+        raise CheckpointError(f"checkpoint {fpath} is corrupt: its layout entries and "
+                              f"tensors differ: {sorted(set(pieces) ^ set(ftensors))[:5]}")
+    return [(key, piece, ftensors[key], name) for key, piece in pieces.items()]
+
+
+def merge_pieces(located: Iterable[Tuple[str, Piece, np.ndarray, str]], where: str,
+                 workers: int = 1) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
     """Full tensors (and original dtypes) from ``(key, piece, array, file)`` entries; the
-    pieces of each key must tile its full shape (module docstring)."""
+    pieces of each key must tile its full shape, and replicas be equal (module docstring).
+    ``workers`` threads merge the keys; the result and the first error (in key order) do not
+    depend on it."""
     by_key: Dict[str, List[Tuple[Piece, np.ndarray, str]]] = {}
     for key, piece, arr, name in located:
         by_key.setdefault(key, []).append((piece, arr, name))
-    out, dtypes = {}, {}
-    for key in sorted(by_key):
-        entries = by_key[key]
-        first, _, first_file = entries[0]
-        full = first.full_shape
-        unique: Dict[Tuple, Tuple[Piece, np.ndarray, str]] = {}
-        for piece, arr, name in entries:
-            if piece.full_shape != full:
-                raise CheckpointError(f"sharded checkpoint {where}: {key} has full shape {full} "
-                                      f"in {first_file} but {piece.full_shape} in {name}")
-            if tuple(np.shape(arr)) != piece.shape:
-                raise CheckpointError(f"checkpoint {name} is corrupt: tensor {key} has shape "
-                                      f"{tuple(np.shape(arr))}, its layout entry says "
-                                      f"{piece.shape}")
-            if len(piece.offset) != len(full) or any(
-                    o < 0 or o + n > d for o, n, d in zip(piece.offset, piece.shape, full)):
-                raise CheckpointError(f"checkpoint {name} is corrupt: the piece of {key} at "
-                                      f"offset {piece.offset} with shape {piece.shape} lies "
-                                      f"outside its full shape {full}")
-            unique.setdefault((piece.offset, piece.shape), (piece, arr, name))
-        boxes = list(unique.values())
-        for i, (a, _, fa) in enumerate(boxes):
-            for b, _, fb in boxes[i + 1:]:
-                if _boxes_overlap(a, b):
-                    raise CheckpointError(
-                        f"sharded checkpoint {where} is corrupt: the pieces of {key} in {fa} "
-                        f"(offset {a.offset}, shape {a.shape}) and {fb} (offset {b.offset}, "
-                        f"shape {b.shape}) overlap")
-        covered = sum(int(math.prod(p.shape)) for p, _, _ in boxes)
-        total = int(math.prod(full))
-        if covered != total:
-            raise CheckpointError(f"sharded checkpoint {where} is incomplete: the pieces of {key} "
-                                  f"cover {covered} of the {total} elements of its full shape "
-                                  f"{full}")
-        result = np.empty(full, dtype=boxes[0][1].dtype)
-        for piece, arr, _ in boxes:
-            result[piece.box] = arr
-        out[key] = _natural_order(first, result)
-        if first.dtype:
-            dtypes[key] = first.dtype
+    keys = sorted(by_key)
+    with ThreadPoolExecutor(max_workers=max(1, int(workers))) as pool:
+        results = list(pool.map(lambda k: _merge_key(k, by_key[k], where), keys))
+    out = {key: arr for key, (arr, _) in zip(keys, results)}
+    dtypes = {key: dt for key, (_, dt) in zip(keys, results) if dt}
     return out, dtypes
+
+
+def _merge_key(key: str, entries: List[Tuple[Piece, np.ndarray, str]],
+               where: str) -> Tuple[np.ndarray, Optional[str]]:
+    first, _, first_file = entries[0]
+    full = first.full_shape
+    unique: Dict[Tuple, Tuple[Piece, np.ndarray, str]] = {}
+    for piece, arr, name in entries:
+        if piece.full_shape != full:
+            raise CheckpointError(f"sharded checkpoint {where}: {key} has full shape {full} "
+                                  f"in {first_file} but {piece.full_shape} in {name}")
+        if tuple(np.shape(arr)) != piece.shape:
+            raise CheckpointError(f"checkpoint {name} is corrupt: tensor {key} has shape "
+                                  f"{tuple(np.shape(arr))}, its layout entry says "
+                                  f"{piece.shape}")
+        if len(piece.offset) != len(full) or any(
+                o < 0 or o + n > d for o, n, d in zip(piece.offset, piece.shape, full)):
+            raise CheckpointError(f"checkpoint {name} is corrupt: the piece of {key} at "
+                                  f"offset {piece.offset} with shape {piece.shape} lies "
+                                  f"outside its full shape {full}")
+        seen = unique.setdefault((piece.offset, piece.shape), (piece, arr, name))
+        if seen[1] is not arr and not _same_bytes(seen[1], arr):
+            raise CheckpointError(
+                f"sharded checkpoint {where} is corrupt: {key} is stored in {seen[2]} and "
+                f"{name} with the same box (offset {piece.offset}, shape {piece.shape}) but "
+                "different values; replicas must be identical")
+    boxes = list(unique.values())
+    for i, (a, _, fa) in enumerate(boxes):
+        for b, _, fb in boxes[i + 1:]:
+            if _boxes_overlap(a, b):
+                raise CheckpointError(
+                    f"sharded checkpoint {where} is corrupt: the pieces of {key} in {fa} "
+                    f"(offset {a.offset}, shape {a.shape}) and {fb} (offset {b.offset}, "
+                    f"shape {b.shape}) overlap")
+    covered = sum(int(math.prod(p.shape)) for p, _, _ in boxes)
+    total = int(math.prod(full))
+    if covered != total:
+        raise CheckpointError(f"sharded checkpoint {where} is incomplete: the pieces of {key} "
+                              f"cover {covered} of the {total} elements of its full shape "
+                              f"{full}")
+    result = np.empty(full, dtype=boxes[0][1].dtype)
+    for piece, arr, _ in boxes:
+        result[piece.box] = arr
+    return _natural_order(first, result), first.dtype or None
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit-identical (so NaN payloads and signed zeros count, unlike ``==``)."""
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 def _boxes_overlap(a: Piece, b: Piece) -> bool:
@@ -438,10 +496,12 @@ def zero_rows_of(tensors: Mapping[str, np.ndarray], num_shards: int, dp_index: i
 
 
 def split_checkpoint(data: CheckpointData, directory: str, index_name: str,
-                     specs: Mapping[str, ShardSpec], ranks: Sequence[RankLayout]) -> str:
+                     specs: Mapping[str, ShardSpec], ranks: Sequence[RankLayout],
+                     remove_redundancy: bool = False) -> str:
     """Write ``data`` (full tensors) as a sharded checkpoint of the layout ``specs`` on
     ``ranks`` (one rank file each, then the index); returns the index path."""
     world = len(ranks)
+    sizes = axis_sizes([lay.coords for lay in ranks])
     for rank, lay in enumerate(ranks):
         local = reshard(data, specs, lay.coords, lay.names).tensors
         zero = None
@@ -450,7 +510,8 @@ def split_checkpoint(data: CheckpointData, directory: str, index_name: str,
             local = {k: (v[zero.rows[k][0]:zero.rows[k][1]] if k in zero.rows else v)
                      for k, v in local.items()}
         write_rank(directory, index_name, data.step, rank, world, local, specs, lay.coords,
-                   zero, data.dtypes, data.run_id)
+                   zero, data.dtypes, data.run_id, sizes=sizes,
+                   remove_redundancy=remove_redundancy)
     rest = {k: v for k, v in data.tensors.items() if param_of(k) is None}
     return save_index(directory, index_name, data.step, world, rest, data.state, data.config,
                       data.run_id)

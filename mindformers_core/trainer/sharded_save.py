@@ -12,22 +12,28 @@ so ``shard_specs()`` is the final layout and either format gives the same start.
 slots follow their parameter's spec with local shapes: a tp shard (with ZeRO-1 rows of it
 under dp > 1), an expert's whole state on its rank, an FSDP parameter's rows.
 
-A rank's index along each group comes from the reducer's ``mesh`` (``distributed/groups.py``:
-the tensor-parallel, expert-parallel and FSDP reducers have one) when it has one, else data
-parallel only: ``{"dp": rank}``.
+A rank's index along each group, and each group's size, come from the reducer's ``mesh``
+(``distributed/groups.py``: the tensor-parallel, expert-parallel and FSDP reducers have one)
+when it has one, else data parallel only: ``{"dp": rank}`` of ``world_size``. With
+``checkpoint.remove_redundancy`` each rank writes only its balanced share of the pieces it
+holds with other ranks (``checkpoint_plan.py``); by default it writes all of them. Resuming
+reads the rank files with ``checkpoint.load_worker_number`` threads and merges the tensors with
+``checkpoint.reshard_worker_num`` threads.
 """
 from __future__ import annotations
 
 from typing import Dict, Optional, Protocol, Tuple, runtime_checkable
 
-from ..distributed.groups import Mesh
+from ..distributed.groups import AXES, Mesh
 from ..distributed.shard_spec import ShardSpec
 from .checkpoint import checkpoint_name, prune_checkpoints
+from .balanced_load import file_sharing
 from .checkpoint_io import CheckpointData, CheckpointError
 from .sharded_checkpoint import ZeroRows, param_of, reshard, save_index, write_rank
 
 __all__ = ["ShardedModel", "RowShardedOptimizer", "MeshReducer", "model_specs", "rank_coords",
-           "uses_sharded_checkpoint", "save_sharded", "reshard_for_model"]
+           "axis_sizes_of", "uses_sharded_checkpoint", "save_sharded", "load_options",
+           "reshard_for_model"]
 
 
 @runtime_checkable
@@ -67,6 +73,13 @@ def rank_coords(reducer) -> Dict[str, int]:
     return {"dp": int(reducer.rank), "world": int(reducer.rank)}
 
 
+def axis_sizes_of(reducer) -> Dict[str, int]:
+    """The size of every group of :func:`rank_coords`."""
+    if isinstance(reducer, MeshReducer):
+        return {axis: reducer.mesh.size(axis) for axis in AXES}
+    return {"dp": int(reducer.world_size), "world": int(reducer.world_size)}
+
+
 def uses_sharded_checkpoint(model, optimizer, save_optim: bool = True) -> bool:
     """True when any parameter, or (saved) optimizer slot, is sharded."""
     if any(s.is_sharded and s.num_shards > 1 for s in model_specs(model).values()):
@@ -93,7 +106,8 @@ def save_sharded(trainer, write_hook=None) -> Optional[str]:
         write_rank(trainer.save_dir, name, step, rank, world,
                    {k: v for k, v in tensors.items() if param_of(k) is not None},
                    model_specs(trainer.model), rank_coords(trainer.grad_reducer), zero, dtypes,
-                   trainer.run_id, write_hook)
+                   trainer.run_id, write_hook, axis_sizes_of(trainer.grad_reducer),
+                   ck.remove_redundancy)
     except CheckpointError as exc:
         error = exc
     except ValueError as exc:   # a local shape that contradicts its ShardSpec
@@ -111,6 +125,12 @@ def save_sharded(trainer, write_hook=None) -> Optional[str]:
                       protect=ck.keep_steps)
     trainer.log(f"saved checkpoint {path}")
     return path
+
+
+def load_options(ck, rank: int, world_size: int) -> dict:
+    """``resolve_checkpoint``'s keyword arguments from the ``checkpoint:`` section."""
+    return {"read_workers": ck.load_worker_number, "merge_workers": ck.reshard_worker_num,
+            "sharing": file_sharing(ck.load_balanced, rank, world_size)}
 
 
 def reshard_for_model(data: CheckpointData, model, reducer) -> CheckpointData:

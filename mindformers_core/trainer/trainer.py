@@ -56,7 +56,7 @@ from .protocols import (DataParallelReducer, ExpertBiasModel, MaxLogitsModel, Mo
                         ModelParallelReducer, PipelineReducer, QKClipOptimizer,
                         QKStatsReducer, ShardedGradReducer)
 from .run_dir import claim_run_dir, new_run_id
-from .sharded_save import reshard_for_model, save_sharded, uses_sharded_checkpoint
+from .sharded_save import load_options, reshard_for_model, save_sharded, uses_sharded_checkpoint
 from .signals import StopRequest
 from .step_decision import NONFINITE, OVERFLOW, SKIP_LIMIT, THRESHOLD, decide_step
 from .train_state import TrainState
@@ -243,7 +243,8 @@ class Trainer:
         path = self.ckpt_cfg.load_path
         if not path:
             return None
-        data = resolve_checkpoint(path, log=self.log)
+        data = resolve_checkpoint(path, log=self.log, **load_options(   # [checkpoint: load_*]
+            self.ckpt_cfg, self.rank, self.grad_reducer.world_size))
         changes = config_changes(data.config, self.cfg.to_dict())
         if changes:
             self.log(f"resuming from {data.path} with a changed config ({len(changes)} "

@@ -140,8 +140,8 @@ def test_checkpoint_upstream_nothing_values(monkeypatch):
 
 
 @pytest.mark.parametrize("key,value,msg", [
-    ("load_worker_number", 4, r"4 needs parallel checkpoint loading"),
-    ("reshard_worker_num", 2, r"2 needs parallel checkpoint loading"),
+    ("load_worker_number", 0, r"must be >= 1, got 0"),
+    ("reshard_worker_num", -2, r"must be >= 1, got -2"),
 ])
 def test_checkpoint_refusals(monkeypatch, key, value, msg):
     monkeypatch.delenv("MS_WORKER_NUM", raising=False)
@@ -149,11 +149,13 @@ def test_checkpoint_refusals(monkeypatch, key, value, msg):
         CheckpointConfig.from_dict({key: value}, "checkpoint")
 
 
-def test_redundancy_options_need_one_process(monkeypatch):
+def test_distributed_checkpoint_options_act_under_msrun(monkeypatch):
     two_workers(monkeypatch)
-    with pytest.raises(ConfigError, match=r"^checkpoint\.remove_redundancy: True needs "
-                                          r"distributed checkpoints"):
-        CheckpointConfig.from_dict({"remove_redundancy": True}, "checkpoint")
+    cfg = CheckpointConfig.from_dict({"remove_redundancy": True, "load_worker_number": 4,
+                                      "reshard_worker_num": 2, "load_balanced": True,
+                                      "save_global_layout_cache": False}, "checkpoint")
+    assert (cfg.remove_redundancy, cfg.load_worker_number, cfg.reshard_worker_num,
+            cfg.load_balanced) == (True, 4, 2, True)
 
 
 # ---- monitor / profiler / context / callbacks / recompute ------------------------------------

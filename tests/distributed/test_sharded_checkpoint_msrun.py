@@ -3,11 +3,16 @@ resume on one process, and the other way round.
 
 One single-process reference run (6 steps, a checkpoint every 2), then one msrun launch
 (``sharded_ckpt_worker.py``): run A trains to step 4 on 2 workers, each rank writing its
-part of every checkpoint (its ZeRO-1 rows of the AdamW state, rank 0 the replicated weights
-and the index); run B resumes the reference's one-process step-4 checkpoint on 2 workers.
-Here: run A's step-4 checkpoint is resumed on one process; its steps 5-6 (loss, grad_norm,
-lr) equal the reference's, and so do run B's. Run C: rank 1 cannot write its rank file, so
-both ranks stop with their own message and no index is written.
+part of every checkpoint (its ZeRO-1 rows of the AdamW state and, by default
+``remove_redundancy: False``, the replicated weights too; rank 0 the index); run B resumes the
+reference's one-process step-4 checkpoint on 2 workers; run D resumes run A's step 4 on 2
+workers with ``load_balanced`` (each rank reads one of the two rank files), 2 read threads and
+``remove_redundancy: True``. Here: run A's step-4 checkpoint is resumed on one process; its
+steps 5-6 (loss, grad_norm, lr) equal the reference's, and so do run B's and run D's; run D's
+step-6 checkpoint holds each piece once, split over both ranks, and merges to the reference's.
+Run C: rank 1 cannot write its rank file, so both ranks stop with their own message and no
+index is written. E: a balanced load of a copy of run A's step 4 with a flipped byte in rank
+file 1: the ranks read one file each, and both raise the reading rank's error.
 """
 import io
 import json
@@ -67,7 +72,7 @@ def two_workers(tmp_path_factory, single):
 def test_each_rank_wrote_its_part_and_rank0_the_index(two_workers, single):
     from mindformers_core.trainer.checkpoint import list_checkpoints, load_checkpoint
     from mindformers_core.trainer.checkpoint_io import read_header
-    from mindformers_core.trainer.sharded_checkpoint import INDEX_FORMAT
+    from mindformers_core.trainer.sharded_checkpoint import INDEX_FORMAT, shard_files_of
     ckpt = two_workers / "a" / "checkpoint"
     index = str(ckpt / f"mindformers_core_step{STOP_AT:08d}.safetensors")
     assert [p for _, p in list_checkpoints(str(ckpt))][-1] == index
@@ -75,6 +80,10 @@ def test_each_rank_wrote_its_part_and_rank0_the_index(two_workers, single):
     names = sorted(os.listdir(ckpt))
     for rank in (0, 1):
         assert f"mindformers_core_step{STOP_AT:08d}.rank{rank:05d}-of-00002.safetensors" in names
+    # remove_redundancy: False, upstream's default: each rank file holds every weight
+    model_keys = [{k for k, _ in pieces_of(p) if k.startswith("model.")}
+                  for p in shard_files_of(index)]
+    assert model_keys[0] == model_keys[1] and len(model_keys[0]) > 3
     # merged, it is the one-process checkpoint of the same step (the DP sums round alike)
     got, want = load_checkpoint(index).tensors, load_checkpoint(single["step4"]).tensors
     keys = {k for k in want if k.startswith(("model.", "optim."))}
@@ -109,6 +118,30 @@ def test_one_process_checkpoint_resumes_on_two_workers(two_workers, single):
         assert rel_err(got[key], want[key]) < 1e-5, key
 
 
+def pieces_of(path):
+    """``{(key, offset)}`` of the pieces a rank file holds."""
+    from mindformers_core.trainer.checkpoint_io import read_header
+    pieces = json.loads(read_header(path, os.path.getsize(path))["__metadata__"]["pieces"])
+    return {(k, tuple(p["offset"])) for k, p in pieces.items()}
+
+
+def test_balanced_load_and_deduplicated_save_on_two_workers(two_workers, single):
+    from mindformers_core.trainer.checkpoint import load_checkpoint
+    from mindformers_core.trainer.sharded_checkpoint import shard_files_of
+    assert_steps_match(read_metrics(two_workers / "d"), single["metrics"],
+                       range(STOP_AT + 1, STEPS + 1))
+    final = two_workers / "d" / "checkpoint" / f"mindformers_core_step{STEPS:08d}.safetensors"
+    files = [pieces_of(p) for p in shard_files_of(str(final))]
+    assert len(files) == 2 and not files[0] & files[1]      # every piece once ...
+    assert all(any(k.startswith("model.") for k, _ in f) for f in files)   # ... balanced
+    got = load_checkpoint(str(final)).tensors
+    want = load_checkpoint(os.path.join(single["dir"], final.name)).tensors
+    keys = {k for k in want if k.startswith(("model.", "optim."))}
+    assert keys == {k for k in got if k.startswith(("model.", "optim."))}
+    for key in keys:
+        assert rel_err(got[key], want[key]) < 1e-5, key
+
+
 def test_a_rank_that_cannot_write_stops_every_rank_and_no_index_is_written(two_workers):
     run_c = two_workers / "c"
     rank0 = (run_c / "error.rank0.txt").read_text()
@@ -119,3 +152,14 @@ def test_a_rank_that_cannot_write_stops_every_rank_and_no_index_is_written(two_w
         rank1.endswith("mindformers_core_step00000002.rank00001-of-00002.safetensors: Is a "
                        "directory; the previous checkpoints are kept")
     assert not (run_c / "checkpoint" / "mindformers_core_step00000002.safetensors").exists()
+
+
+def test_a_damaged_file_in_a_balanced_load_stops_every_rank_with_its_reader_s_error(two_workers):
+    run_e = two_workers / "e"
+    reads = [json.loads((run_e / f"read.rank{r}.json").read_text()) for r in (0, 1)]
+    assert sorted(reads[0] + reads[1]) == [0, 1] and len(reads[0]) == 1
+    errors = [(run_e / f"error.rank{r}.txt").read_text() for r in (0, 1)]
+    assert errors[0] == errors[1]
+    assert errors[0].startswith("checkpoint ") and errors[0].endswith(
+        "mindformers_core_step00000004.rank00001-of-00002.safetensors is corrupt: its header or "
+        "tensor data does not match its sha256 digest")

@@ -11,7 +11,8 @@ from safetensors.numpy import load_file
 from mindformers_core.tools.convert_checkpoint import main, parse_layout
 from mindformers_core.trainer.checkpoint import (FORMAT, load_checkpoint, save_checkpoint)
 from mindformers_core.trainer.checkpoint_io import read_header
-from mindformers_core.trainer.sharded_checkpoint import INDEX_FORMAT, rank_file_name
+from mindformers_core.trainer.sharded_checkpoint import (INDEX_FORMAT, rank_file_name,
+                                                         shard_files_of)
 from tests.trainer.test_sharded_checkpoint import STAGES, full_data
 
 SPECS = {"layers.0.linear_qkv.weight": {"full_shape": [12, 4], "split_dim": 0, "group": "tp",
@@ -36,6 +37,8 @@ def fmt(path):
     {"world": 2, "mesh": {"pp": 2}, "names": STAGES},
     {"world": 2, "coords": [{"dp": 0}, {"dp": 1}], "zero_shards": 2},
     {"world": 4, "mesh": {"tp": 2}, "specs": SPECS, "zero_shards": 2},
+    {"world": 4, "mesh": {"tp": 2}, "specs": SPECS, "zero_shards": 2,
+     "remove_redundancy": True},
 ])
 def test_split_then_merge_is_the_original(tmp_path, single, capsys, layout):
     lay = tmp_path / "layout.json"
@@ -57,6 +60,12 @@ def test_split_then_merge_is_the_original(tmp_path, single, capsys, layout):
         assert got.tensors[k].dtype == v.dtype and np.array_equal(got.tensors[k], v), k
     assert (got.step, got.state, got.config, got.dtypes, got.run_id) == \
         (want.step, want.state, want.config, want.dtypes, want.run_id)
+    # upstream's default keeps every rank file self-contained: the replicated norm is in
+    # every file holding it; with remove_redundancy in one
+    norm = "layers.1.norm.weight"
+    copies = sum(f"model.{norm}" in load_file(p) for p in shard_files_of(index))
+    holders = sum(norm in n for n in layout["names"]) if "names" in layout else layout["world"]
+    assert copies == (1 if layout.get("remove_redundancy") else holders)
 
 
 def test_weights_only_merge_has_the_parameter_names(tmp_path, single):
@@ -77,7 +86,9 @@ def test_bad_layouts_exit_2_naming_the_field(tmp_path, single, capsys):
                                                              "group": "tp", "num_shards": 2}}},
               "layout: specs.x: dim 0 of shape (3,) (3) is not divisible by the tp group size 2"),
              ({"world": 3, "mesh": {"tp": 2}},
-              "world_size(3) must be divisible by tensor_parallel(2)")]
+              "world_size(3) must be divisible by tensor_parallel(2)"),
+             ({"world": 2, "remove_redundancy": "yes"},
+              "layout: 'remove_redundancy' must be true or false, got 'yes'")]
     for layout, message in cases:
         lay = tmp_path / "layout.json"
         lay.write_text(json.dumps(layout))

@@ -20,8 +20,8 @@ from mindformers_core.trainer.checkpoint import (CheckpointError, checkpoint_nam
 from mindformers_core.trainer.checkpoint_io import CheckpointData, encode, write_atomic
 from mindformers_core.trainer.sharded_checkpoint import (
     SHARD_FORMAT, RankLayout, ZeroRows, describe_pieces, rank_file_name, reshard, save_index,
-    save_rank_file, shard_files_of, split_checkpoint, write_rank, writes_piece,
-    zero_rows_of)
+    save_rank_file, shard_files_of, split_checkpoint, write_rank, zero_rows_of)
+from mindformers_core.trainer.checkpoint_plan import axis_sizes
 
 NAME = checkpoint_name("ck", 7)
 SHAPES = {"embedding.word_embeddings.weight": (8, 4), "layers.0.linear_qkv.weight": (12, 4),
@@ -63,9 +63,10 @@ FSDP_DP = {n: ShardSpec(s, 0, "dp", 2) for n, s in SHAPES.items()}
 
 
 def write_ranks(directory, specs, coords_of, world, names_of=None, zero_shards=1,
-                data=None, skip=()):
+                data=None, skip=(), remove_redundancy=True):
     """Every rank's file as the trainer writes it (local tensors only), then the index."""
     data = data or full_data()
+    sizes = axis_sizes([coords_of(r) for r in range(world)])
     for rank in range(world):
         if rank in skip:
             continue
@@ -77,7 +78,7 @@ def write_ranks(directory, specs, coords_of, world, names_of=None, zero_shards=1
             local = {k: (v[zero.rows[k][0]:zero.rows[k][1]] if k in zero.rows else v)
                      for k, v in local.items()}
         write_rank(str(directory), NAME, 7, rank, world, local, specs, coords, zero,
-                   data.dtypes, data.run_id)
+                   data.dtypes, data.run_id, sizes=sizes, remove_redundancy=remove_redundancy)
     return save_index(str(directory), NAME, 7, world, {"rng.numpy_keys": data.tensors[
         "rng.numpy_keys"]}, data.state, data.config, data.run_id)
 
@@ -103,11 +104,14 @@ LAYOUTS = {
 }
 
 
+@pytest.mark.parametrize("remove_redundancy", [True, False])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_sharded_write_merges_to_one_process_bit_identically(tmp_path, layout):
+def test_sharded_write_merges_to_one_process_bit_identically(tmp_path, layout,
+                                                             remove_redundancy):
     specs, coords_of, world, names_of, zero = LAYOUTS[layout]
-    index = write_ranks(tmp_path, specs, coords_of, world, names_of, zero)
-    data = load_checkpoint(index)
+    index = write_ranks(tmp_path, specs, coords_of, world, names_of, zero,
+                        remove_redundancy=remove_redundancy)
+    data = load_checkpoint(index, read_workers=3, merge_workers=2)
     assert_same(data.tensors, full_tensors())
     assert data.step == 7 and data.run_id == "run-a" and data.state == full_data().state
     assert data.dtypes == {"model.layers.1.norm.weight": "bfloat16"}
@@ -158,21 +162,74 @@ def test_layout_to_layout_tp2_to_ep2_fsdp_and_zero(tmp_path):
     assert (start, stop, d0) == shard_rows(12, 2, 1) + (12,)
 
 
-def test_replicas_are_written_once(tmp_path):
-    write_ranks(tmp_path, *LAYOUTS["tp2_dp2_zero"])
-    sizes = {}
-    for path in shard_files_of(str(tmp_path / NAME)):
-        from safetensors.numpy import load_file
-        sizes[os.path.basename(path)] = sorted(load_file(path))
-    files = sorted(sizes)
-    # mesh tp2 x dp2: ranks 0,1 (dp 0) write the model; ZeRO rows go to all four ranks
-    rank0, rank2 = sizes[files[0]], sizes[files[2]]
-    assert "model.embedding.word_embeddings.weight" in rank0
-    assert not any(k.startswith("model.") for k in rank2)
-    assert "optim.adam_m.layers.0.linear_qkv.weight" in rank2
-    # replicated, non-sharded param state (4 rows of 2 ZeRO shards) is written by dp 0 only
-    counts = sum("optim.adam_m.layers.1.norm.weight" in v for v in sizes.values())
-    assert counts == 2  # ZeRO rows of the (4,) norm: dp 0 and dp 1 of tp rank 0
+def rank_file_pieces(index):
+    """{rank file: {key: (offset, shape)}} as written."""
+    from mindformers_core.trainer.checkpoint_io import read_header
+    out = {}
+    for path in shard_files_of(index):
+        meta = read_header(path, os.path.getsize(path))["__metadata__"]
+        out[os.path.basename(path)] = {k: (tuple(v["offset"]), tuple(v["shape"]))
+                                       for k, v in json.loads(meta["pieces"]).items()}
+    return out
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_removed_redundancy_writes_each_piece_once(tmp_path, layout):
+    files = rank_file_pieces(write_ranks(tmp_path, *LAYOUTS[layout], remove_redundancy=True))
+    boxes = [(k, box) for pieces in files.values() for k, box in pieces.items()]
+    assert len(boxes) == len(set(boxes))
+
+
+def test_removed_redundancy_balances_the_pieces_over_their_replicas(tmp_path):
+    index = write_ranks(tmp_path, *LAYOUTS["tp2_dp2_zero"], remove_redundancy=True)
+    files = rank_file_pieces(index)
+    # mesh tp2 x dp2: the replicated weights are spread over all four ranks, the tp shards
+    # over the two dp replicas of each tp index, not all on the coordinate-0 rank
+    for pieces in files.values():
+        assert any(k.startswith("model.") for k in pieces)
+    # the (4,) norm's ZeRO rows (2 shards over dp) are replicated over tp: written once each
+    assert sum("optim.adam_m.layers.1.norm.weight" in p for p in files.values()) == 2
+
+
+def test_redundant_save_makes_every_rank_file_self_contained(tmp_path):
+    specs, coords_of, world, _, zero_shards = LAYOUTS["tp2_dp2_zero"]
+    index = write_ranks(tmp_path, specs, coords_of, world, None, zero_shards,
+                        remove_redundancy=False)
+    files = rank_file_pieces(index)
+    for rank in range(world):
+        local = reshard(full_data(), specs, coords_of(rank)).tensors
+        held = {k for k in local if not k.startswith("rng.")}
+        assert set(files[rank_file_name(NAME, rank, world)]) == held
+    assert sum("optim.adam_m.layers.1.norm.weight" in p for p in files.values()) == 4
+
+
+def test_replicas_that_differ_are_refused(tmp_path):
+    index = write_ranks(tmp_path, *LAYOUTS["zero_dp2"], remove_redundancy=False)
+    data = full_data()
+    data.tensors["model.layers.1.norm.weight"] = data.tensors["model.layers.1.norm.weight"] + 1
+    other = tmp_path / "b"
+    write_ranks(other, *LAYOUTS["zero_dp2"], data=data, remove_redundancy=False)
+    # rank 1's file of the other save, with its index entry rewritten to accept it
+    os.replace(other / rank_file_name(NAME, 1, 2), tmp_path / rank_file_name(NAME, 1, 2))
+    full = full_data()
+    save_index(str(tmp_path), NAME, 7, 2, {"rng.numpy_keys": full.tensors["rng.numpy_keys"]},
+               full.state, full.config, full.run_id)
+    with pytest.raises(CheckpointError, match=(
+            r"is corrupt: model\.layers\.1\.norm\.weight is stored in "
+            r"ck_step00000007\.rank00000-of-00002\.safetensors and "
+            r"ck_step00000007\.rank00001-of-00002\.safetensors with the same box \(offset "
+            r"\(0,\), shape \(4,\)\) but different values; replicas must be identical")):
+        load_checkpoint(index)
+
+
+def test_negative_zero_in_one_replica_is_a_difference():
+    from mindformers_core.trainer.sharded_checkpoint import Piece, merge_pieces
+    piece = Piece((2,), (0,), (2,))
+    a, b = np.array([0.0, 1.0], np.float32), np.array([-0.0, 1.0], np.float32)
+    merged, _ = merge_pieces([("k", piece, a, "f0"), ("k", piece, a.copy(), "f1")], "w")
+    assert merged["k"].tobytes() == a.tobytes()
+    with pytest.raises(CheckpointError, match=r"k is stored in f0 and f1 with the same box"):
+        merge_pieces([("k", piece, a, "f0"), ("k", piece, b, "f1")], "w")
 
 
 def test_missing_rank_file_is_refused(tmp_path):
@@ -181,6 +238,16 @@ def test_missing_rank_file_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"is incomplete: rank file ck_step00000007\."
                        r"rank00001-of-00002\.safetensors \(rank 1 of 2\) is missing"):
         load_checkpoint(index)
+
+
+def test_threaded_read_raises_the_first_failing_rank_s_error(tmp_path):
+    index = write_ranks(tmp_path, *LAYOUTS["tp2_dp2_zero"])
+    for rank in (1, 3):
+        os.remove(os.path.join(tmp_path, rank_file_name(NAME, rank, 4)))
+    for workers in (1, 4):
+        with pytest.raises(CheckpointError, match=r"rank00001-of-00004\.safetensors \(rank 1 "
+                                                  r"of 4\) is missing"):
+            load_checkpoint(index, read_workers=workers, merge_workers=workers)
 
 
 def test_flipped_byte_in_a_rank_file_is_refused(tmp_path):
@@ -344,22 +411,6 @@ def test_overwrite_moves_a_sharded_checkpoint_with_its_rank_files(tmp_path):
         [NAME, rank_file_name(NAME, 0, 2), rank_file_name(NAME, 1, 2)])
     assert_same(load_checkpoint([p for p in moved if p.endswith(NAME)][0]).tensors,
                 full_tensors())
-
-
-def test_which_replica_writes_a_piece():
-    from mindformers_core.trainer.sharded_checkpoint import Piece
-    rep = Piece((4,), (0,), (4,))
-    ep = Piece((4, 2), (2, 0), (2, 2), 0, "ep", 1, 2)
-    fsdp = Piece((4, 2), (2, 0), (2, 2), 0, "dp_shard", 1, 2)
-    zero = Piece((4,), (2,), (2,), zero_rows=(2, 4), zero_shards=2, zero_index=1)
-    assert writes_piece(rep, {"dp": 0, "pp": 1}) and not writes_piece(rep, {"dp": 1})
-    assert not writes_piece(rep, {"tp": 1})
-    assert writes_piece(ep, {"dp": 1, "ep": 1, "edp": 0})
-    assert not writes_piece(ep, {"dp": 3, "ep": 1, "edp": 1})
-    assert writes_piece(fsdp, {"dp": 1, "dp_shard": 1})
-    assert not writes_piece(fsdp, {"dp": 1, "dp_shard": 1, "dp_replicate": 1})
-    assert writes_piece(zero, {"dp": 1}, zero_replica=0)
-    assert not writes_piece(zero, {"dp": 3}, zero_replica=1)
 
 
 def test_blocked_shard_is_one_box_of_the_shard_major_order(tmp_path):
