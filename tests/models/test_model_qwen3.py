@@ -41,6 +41,10 @@ def test_parameters_are_the_gpt_ones_plus_per_head_q_and_k_norms():
     assert (tc.kv_channels, tc.num_query_groups, tc.multi_latent_attention) == (6, 2, False)
     plain = build_model(tiny_qwen3(qk_layernorm=False), seed=0)
     assert not [p.name for p in plain.get_parameters() if "q_layernorm" in p.name]
+    # the memory planner (--check) counts what is built
+    from mindformers_core.core.memory_plan import param_counts
+    for cfg, built in ((tiny_qwen3(), model), (tiny_qwen3(qk_layernorm=False), plain)):
+        assert param_counts(cfg).total == sum(p.size for p in built.trainable_params())
 
 
 @pytest.mark.parametrize("kw", [{}, {"tie_word_embeddings": True, "num_key_value_heads": 4},
