@@ -81,9 +81,9 @@ class SelfAttention(nn.Cell):
     linear_proj)``.
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, num_query_groups: int, precision: Precision,
-                 head_dim: Optional[int] = None, qk_layernorm: bool = False,
-                 norm_eps: float = 1e-6):
+    def __init__(self, hidden_size: int, num_heads: int, num_query_groups: int,
+                 precision: Precision, head_dim: Optional[int] = None,
+                 qk_layernorm: bool = False, norm_eps: float = 1e-6):
         super().__init__()
         self.num_heads = num_heads
         self.num_groups = num_query_groups

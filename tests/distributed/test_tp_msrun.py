@@ -3,11 +3,12 @@
 Two msrun launches through scripts/msrun_launcher.sh (tests/distributed/tp_worker.py):
 
 A. 2 workers (tp 2, dp 1): one forward/backward of the tiny GPT (GQA), that GPT as a Qwen3
-   (q/k head norms, head dim 12) and the tiny DeepSeek-V3 (MLA + MoE), each rank's local gradients against its slice of the unsharded
-   model's gradients, its local-head max logits and its parameter bytes; then the real
-   Trainer, 10 steps of each model with AdamW, and of the DeepSeek-V3 with Muon under
-   ``comm_strategy`` allgather and allgather_deredundency (PyNative) and deredundency under
-   ``training.jit: layer``, QK-Clip on at a threshold that clips heads every step;
+   (q/k head norms, head dim 12) and the tiny DeepSeek-V3 (MLA + MoE), each rank's local
+   gradients against its slice of the unsharded model's gradients, its local-head max logits
+   and its parameter bytes; then the real Trainer, 10 steps of each model with AdamW, and of
+   the DeepSeek-V3 with Muon under ``comm_strategy`` allgather and allgather_deredundency
+   (PyNative) and deredundency under ``training.jit: layer``, QK-Clip on at a threshold that
+   clips heads every step;
 B. 4 workers (tp 2 x dp 2, ZeRO-1 over the dp group): the Trainer, 10 steps of the GPT with
    AdamW and of the DeepSeek-V3 with Muon (allgather_deredundency, QK-Clip).
 

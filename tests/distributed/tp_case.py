@@ -1,7 +1,8 @@
 """The tiny models of the tensor-parallel tests (``test_tp_msrun.py``): a GPT with GQA, that GPT
-as a Qwen3 (per-head q/k norms, head dim 12 != hidden / heads) and the DeepSeek-V3 of configs/muon_deepseek_v3_tiny.yaml with AdamW, and that DeepSeek-V3 with Muon
-under each ``comm_strategy`` with QK-Clip at a threshold its heads exceed (PyNative, and one
-under ``training.jit: layer``), each as a Trainer config."""
+as a Qwen3 (per-head q/k norms, head dim 12 != hidden / heads) and the DeepSeek-V3 of
+configs/muon_deepseek_v3_tiny.yaml with AdamW, and that DeepSeek-V3 with Muon under each
+``comm_strategy`` with QK-Clip at a threshold its heads exceed (PyNative, and one under
+``training.jit: layer``), each as a Trainer config."""
 import os
 
 import yaml
