@@ -4,8 +4,8 @@ Defaults are a tiny CPU-sized dense GPT; ``model_type: qwen3`` changes some of t
 (config/model_types.py). DeepSeek-V3 fields use the Hugging Face / MindFormers names. Derived
 values: ``multi_latent_attention`` None means True for ``deepseek_v3`` and False otherwise;
 ``num_query_groups`` None means ``num_attention_heads``; ``kv_channels`` None means
-hidden_size // num_attention_heads; ``qk_layernorm`` None means True for MLA (its latent
-norms) and False otherwise; ``ffn_hidden_size`` None means 4 * hidden_size;
+hidden_size // num_attention_heads; ``qk_layernorm`` None means True for ``qwen3`` and for MLA
+(its latent norms), False otherwise; ``ffn_hidden_size`` None means 4 * hidden_size;
 ``moe_intermediate_size`` None means ffn_hidden_size // 2 (see the ``resolved_*`` helpers).
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ class ModelConfig(Section):
     num_attention_heads: int = 4
     num_query_groups: Optional[int] = None       # GQA groups; None = num_attention_heads
     kv_channels: Optional[int] = None            # head dim (non-MLA); None = hidden / heads
-    qk_layernorm: Optional[bool] = None          # per-head q/k RMSNorm; None = MLA's latent norms
+    qk_layernorm: Optional[bool] = None          # per-head q/k RMSNorm; None = qwen3 or MLA
     ffn_hidden_size: Optional[int] = None        # None = 4 * hidden_size
     seq_length: int = 64
     rope_theta: float = 10000.0
@@ -114,10 +114,10 @@ class ModelConfig(Section):
         return self.kv_channels
 
     def resolved_qk_layernorm(self) -> bool:
-        """Standard attention: per-head RMSNorm of q and k before RoPE; MLA: its q/kv latent
-        norms (always on)."""
+        """Standard attention: per-head RMSNorm of q and k before RoPE (Qwen3); MLA: its q/kv
+        latent norms (always on)."""
         if self.qk_layernorm is None:
-            return self.resolved_multi_latent_attention()
+            return self.model_type == "qwen3" or self.resolved_multi_latent_attention()
         return self.qk_layernorm
 
     def resolved_ffn_hidden_size(self) -> int:

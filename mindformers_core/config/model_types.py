@@ -3,8 +3,8 @@
 * ``gpt``: dense Llama-style decoder (the ``ModelConfig`` field defaults, a tiny CPU model).
 * ``deepseek_v3``: MLA + MoE (the same field defaults; MLA and MoE are derived from the type).
 * ``qwen3``: the dense GPT decoder with Qwen3's structure -- per-head RMSNorm on q and k
-  before RoPE (``qk_layernorm``) and an explicit head dim (``kv_channels``, upstream's
-  ``head_dim``) -- and the defaults of upstream MindFormers' ``Qwen3Config`` (Qwen3-8B-like
+  before RoPE (``qk_layernorm``, derived from the type: ``ModelConfig.resolved_qk_layernorm``)
+  and an explicit head dim (``kv_channels``, upstream's ``head_dim``) -- and the defaults of upstream MindFormers' ``Qwen3Config`` (Qwen3-8B-like
   sizes, ``seq_length`` 4096). ``num_query_groups`` stays "= num_attention_heads", which is
   upstream's default of 32 key/value heads at its 32 heads and keeps the two tied when only
   the head count is changed.
@@ -32,7 +32,6 @@ MODEL_TYPE_DEFAULTS: Dict[str, Dict[str, Any]] = {
         "rope_theta": 10000.0,
         "norm_epsilon": 1e-6,
         "tie_word_embeddings": False,
-        "qk_layernorm": True,
     },
 }
 

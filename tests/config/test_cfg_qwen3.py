@@ -56,7 +56,8 @@ def test_to_dict_writes_the_users_spelling_back():
     assert d["head_dim"] == 8 and "kv_channels" not in d
     assert d["num_hidden_layers"] == 2 and d["rms_norm_eps"] == 1e-5
     assert d["model_type"] == "qwen3" and d["architectures"] == "Qwen3ForCausalLM"
-    assert d["qk_layernorm"] is True
+    assert d["qk_layernorm"] is None      # derived from model_type (ModelConfig built in code too)
+    assert ModelConfig(model_type="qwen3").resolved_qk_layernorm()
     assert load(d) == up and load(d).to_dict() == d
     mine = load({"model_type": "qwen3", "kv_channels": 8}).to_dict()
     assert mine["kv_channels"] == 8 and "head_dim" not in mine
