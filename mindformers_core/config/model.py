@@ -1,10 +1,12 @@
 """`model:` section (owned by the models package).
 
-Defaults are a tiny CPU-sized dense GPT. DeepSeek-V3 fields use the Hugging Face / MindFormers
-names. Derived values: ``multi_latent_attention`` None means True for ``deepseek_v3`` and False
-for ``gpt``; ``num_query_groups`` None means ``num_attention_heads``; ``ffn_hidden_size`` None
-means 4 * hidden_size; ``moe_intermediate_size`` None means ffn_hidden_size // 2 (see the
-``resolved_*`` helpers).
+Defaults are a tiny CPU-sized dense GPT; ``model_type: qwen3`` changes some of them
+(config/model_types.py). DeepSeek-V3 fields use the Hugging Face / MindFormers names. Derived
+values: ``multi_latent_attention`` None means True for ``deepseek_v3`` and False otherwise;
+``num_query_groups`` None means ``num_attention_heads``; ``kv_channels`` None means
+hidden_size // num_attention_heads; ``qk_layernorm`` None means True for ``qwen3`` and for MLA
+(its latent norms), False otherwise; ``ffn_hidden_size`` None means 4 * hidden_size;
+``moe_intermediate_size`` None means ffn_hidden_size // 2 (see the ``resolved_*`` helpers).
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from typing import Literal, Optional
 
 from .moe import validate_moe_routing
 from .model_pretrain import validate_pretrain_fields
+from .model_types import with_model_type_defaults
+from .noop import require_noop
 from .schema import Section, check, check_range
 from .upstream_names import check_upstream_only, join_model_section, split_model_section
 
@@ -25,12 +29,14 @@ DType = Literal["float32", "bfloat16", "float16"]
 @dataclass
 class ModelConfig(Section):
     """Decoder-only LM."""
-    model_type: Literal["gpt", "deepseek_v3"] = "gpt"
+    model_type: Literal["gpt", "deepseek_v3", "qwen3"] = "gpt"
     vocab_size: int = 256
     hidden_size: int = 64
     num_layers: int = 2
     num_attention_heads: int = 4
     num_query_groups: Optional[int] = None       # GQA groups; None = num_attention_heads
+    kv_channels: Optional[int] = None            # head dim (non-MLA); None = hidden / heads
+    qk_layernorm: Optional[bool] = None          # per-head q/k RMSNorm; None = qwen3 or MLA
     ffn_hidden_size: Optional[int] = None        # None = 4 * hidden_size
     seq_length: int = 64
     rope_theta: float = 10000.0
@@ -84,7 +90,7 @@ class ModelConfig(Section):
         """Upstream MindFormers names or this project's (config/upstream_names.py)."""
         canonical, spelling = split_model_section(cls.mapping_of(data, path), path,
                                                   cls.field_names())
-        obj = super().from_dict(canonical, path)
+        obj = super().from_dict(with_model_type_defaults(canonical, cls.model_type), path)
         check_upstream_only(spelling, path, obj)
         object.__setattr__(obj, "_spelling", spelling)
         return obj
@@ -100,6 +106,19 @@ class ModelConfig(Section):
 
     def resolved_num_query_groups(self) -> int:
         return self.num_attention_heads if self.num_query_groups is None else self.num_query_groups
+
+    def resolved_kv_channels(self) -> int:
+        """Per-head dim of q, k and v in standard (non-MLA) attention."""
+        if self.kv_channels is None:
+            return self.hidden_size // self.num_attention_heads
+        return self.kv_channels
+
+    def resolved_qk_layernorm(self) -> bool:
+        """Standard attention: per-head RMSNorm of q and k before RoPE (Qwen3); MLA: its q/kv
+        latent norms (always on)."""
+        if self.qk_layernorm is None:
+            return self.model_type == "qwen3" or self.resolved_multi_latent_attention()
+        return self.qk_layernorm
 
     def resolved_ffn_hidden_size(self) -> int:
         return 4 * self.hidden_size if self.ffn_hidden_size is None else self.ffn_hidden_size
@@ -120,7 +139,7 @@ class ModelConfig(Section):
         for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "seq_length",
                      "num_query_groups", "ffn_hidden_size", "kv_lora_rank", "qk_nope_head_dim",
                      "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "num_experts_per_tok",
-                     "moe_intermediate_size", "q_lora_rank"):
+                     "moe_intermediate_size", "q_lora_rank", "kv_channels"):
             check_range(getattr(self, name), f"{path}.{name}", lo=1)
         for name in ("hidden_size", "ffn_hidden_size", "moe_intermediate_size"):
             # a width beyond 2**20 is a typo, not a model (one such square weight is 4 TiB)
@@ -135,17 +154,27 @@ class ModelConfig(Section):
         validate_pretrain_fields(self, path)
         mla = self.resolved_multi_latent_attention()
         if not mla:
-            check(self.hidden_size % self.num_attention_heads == 0, f"{path}.num_attention_heads",
-                  f"must divide hidden_size ({self.hidden_size}), got {self.num_attention_heads}")
-            check((self.hidden_size // self.num_attention_heads) % 2 == 0, f"{path}.hidden_size",
-                  f"hidden_size / num_attention_heads must be even for rotary embeddings, got "
-                  f"{self.hidden_size} / {self.num_attention_heads}")
+            if self.kv_channels is None:
+                check(self.hidden_size % self.num_attention_heads == 0,
+                      f"{path}.num_attention_heads", f"must divide hidden_size "
+                      f"({self.hidden_size}), got {self.num_attention_heads}")
+                check((self.hidden_size // self.num_attention_heads) % 2 == 0,
+                      f"{path}.hidden_size", f"hidden_size / num_attention_heads must be even "
+                      f"for rotary embeddings, got {self.hidden_size} / "
+                      f"{self.num_attention_heads}")
+            else:
+                check(self.kv_channels % 2 == 0, f"{path}.kv_channels",
+                      f"must be even for rotary embeddings, got {self.kv_channels}")
             groups = self.resolved_num_query_groups()
             check(self.num_attention_heads % groups == 0, f"{path}.num_query_groups",
                   f"must divide num_attention_heads ({self.num_attention_heads}), got {groups}")
         else:
             check(self.qk_rope_head_dim % 2 == 0, f"{path}.qk_rope_head_dim",
                   f"must be even (rotary pairs), got {self.qk_rope_head_dim}")
+            # upstream's MLA normalises the q and kv latents under this flag; here it always does
+            if self.qk_layernorm is not None:
+                require_noop(f"{path}.qk_layernorm", self.qk_layernorm, (True,),
+                             "MLA without latent norms")
         if self.model_type == "deepseek_v3":
             check_range(self.first_k_dense_replace, f"{path}.first_k_dense_replace", lo=0,
                         hi=self.num_layers)

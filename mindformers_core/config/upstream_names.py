@@ -39,12 +39,14 @@ MODEL_ALIASES: Dict[str, str] = {
     "moe_ffn_hidden_size": "moe_intermediate_size",
     "scaling_factor": "rotary_scaling_factor",
     "mtp_num_layers": "num_nextn_predict_layers",
+    "head_dim": "kv_channels",
 }
 
 #: model_type -> upstream ``architectures`` class names that describe the same network
 ARCHITECTURES: Dict[str, Tuple[str, ...]] = {
     "gpt": ("GPTForCausalLM", "LlamaForCausalLM"),
     "deepseek_v3": ("DeepseekV3ForCausalLM",),
+    "qwen3": ("Qwen3ForCausalLM",),
 }
 
 _DTYPE = str
@@ -89,8 +91,6 @@ UPSTREAM_ONLY: Dict[str, Upstream] = {
     "architectures": Upstream(Optional[str], None),
     # MoE routing: the router options are model fields (config/moe.py); this one is not
     "moe_router_pre_softmax": Upstream(bool, False, (False,), "softmax-before-top-k routing"),
-    # qk_layernorm: MLA's q/kv latent norms (always on here); checked against the model below
-    "qk_layernorm": Upstream(bool, False),
 }
 
 
@@ -139,18 +139,12 @@ def split_model_section(data: Dict[str, Any], path: str,
 def check_upstream_only(spelling: ModelSpelling, path: str, cfg: Any) -> None:
     """Rules of upstream-only keys that depend on the built model (a ModelConfig)."""
     extra = spelling.upstream_only
-    model_type, mla = cfg.model_type, cfg.resolved_multi_latent_attention()
+    model_type = cfg.model_type
     arch = extra.get("architectures")
     if arch is not None and arch not in ARCHITECTURES.get(model_type, ()):
         raise ConfigError(f"{path}.architectures",
                           f"{arch!r} does not describe model_type {model_type!r} "
                           f"(expected one of {list(ARCHITECTURES.get(model_type, ()))})")
-    if "qk_layernorm" in extra:
-        # upstream's MLA normalises the q and kv latents under this flag; this project's MLA
-        # always does, and its standard attention has no q/k norm
-        require_noop(f"{path}.qk_layernorm", extra["qk_layernorm"], (mla,),
-                     "MLA without latent norms" if mla else "q/k layer norm in standard "
-                                                          "attention")
 
 
 def join_model_section(canonical: Dict[str, Any], spelling: Optional[ModelSpelling]

@@ -107,7 +107,7 @@ class ParamCounts:
 def param_counts(model_cfg) -> ParamCounts:
     """Trainable parameters of ``build_model(model_cfg)`` without building it.
 
-    Per layer: 2 RMSNorm gammas; attention (GQA: qkv + proj; MLA: q down/up (or q_proj) with
+    Per layer: 2 RMSNorm gammas (+ the q/k head norms); attention (GQA: qkv + proj; MLA: q down/up (or q_proj) with
     its norm, kv down/up with its norm, proj); MLP (SwiGLU: fc1 h x 2f, fc2 f x h) or MoE
     (router E x h, experts E x (h x 2m + m x h), shared experts an MLP of width n_shared x m).
     Plus the embedding V x h, the final norm h and the output layer V x h unless tied.
@@ -130,8 +130,9 @@ def param_counts(model_cfg) -> ParamCounts:
             + h * heads * c.v_head_dim
         norms += c.kv_lora_rank
     else:
-        hd = h // heads
+        hd = c.resolved_kv_channels()
         attn = (heads * hd + 2 * c.resolved_num_query_groups() * hd) * h + h * heads * hd
+        norms += 2 * hd if c.resolved_qk_layernorm() else 0   # Qwen3's per-head q/k gains
     layers = []
     for i in range(c.num_layers):
         if c.model_type == "deepseek_v3" and i >= c.first_k_dense_replace:
@@ -326,10 +327,12 @@ def layer_activation_bytes(model_cfg, layout: Layout, settings: ActivationSettin
         latent = m.kv_lora_rank + dr + (m.q_lora_rank or 0)
         attn = b * s * (heads * per_head * cb + latent * (4 + cb))
     else:
-        d = h // m.num_attention_heads
+        d = m.resolved_kv_channels()
         groups = max(1, m.resolved_num_query_groups() // tp)
-        # qkv output, q/k after RoPE (and the GQA-broadcast k, v), context
+        # qkv output, q/k after RoPE (and the GQA-broadcast k, v), context; the q/k norms
+        # (Qwen3) keep their float32 input and output
         attn = b * s * d * cb * ((heads + 2 * groups) + 2 * heads + 2 * heads + heads)
+        attn += b * s * d * (heads + groups) * 8 if m.resolved_qk_layernorm() else 0
     attn += _attention_core_bytes(m, b, s, heads, settings.flash_attention)
     f = m.n_shared_experts * m.resolved_moe_intermediate_size() if moe \
         else m.resolved_ffn_hidden_size()

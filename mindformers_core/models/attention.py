@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 
-from typing import Protocol, Tuple
+from typing import Optional, Protocol, Tuple
 
 from mindspore import nn, ops
 
@@ -71,36 +71,61 @@ def _periodic_rows(weight, n: int, a: int, b: int):
 
 
 class SelfAttention(nn.Cell):
-    """GPT attention: fused ``linear_qkv`` (block layout), RoPE on q and k, ``linear_proj``."""
+    """GPT attention: fused ``linear_qkv`` (block layout), RoPE on q and k, ``linear_proj``.
 
-    def __init__(self, hidden_size: int, num_heads: int, num_query_groups: int, precision: Precision):
+    ``head_dim`` d need not be hidden_size / num_heads (Qwen3's explicit ``head_dim``). With
+    ``qk_layernorm`` (Qwen3), ``q_layernorm`` and ``k_layernorm`` (gains [d], shared by all
+    heads) normalise every head's query and key before RoPE; the norm runs on the projection
+    reshaped to one row per (token, head), a contiguous reshape of the 2-D activations.
+    ``weights()``: ``(linear_qkv, linear_proj)``, or ``(linear_qkv, q_layernorm, k_layernorm,
+    linear_proj)``.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, num_query_groups: int,
+                 precision: Precision, head_dim: Optional[int] = None,
+                 qk_layernorm: bool = False, norm_eps: float = 1e-6):
         super().__init__()
         self.num_heads = num_heads
         self.num_groups = num_query_groups
-        self.head_dim = hidden_size // num_heads
+        self.head_dim = hidden_size // num_heads if head_dim is None else head_dim
         self.softmax_scale = 1.0 / math.sqrt(self.head_dim)
         self.core_attention = causal_attention   # or models.blockwise_attention's
         self.precision = precision
         d = self.head_dim
         self.linear_qkv = Linear(hidden_size, (num_heads + 2 * num_query_groups) * d, precision)
+        self.qk_layernorm = qk_layernorm
+        if qk_layernorm:
+            self.q_layernorm = RMSNorm(d, norm_eps, precision)
+            self.k_layernorm = RMSNorm(d, norm_eps, precision)
         self.linear_proj = Linear(num_heads * d, hidden_size, precision)
 
     def weights(self) -> tuple:
-        return (self.linear_qkv.weight, self.linear_proj.weight)
+        norms = (self.q_layernorm.weight, self.k_layernorm.weight) if self.qk_layernorm else ()
+        return (self.linear_qkv.weight,) + norms + (self.linear_proj.weight,)
 
-    def project(self, x, tables, w_qkv, w_proj):
+    def _heads(self, x, w, norm_weight, b: int, s: int, heads: int):
+        """[B, heads, S, d] of the projection x W^T, each head RMS-normed when a gain is given."""
+        d, p = self.head_dim, self.precision
+        y = linear(x, w, p)
+        if norm_weight is not None:
+            norm = self.q_layernorm   # q and k norms share eps and the mean column of size d
+            y = rms_norm(y.reshape(-1, d), norm_weight, norm.eps, norm.mean_column)
+        return split_heads(y, b, s, heads, d)
+
+    def project(self, x, tables, *ws):
         """(q [B, N, S, d], (k, v) [B, G, S, d]): rotated queries and keys, the values."""
         n, g, d, p = self.num_heads, self.num_groups, self.head_dim, self.precision
         cos_q, sin_q, cos_k, sin_k, rot, mask = tables
         b, _, s, _ = mask.shape
+        w_q_norm, w_k_norm = (ws[1], ws[2]) if self.qk_layernorm else (None, None)
         # row blocks of the weight in the compute dtype (no bf16 slice-gradient kernel on CPU)
-        wq, wk, wv = ops.split(p.cast(w_qkv), (n * d, g * d, g * d), axis=0)
-        q = apply_rotary(split_heads(linear(x, wq, p), b, s, n, d), cos_q, sin_q, rot)
-        k = apply_rotary(split_heads(linear(x, wk, p), b, s, g, d), cos_k, sin_k, rot)
+        wq, wk, wv = ops.split(p.cast(ws[0]), (n * d, g * d, g * d), axis=0)
+        q = apply_rotary(self._heads(x, wq, w_q_norm, b, s, n), cos_q, sin_q, rot)
+        k = apply_rotary(self._heads(x, wk, w_k_norm, b, s, g), cos_k, sin_k, rot)
         v = split_heads(linear(x, wv, p), b, s, g, d)
         return q, (k, v)
 
-    def attend(self, q, kv, mask, w_qkv, w_proj):
+    def attend(self, q, kv, mask, *ws):
         """(output [B*S, H], max_logits [N]) of q over kv = (k, v) [B, G, T, d]."""
         n, g, d = self.num_heads, self.num_groups, self.head_dim
         k, v = kv
@@ -109,11 +134,11 @@ class SelfAttention(nn.Cell):
             k = k[:, :, None].broadcast_to((b, g, n // g, t, d)).reshape(b, n, t, d)
             v = v[:, :, None].broadcast_to((b, g, n // g, t, d)).reshape(b, n, t, d)
         ctx, max_logits = self.core_attention(q, k, v, self.softmax_scale, mask)
-        return linear(merge_heads(ctx), w_proj, self.precision), max_logits
+        return linear(merge_heads(ctx), ws[-1], self.precision), max_logits
 
-    def apply(self, x, tables, w_qkv, w_proj):
-        q, kv = self.project(x, tables, w_qkv, w_proj)
-        return self.attend(q, kv, tables[-1], w_qkv, w_proj)
+    def apply(self, x, tables, *ws):
+        q, kv = self.project(x, tables, *ws)
+        return self.attend(q, kv, tables[-1], *ws)
 
     def construct(self, x, tables):
         return self.apply(x, tables, *self.weights())

@@ -22,7 +22,7 @@ def transformer_config(cfg: ModelConfig) -> GPTTransformerConfig:
         multi_latent_attention=mla, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
         num_attention_heads=cfg.num_attention_heads,
         num_query_groups=cfg.resolved_num_query_groups(),
-        kv_channels=cfg.hidden_size // cfg.num_attention_heads,
+        kv_channels=cfg.resolved_kv_channels(),
         ffn_hidden_size=cfg.resolved_ffn_hidden_size(),
         q_lora_rank=cfg.q_lora_rank if mla else None,
         kv_lora_rank=cfg.kv_lora_rank if mla else None,

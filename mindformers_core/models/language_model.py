@@ -1,4 +1,4 @@
-"""Decoder-only language model shared by ``gpt`` and ``deepseek_v3``.
+"""Decoder-only language model shared by ``gpt``, ``qwen3`` and ``deepseek_v3``.
 
 Pre-norm layers: h = h + attn(input_layernorm(h)); h = h + mlp(pre_mlp_layernorm(h)).
 ``model(input_ids, labels, loss_mask) -> (loss_sum, n_tokens, aux_loss)`` (float32 scalars):
@@ -173,7 +173,7 @@ class GPTModel(nn.Cell):
         self._num_tracked_layers = cfg.num_layers + cfg.num_nextn_predict_layers
         self._mtp_losses: List[Tensor] = []
         mla = transformer_config.multi_latent_attention
-        self._rope_dim = cfg.qk_rope_head_dim if mla else h // cfg.num_attention_heads
+        self._rope_dim = cfg.qk_rope_head_dim if mla else transformer_config.kv_channels
         # key heads of the rotary tables: MLA shares one rope key across heads
         self._rope_key_heads = 1 if mla else transformer_config.num_query_groups
         self._tables: Dict[tuple, tuple] = {}
@@ -195,7 +195,8 @@ class GPTModel(nn.Cell):
                                     cfg.v_head_dim, cfg.norm_epsilon, p)
         else:
             attn = SelfAttention(cfg.hidden_size, cfg.num_attention_heads,
-                                 self._tc.num_query_groups, p)
+                                 self._tc.num_query_groups, p, self._tc.kv_channels,
+                                 cfg.resolved_qk_layernorm(), cfg.norm_epsilon)
         attn.softmax_scale *= yarn.softmax_scale_multiplier_for(cfg)
         attn.core_attention = attention_function(cfg.use_flash_attention,
                                                  ms.get_context("device_target"))

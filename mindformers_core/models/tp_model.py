@@ -66,8 +66,7 @@ __all__ = ["apply_tensor_parallel", "TensorParallelRunner"]
 
 def _attention_shape(model) -> AttentionShape:
     cfg, tc = model.cfg, model.get_gpt_transformer_config()
-    return AttentionShape(cfg.num_attention_heads, tc.num_query_groups,
-                          cfg.hidden_size // cfg.num_attention_heads)
+    return AttentionShape(cfg.num_attention_heads, tc.num_query_groups, tc.kv_channels)
 
 
 def _keep_local(param, spec: ShardSpec, index: int) -> None:

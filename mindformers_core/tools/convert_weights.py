@@ -3,13 +3,15 @@
     python -m mindformers_core.tools.convert_weights --config run.yaml --from hf \\
         --input model.safetensors --output native.safetensors        # or --to hf / mindformers
 
-Formats (``fmt``), for ``model_type`` gpt (Llama-style) and deepseek_v3:
+Formats (``fmt``), for ``model_type`` gpt (Llama-style), qwen3 and deepseek_v3:
 
 * ``native``: this project's names and layouts (models/attention.py, models/mlp.py).
-* ``hf``: Hugging Face ``transformers`` Llama / DeepSeek-V3 names (``model.embed_tokens``,
+* ``hf``: Hugging Face ``transformers`` Llama / Qwen3 / DeepSeek-V3 names (``model.embed_tokens``,
   ``model.layers.N.self_attn.q_proj`` ..., ``mlp.gate_proj/up_proj/down_proj``,
   ``mlp.gate.weight`` + ``e_score_correction_bias``, ``mlp.experts.E.*``, ``lm_head``).
-  Unfused q/k/v and gate/up. DeepSeek-V3's rope rows (the last ``dr`` of each q head and of
+  Unfused q/k/v and gate/up; Qwen3's per-head norms are ``self_attn.q_norm`` / ``k_norm``
+  (here and in MindFormers: ``self_attention.q_layernorm`` / ``k_layernorm``, [head_dim]).
+  DeepSeek-V3's rope rows (the last ``dr`` of each q head and of
   ``kv_a_proj_with_mqa``) are in HF's interleaved order (``rope_interleave: true``, its
   default); here RoPE rotates halves, so those rows are permuted ``[0,2,4,..,1,3,5,..]``.
 * ``mindformers``: upstream MindFormers' checkpoint names. ``qkv_concat=True`` (its PyNative
@@ -58,6 +60,7 @@ class Geometry:
     n_shared: int
     hidden: int
     tied: bool
+    qk_norm: bool = False       # standard attention's per-head q/k norms (Qwen3)
 
     @property
     def q_rows_key(self) -> str:
@@ -82,12 +85,14 @@ class Geometry:
             if cfg.model_type == "deepseek_v3" else ()
         return cls(mla=cfg.resolved_multi_latent_attention(), num_layers=cfg.num_layers,
                    heads=cfg.num_attention_heads, groups=cfg.resolved_num_query_groups(),
-                   head_dim=cfg.hidden_size // cfg.num_attention_heads,
+                   head_dim=cfg.resolved_kv_channels(),
                    dn=cfg.qk_nope_head_dim, dr=cfg.qk_rope_head_dim, dv=cfg.v_head_dim,
                    q_lora_rank=cfg.q_lora_rank, kv_lora_rank=cfg.kv_lora_rank,
                    moe_layers=moe, num_experts=cfg.n_routed_experts,
                    moe_ffn=cfg.resolved_moe_intermediate_size(), n_shared=cfg.n_shared_experts,
-                   hidden=cfg.hidden_size, tied=cfg.tie_word_embeddings)
+                   hidden=cfg.hidden_size, tied=cfg.tie_word_embeddings,
+                   qk_norm=not cfg.resolved_multi_latent_attention()
+                   and cfg.resolved_qk_layernorm())
 
 
 # ------------------------------------------------------------------ row permutations (pure)
@@ -136,9 +141,17 @@ _LAYER_HF = {"input_layernorm.weight": "input_layernorm.weight",
              "self_attention.linear_kv_up_proj.weight": "self_attn.kv_b_proj.weight",
              "mlp.router.weight": "mlp.gate.weight",
              "mlp.router.expert_bias": "mlp.gate.e_score_correction_bias"}
+#: standard attention's per-head norms (Qwen3); MLA's q_layernorm is its q latent norm above
+_QK_NORM_HF = {"self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
+               "self_attention.k_layernorm.weight": "self_attn.k_norm.weight"}
 _LAYER_MF_FUSED = {"self_attention.linear_q_up_proj.weight": "self_attention.linear_qb.weight",
                    "self_attention.linear_kv_up_proj.weight": "self_attention.linear_kvb.weight",
                    "self_attention.kv_layernorm.weight": "self_attention.k_layernorm.weight"}
+
+
+def _layer_hf_table(g: Geometry) -> Dict[str, str]:
+    """Native -> HF names of a layer's tensors that only change name."""
+    return {**_LAYER_HF, **_QK_NORM_HF} if g.qk_norm else _LAYER_HF
 
 
 def _rename(w: Weights, table: Dict[str, str]) -> Weights:
@@ -200,11 +213,11 @@ def _layer_to_hf(i: int, lw: Weights, g: Geometry) -> Weights:
             lw[f"mlp.experts.{e}.gate_proj.weight"] = np.ascontiguousarray(w1[e, :, :f].T)
             lw[f"mlp.experts.{e}.up_proj.weight"] = np.ascontiguousarray(w1[e, :, f:].T)
             lw[f"mlp.experts.{e}.down_proj.weight"] = np.ascontiguousarray(w2[e].T)
-    return _rename(lw, _LAYER_HF)
+    return _rename(lw, _layer_hf_table(g))
 
 
 def _layer_from_hf(i: int, lw: Weights, g: Geometry) -> Weights:
-    lw = _rename(lw, {v: k for k, v in _LAYER_HF.items()})
+    lw = _rename(lw, {v: k for k, v in _layer_hf_table(g).items()})
     where = f"layer {i}"
     if g.mla:
         q = _pop(lw, g.hf_q_rows_key, where)

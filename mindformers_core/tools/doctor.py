@@ -422,19 +422,23 @@ def check_loss_scale(cfg) -> Verdict:
 # ----------------------------------------------------------------------------------------------
 def _shrunk_twin_config(model_cfg):
     """Same structure (names, ranks, layer kinds), tiny sizes: for group checks of big models."""
-    from ..config.model import ModelConfig
-    d = model_cfg.to_dict()
+    import dataclasses
+    # the canonical fields (to_dict() may hold the user's upstream spelling of some)
+    d = {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(model_cfg)}
     d.update(vocab_size=256, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128,
              num_query_groups=None if model_cfg.num_query_groups is None else 2,
+             kv_channels=None if model_cfg.kv_channels is None else 16,
              q_lora_rank=None if model_cfg.q_lora_rank is None else 32, kv_lora_rank=32,
              qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, moe_intermediate_size=64,
              n_routed_experts=min(model_cfg.n_routed_experts, 4),
              num_experts_per_tok=min(model_cfg.num_experts_per_tok, 2),
-             num_layers=min(model_cfg.num_layers, 2 if model_cfg.model_type == "gpt"
+             num_layers=min(model_cfg.num_layers, 2 if model_cfg.model_type != "deepseek_v3"
                             else model_cfg.first_k_dense_replace + 1),
              params_dtype="float32", compute_dtype="float32")
     d["first_k_dense_replace"] = min(model_cfg.first_k_dense_replace, d["num_layers"])
-    return ModelConfig.from_dict(d, "model")
+    twin = type(model_cfg)(**d)
+    twin.validate("model")
+    return twin
 
 
 def run_doctor(cfg, reference_batch: Optional[float] = None,

@@ -112,13 +112,15 @@ def test_architectures_must_describe_model_type():
         load({"model_type": "deepseek_v3", "architectures": "Qwen3ForCausalLM"})
 
 
-def test_qk_layernorm_is_mla_latent_norm():
-    assert load({"model_type": "deepseek_v3", "qk_layernorm": True})
+def test_qk_layernorm_is_mla_latent_norm_or_per_head_qk_norm():
+    assert load({"model_type": "deepseek_v3", "qk_layernorm": True}).resolved_qk_layernorm()
+    assert load({"model_type": "deepseek_v3"}).resolved_qk_layernorm()
     with pytest.raises(ConfigError, match=r"^model\.qk_layernorm: False needs MLA without "
                                           r"latent norms"):
         load({"model_type": "deepseek_v3", "qk_layernorm": False})
-    with pytest.raises(ConfigError, match=r"^model\.qk_layernorm: True needs q/k layer norm"):
-        load({"model_type": "gpt", "qk_layernorm": True})
+    # standard attention: Qwen3's per-head q/k RMSNorm, off unless asked for (or qwen3)
+    assert load({"model_type": "gpt", "qk_layernorm": True}).resolved_qk_layernorm()
+    assert not load({"model_type": "gpt"}).resolved_qk_layernorm()
 
 
 def test_shared_expert_width_must_match():

@@ -2,12 +2,13 @@
 
 Two msrun launches through scripts/msrun_launcher.sh (tests/distributed/tp_worker.py):
 
-A. 2 workers (tp 2, dp 1): one forward/backward of the tiny GPT (GQA) and the tiny
-   DeepSeek-V3 (MLA + MoE), each rank's local gradients against its slice of the unsharded
-   model's gradients, its local-head max logits and its parameter bytes; then the real
-   Trainer, 10 steps of each model with AdamW, and of the DeepSeek-V3 with Muon under
-   ``comm_strategy`` allgather and allgather_deredundency (PyNative) and deredundency under
-   ``training.jit: layer``, QK-Clip on at a threshold that clips heads every step;
+A. 2 workers (tp 2, dp 1): one forward/backward of the tiny GPT (GQA), that GPT as a Qwen3
+   (q/k head norms, head dim 12) and the tiny DeepSeek-V3 (MLA + MoE), each rank's local
+   gradients against its slice of the unsharded model's gradients, its local-head max logits
+   and its parameter bytes; then the real Trainer, 10 steps of each model with AdamW, and of
+   the DeepSeek-V3 with Muon under ``comm_strategy`` allgather and allgather_deredundency
+   (PyNative) and deredundency under ``training.jit: layer``, QK-Clip on at a threshold that
+   clips heads every step;
 B. 4 workers (tp 2 x dp 2, ZeRO-1 over the dp group): the Trainer, 10 steps of the GPT with
    AdamW and of the DeepSeek-V3 with Muon (allgather_deredundency, QK-Clip).
 
@@ -71,7 +72,7 @@ def close(got, want, rel=1e-4) -> bool:
     return abs(got - want) <= rel * abs(want)
 
 
-@pytest.mark.parametrize("name", ["gpt", "dsv3"])
+@pytest.mark.parametrize("name", ["gpt", "qwen3", "dsv3"])
 def test_local_gradients_are_slices_of_the_unsharded_gradients(tp2, name):
     for rank in (0, 1):
         with open(tp2 / f"grad.{name}.rank{rank}.json") as fh:
@@ -88,6 +89,10 @@ def test_local_gradients_are_slices_of_the_unsharded_gradients(tp2, name):
         for pname, full in r["bytes_full"].items():
             want = full // 2 if pname in r["sharded"] else full
             assert r["bytes_tp"][pname] == want, pname
+    if name == "qwen3":   # the q/k gains are replicated (their gradient is summed over tp)
+        assert "decoder.layers.0.self_attention.linear_qkv.weight" in r["sharded"]
+        assert "decoder.layers.0.self_attention.q_layernorm.weight" in r["grad_rel_err"]
+        assert "decoder.layers.0.self_attention.k_layernorm.weight" not in r["sharded"]
     if name == "dsv3":
         assert "decoder.layers.0.self_attention.linear_kv_up_proj.weight" in r["sharded"]
         assert "decoder.layers.1.mlp.router.weight" not in r["sharded"]

@@ -1,7 +1,8 @@
-"""The tiny models of the tensor-parallel tests (``test_tp_msrun.py``): a GPT with GQA and the
-DeepSeek-V3 of configs/muon_deepseek_v3_tiny.yaml with AdamW, and that DeepSeek-V3 with Muon
-under each ``comm_strategy`` with QK-Clip at a threshold its heads exceed (PyNative, and one
-under ``training.jit: layer``), each as a Trainer config."""
+"""The tiny models of the tensor-parallel tests (``test_tp_msrun.py``): a GPT with GQA, that GPT
+as a Qwen3 (per-head q/k norms, head dim 12 != hidden / heads) and the DeepSeek-V3 of
+configs/muon_deepseek_v3_tiny.yaml with AdamW, and that DeepSeek-V3 with Muon under each
+``comm_strategy`` with QK-Clip at a threshold its heads exceed (PyNative, and one under
+``training.jit: layer``), each as a Trainer config."""
 import os
 
 import yaml
@@ -22,6 +23,13 @@ def gpt_config(out_dir: str, overrides=()):
         "model.num_query_groups=2", "checkpoint.enable_save=false",
         f"checkpoint.save_path={os.path.join(out_dir, 'checkpoint')}",
     ] + list(overrides))
+
+
+def qwen3_config(out_dir: str, overrides=()):
+    """``gpt_config`` as ``model_type: qwen3``: q/k norms replicated over tp (their gradient
+    summed over the ranks' heads), head dim 12, ffn 64 (``training.jit: layer``)."""
+    return gpt_config(out_dir, ["model.model_type=qwen3", "model.head_dim=12",
+                                "model.ffn_hidden_size=64"] + list(overrides))
 
 
 def dsv3_config(out_dir: str, overrides=(), muon=None):
@@ -57,10 +65,10 @@ def dsv3_muon(strategy: str, jit: str = "none"):
     return make
 
 
-CONFIGS = {"gpt": gpt_config, "dsv3": dsv3_config,
+CONFIGS = {"gpt": gpt_config, "qwen3": qwen3_config, "dsv3": dsv3_config,
            "dsv3_muon_allgather": dsv3_muon("allgather"),
            "dsv3_muon_deredundency": dsv3_muon("allgather_deredundency"),
            "dsv3_muon_layer": dsv3_muon("allgather_deredundency", "layer")}
 #: the models of the gradient check (the Muon cases train the dsv3 model)
-MODELS = ("gpt", "dsv3")
+MODELS = ("gpt", "qwen3", "dsv3")
 MUON_CASES = ("dsv3_muon_allgather", "dsv3_muon_deredundency", "dsv3_muon_layer")

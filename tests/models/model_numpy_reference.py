@@ -64,11 +64,14 @@ def layer(P, cfg, h, pre, rec, bias=None):
         ctx, scores = attention(qf, kf, kv[..., dn:], 1 / np.sqrt(dn + dr))
     else:
         g = cfg.resolved_num_query_groups()
-        d = cfg.hidden_size // n
+        d = cfg.resolved_kv_channels()
         qkv = x @ P[a + "linear_qkv.weight"].T
         q = qkv[..., : n * d].reshape(b, s, n, d).transpose(0, 2, 1, 3)
         k = qkv[..., n * d:(n + g) * d].reshape(b, s, g, d).transpose(0, 2, 1, 3)
         v = qkv[..., (n + g) * d:].reshape(b, s, g, d).transpose(0, 2, 1, 3)
+        if cfg.resolved_qk_layernorm():   # Qwen3: every head's q and k RMS-normed over d
+            q = rms(q, P[a + "q_layernorm.weight"], eps)
+            k = rms(k, P[a + "k_layernorm.weight"], eps)
         k, v = np.repeat(k, n // g, axis=1), np.repeat(v, n // g, axis=1)
         ctx, scores = attention(rope(q, theta), rope(k, theta), v, 1 / np.sqrt(d))
     rec["scores"] = scores

@@ -64,7 +64,8 @@ def test_full_size_preset_numbers():
     (dict(model_type="deepseek_v3", qk_rope_head_dim=5), r"^model\.qk_rope_head_dim: must be even"),
     (dict(model_type="deepseek_v3", first_k_dense_replace=3, num_layers=2), r"^model\.first_k_dense_replace: must be in \[0, 2\], got 3"),
     (dict(model_type="deepseek_v3", n_routed_experts=2, num_experts_per_tok=3), r"^model\.num_experts_per_tok: must be <= n_routed_experts \(2\), got 3"),
-    (dict(model_type="llama"), r"^model\.model_type: must be one of \['gpt', 'deepseek_v3'\]"),
+    (dict(model_type="llama"),
+     r"^model\.model_type: must be one of \['gpt', 'deepseek_v3', 'qwen3'\]"),
     (dict(params_dtype="fp8"), r"^model\.params_dtype: must be one of"),
     (dict(n_routed_expert=4), r"^model\.n_routed_expert: unknown key.*did you mean 'n_routed_experts'"),
 ])

@@ -1,6 +1,6 @@
 """convert_weights: round trips on tiny random weights, layouts against explicit indexing, and
 an HF-style safetensors file that gives the native logits; DeepSeek-V3's rope rows against a
-numpy reference of HF's interleaved RoPE."""
+numpy reference of HF's interleaved RoPE; HF Qwen3 weights against a numpy Qwen3 forward."""
 import numpy as np
 import pytest
 import mindspore as ms
@@ -13,6 +13,10 @@ from mindformers_core.tools.convert_weights import (
 
 GPT = {"model_type": "gpt", "vocab_size": 64, "hidden_size": 32, "num_layers": 2,
        "num_attention_heads": 4, "num_query_groups": 2, "seq_length": 8}
+#: Qwen3: per-head q/k norms, head_dim 12 != hidden / heads (8)
+QWEN3 = {"model_type": "qwen3", "vocab_size": 64, "hidden_size": 32, "num_layers": 2,
+         "num_attention_heads": 4, "num_query_groups": 2, "kv_channels": 12,
+         "ffn_hidden_size": 48, "seq_length": 8}
 DS3 = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "num_layers": 2,
        "num_attention_heads": 2, "seq_length": 8, "q_lora_rank": 16, "kv_lora_rank": 8,
        "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "n_routed_experts": 4,
@@ -32,7 +36,7 @@ def random_weights(c, seed=0):
     return model, w
 
 
-CASES = [("gpt", GPT, {}), ("ds3", DS3, {}), ("ds3_no_qlora", DS3, {"q_lora_rank": None}),
+CASES = [("gpt", GPT, {}), ("qwen3", QWEN3, {}), ("ds3", DS3, {}), ("ds3_no_qlora", DS3, {"q_lora_rank": None}),
          ("ds3_tied", DS3, {"tie_word_embeddings": True})]
 
 
@@ -113,7 +117,7 @@ def test_rope_half_order():
     assert list(rope_half_order(8, 4, 0, 4)) == [0, 2, 1, 3, 4, 6, 5, 7]
 
 
-@pytest.mark.parametrize("base", [GPT, DS3], ids=["llama", "deepseek_v3"])
+@pytest.mark.parametrize("base", [GPT, QWEN3, DS3], ids=["llama", "qwen3", "deepseek_v3"])
 def test_hf_safetensors_file_gives_native_logits(tmp_path, base):
     from safetensors.numpy import save_file
     c = cfg(base)
@@ -178,3 +182,78 @@ def test_hf_deepseek_v3_attention_logits_match_numpy_reference():
     scores = qq @ kk.transpose(0, 2, 1) / np.sqrt(dn + dr)
     scores = np.where(np.triu(np.ones((8, 8), bool), 1), -np.inf, scores)
     np.testing.assert_allclose(got, scores.max(axis=(1, 2)), rtol=1e-4)
+
+
+def test_qwen3_names_hf_and_mindformers():
+    c = cfg(QWEN3)
+    _, w = random_weights(c)
+    hf = from_native(w, "hf", c)
+    a = "decoder.layers.1.self_attention."
+    np.testing.assert_array_equal(hf["model.layers.1.self_attn.q_norm.weight"],
+                                  w[a + "q_layernorm.weight"])
+    np.testing.assert_array_equal(hf["model.layers.1.self_attn.k_norm.weight"],
+                                  w[a + "k_layernorm.weight"])
+    assert hf["model.layers.1.self_attn.q_proj.weight"].shape == (4 * 12, 32)
+    assert hf["model.layers.1.self_attn.k_proj.weight"].shape == (2 * 12, 32)
+    assert hf["model.layers.1.self_attn.o_proj.weight"].shape == (32, 4 * 12)
+    assert not [k for k in hf if "layernorm" in k and "self_attn" in k]
+    # upstream MindFormers' GPT names the norms as this project does; qkv is grouped
+    mf = from_native(w, "mindformers", c)
+    np.testing.assert_array_equal(mf[a + "k_layernorm.weight"], w[a + "k_layernorm.weight"])
+    qkv, got = w[a + "linear_qkv.weight"], mf[a + "linear_qkv.weight"]
+    np.testing.assert_array_equal(got[:24], qkv[:24])             # group 0: heads 0, 1
+    np.testing.assert_array_equal(got[24:36], qkv[48:60])         # its k
+    np.testing.assert_array_equal(got[36:48], qkv[72:84])         # its v
+
+
+def _rope_half(x, theta):
+    """HF Qwen3 RoPE (rotate_half): x * cos + [-x2, x1] * sin over the last dim."""
+    s, d = x.shape[-2], x.shape[-1]
+    ang = np.outer(np.arange(s), theta ** (-np.arange(0, d, 2) / d))
+    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+    return x * cos + np.concatenate([-x[..., d // 2:], x[..., :d // 2]], -1) * sin
+
+
+def _hf_qwen3_logits(W, c, ids):
+    """Float64 logits of HF-named Qwen3 weights ``W`` (transformers' Qwen3 forward, written
+    from its definition: q_norm / k_norm per head before RoPE, GQA, SwiGLU, untied head)."""
+    eps, n, g, d = c.norm_epsilon, c.num_attention_heads, c.num_query_groups, c.kv_channels
+    b, s = ids.shape
+    h = W["model.embed_tokens.weight"][ids]
+    mask = np.triu(np.ones((s, s), bool), 1)
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        x = _rms(h, W[p + "input_layernorm.weight"], eps)
+
+        def heads(name, count, norm=None):
+            y = (x @ W[p + f"self_attn.{name}.weight"].T).reshape(b, s, count, d)
+            y = y if norm is None else _rms(y, W[p + f"self_attn.{norm}.weight"], eps)
+            return y.transpose(0, 2, 1, 3)
+
+        q = _rope_half(heads("q_proj", n, "q_norm"), c.rope_theta)
+        k = np.repeat(_rope_half(heads("k_proj", g, "k_norm"), c.rope_theta), n // g, axis=1)
+        v = np.repeat(heads("v_proj", g), n // g, axis=1)
+        scores = np.where(mask, -np.inf, q @ k.transpose(0, 1, 3, 2) / np.sqrt(d))
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        ctx = (probs / probs.sum(-1, keepdims=True)) @ v
+        h = h + ctx.transpose(0, 2, 1, 3).reshape(b, s, n * d) @ W[p + "self_attn.o_proj.weight"].T
+        x = _rms(h, W[p + "post_attention_layernorm.weight"], eps)
+        gate, up = x @ W[p + "mlp.gate_proj.weight"].T, x @ W[p + "mlp.up_proj.weight"].T
+        h = h + (gate / (1 + np.exp(-gate)) * up) @ W[p + "mlp.down_proj.weight"].T
+    return _rms(h, W["model.norm.weight"], eps) @ W["lm_head.weight"].T
+
+
+def test_hf_qwen3_weights_give_the_logits_of_a_numpy_qwen3_forward():
+    """Random weights drawn in HF's Qwen3 layout (not from this project's), converted: the
+    model's logits are those of the HF-named numpy forward."""
+    c = cfg(QWEN3)
+    names = from_native(model_tensors(build_model(c, seed=0)), "hf", c)
+    rng = np.random.default_rng(7)
+    hf = {k: (rng.standard_normal(v.shape) * 0.3 + (1.0 if k.endswith("norm.weight") else 0.0))
+          .astype(np.float32) for k, v in names.items()}
+    model = build_model(c, seed=5)
+    load_into_model(model, to_native(hf, "hf", c))
+    ids = np.random.default_rng(8).integers(0, 64, (2, 8))
+    want = _hf_qwen3_logits({k: v.astype(np.float64) for k, v in hf.items()}, c, ids)
+    np.testing.assert_allclose(model.logits(ms.Tensor(ids, ms.int32)).asnumpy(), want,
+                               rtol=2e-4, atol=2e-5)
