@@ -52,6 +52,7 @@ from mindspore import Parameter, Tensor, mutable
 
 from ..core.optimizer_defaults import ADAMW_DEFAULTS as D
 from ..core.optimizer_rules import check_beta_count, check_beta_range, check_weight_decay
+from .flat_state import FlatAdamGroup, synchronous_dispatch, worth_packing
 from .fused_adam import FusedAdamGroup
 from .host_views import numpy_view_aliases_storage, scale_many_in_place
 from .optimizer import Optimizer, state_dtype
@@ -154,6 +155,7 @@ class AdamW(Optimizer):
         self.rule = AdamRule(self.impl, self.decoupled_weight_decay)
         self.graph_min_numel = graph_min_numel
         self._graphs: Dict[tuple, Any] = {}
+        self._flat_seen: Dict[tuple, tuple] = {}
         for i in range(len(self.parameters)):
             self._new_state("adam_m", i, self.exp_avg_dtype)
             self._new_state("adam_v", i, self.exp_avg_sq_dtype)
@@ -242,8 +244,18 @@ class AdamW(Optimizer):
                      [self._state["adam_v"][i] for i in indices])
             aliased = (numpy_view_aliases_storage()
                        and numpy_view_aliases_storage(low_precision=True))
-            cell = FusedAdamGroup(*bound, decay_in_graph=not aliased)
-            cell.bound = bound
+            if aliased and _packable(bound) and synchronous_dispatch():
+                if not _same_objects(self._flat_seen.get(key, ((), (), ())), bound):
+                    # the masters must prove persistent (the same objects two steps in a
+                    # row) before they are re-pointed into flat buffers: a store that
+                    # rebuilds them per step (sharded rows) stays per-tensor
+                    self._flat_seen[key] = bound
+                    return None
+                del self._flat_seen[key]
+                cell = FlatAdamGroup(bound, self.rule.kernel, self.parameters[indices[0]].name)
+            else:
+                cell = FusedAdamGroup(*bound, decay_in_graph=not aliased)
+                cell.bound = bound
         self._graphs[key] = cell
         return cell
 
@@ -278,6 +290,15 @@ class AdamW(Optimizer):
     def _fused_update(self, master: Parameter, m: Parameter, v: Parameter, g: Tensor,
                       lr: float, wd: float, scalars) -> None:
         self.rule.fused(master, m, v, g, lr, wd, scalars)
+
+
+def _packable(bound) -> bool:
+    """Masters and moments all fp32 and of the same sizes (not a sharded store holding rows
+    of some of them), with at least two tensors small enough to share a launch
+    (``flat_state``)."""
+    return (all(m.size == a.size == b.size and a.dtype == b.dtype == m.dtype == ms.float32
+                for m, a, b in zip(*bound))
+            and worth_packing([int(m.size) for m in bound[0]]))
 
 
 def _same_objects(bound, current) -> bool:
