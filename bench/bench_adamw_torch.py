@@ -48,9 +48,10 @@ LR, BETAS, EPS, WD = 1e-3, (0.9, 0.95), 1e-8, 0.01
 
 
 def gpt_shapes(n: int) -> List[Tuple[int, ...]]:
-    """Parameter shapes of an untied GPT with about ``n`` parameters: hidden h = 256 below 20M
-    (else 512), vocab 32h, ffn 4h, and as many layers as bring the total closest to ``n``."""
-    h = 256 if n < 2e7 else 512
+    """Parameter shapes of an untied GPT with about ``n`` parameters: hidden h = 64 below 2M,
+    256 below 20M, else 512; vocab 32h, ffn 4h, and as many layers as bring the total closest
+    to ``n``."""
+    h = 64 if n < 2e6 else 256 if n < 2e7 else 512
     v, f = 32 * h, 4 * h
     per_layer = [(3 * h, h), (h, h), (f, h), (h, f), (h,), (h,)]
     layer_numel = sum(int(np.prod(s)) for s in per_layer)
