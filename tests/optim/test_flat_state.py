@@ -26,6 +26,14 @@ def _grads(step):
     return [Tensor(rng.standard_normal(s).astype(np.float32)) for s in SHAPES]
 
 
+def _stepped(limit, steps, tag):
+    ps = _params(tag)
+    opt = AdamW(ps, lr=1e-2, weight_decay=0.1, graph_min_numel=limit)
+    for step in steps:
+        opt.step(_grads(step))
+    return ps, opt
+
+
 def _state(opt, params):
     return [p.astype(ms.float32).asnumpy().copy() for p in params] + \
         [v for k, v in sorted(opt.state_dict().items()) if k != "global_step"]
@@ -40,10 +48,7 @@ def test_packed_group_is_bit_identical_to_per_tensor_kernels(small_pack):
     assert flat_state.synchronous_dispatch()  # tests/conftest.py: as the trainer on CPU
     out = []
     for limit in (1, None):
-        ps = _params("w")
-        opt = AdamW(ps, lr=1e-2, weight_decay=0.1, graph_min_numel=limit)
-        for step in range(4):
-            opt.step(_grads(step))
+        ps, opt = _stepped(limit, range(4), "w")
         cells = [c for c in opt._graphs.values() if c is not None]
         assert (limit is None) == (not cells)
         if limit is not None:
@@ -66,10 +71,7 @@ def test_replaced_member_data_is_copied_back_in(small_pack):
     with the same result as the per-tensor path after the same load."""
     out = []
     for limit in (1, None):
-        ps = _params("r")
-        opt = AdamW(ps, lr=1e-2, weight_decay=0.1, graph_min_numel=limit)
-        for step in range(3):
-            opt.step(_grads(step))
+        ps, opt = _stepped(limit, range(3), "r")
         sd = opt.state_dict()
         sd = {k: (v * 0.5 if isinstance(v, np.ndarray) else v) for k, v in sd.items()}
         opt.load_state_dict(sd)
