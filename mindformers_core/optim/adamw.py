@@ -40,7 +40,8 @@ The host sync goes through a one-element op (``main_params.wait_for_kernels``): 
 With synchronous dispatch on CPU (the trainer's mode there) the group graph gives way to
 ``flat_state.FlatAdamGroup``: tensors of at least ``flat_state.PACK_MAX_NUMEL`` elements get
 one eager ``ops.Adam`` launch each and the smaller ones share one launch over flat buffers
-(their masters and moments re-pointed into them, same bits). In that mode each graph kernel
+(the optimizer's own masters and moments re-pointed into them,
+the model's fp32 parameters copied in and out; same bits). In that mode each graph kernel
 cost ~75 us on a quiet machine and the graph's runtime slowed ~10x under load; eager
 launches ~90 us, ~2x under load (``flat_state`` has the numbers).
 
@@ -285,7 +286,8 @@ class AdamW(Optimizer):
                     self._flat_seen[key] = bound
                     return None
                 del self._flat_seen[key]
-                cell = FlatAdamGroup(bound, self.rule.kernel, self.parameters[indices[0]].name)
+                cell = FlatAdamGroup(bound, self.rule.kernel, self.parameters[indices[0]].name,
+                                     [self.parameters[i] for i in indices])
             else:
                 cell = FusedAdamGroup(*bound, decay_in_graph=not aliased)
                 cell.bound = bound

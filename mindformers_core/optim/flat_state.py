@@ -8,13 +8,15 @@ and on a loaded one the graph's runtime slowed ~10x while eager launches slowed 
 10M parameters, so per-tensor launches cost about as much as the arithmetic.
 
 So a group is split by size. A tensor of at least :data:`PACK_MAX_NUMEL` elements gets its own
-launch (the launch costs less than copying its gradient would). The smaller ones live in flat
-buffers and share one launch: each kind (master, exp_avg, exp_avg_sq) gets one numpy-owned
-fp32 buffer and every small member Parameter is re-pointed at its slice
-(``set_data(mindspore.from_numpy(slice))`` shares the memory on CPU, where ``asnumpy()``
-aliases storage: ``host_views``). A model's fp32 parameters are their own masters, so those
-then live in the buffer too: the forward reads them there and the kernel updates them in
-place. Their gradients are copied into a fourth flat buffer each step.
+launch (the launch costs less than copying its gradient would). The smaller ones share one
+launch over flat buffers: each kind (master, exp_avg, exp_avg_sq) gets one numpy-owned fp32
+buffer. The optimizer's own tensors (moments, the fp32 masters of bf16 parameters) are
+re-pointed at their slices for good (``set_data(mindspore.from_numpy(slice))`` shares the
+memory on CPU, where ``asnumpy()`` aliases storage: ``host_views``). A model's fp32 parameter
+is its own master, but it is never re-pointed: a compiled graph that reads it (``training.jit``)
+keeps using the buffer it was compiled with (measured: after ``set_data`` a jit function still
+read the old values). Its values are copied into the buffer before the launch and back after
+it, as the gradients are copied in: cheap for small tensors, which is all that is packed.
 
 The buffers are numpy arrays and each re-pointed Parameter holds a view of one, so the memory
 lives as long as any Parameter uses it. When something replaces a member's data (a checkpoint
@@ -66,14 +68,16 @@ def _address(array: np.ndarray) -> int:
 
 class FlatGroupBuffers:
     """One flat fp32 buffer per member kind (e.g. masters, exp_avg, exp_avg_sq) and one for
-    the gradients, with every member Parameter re-pointed at its slice.
+    the gradients; every member Parameter is re-pointed at its slice, except the ``copied``
+    ones (model parameters), whose values :meth:`copy_in` / :meth:`copy_out` move instead.
 
     Args:
         members: per kind, Parameters in the same order and of the same shapes.
         name: suffix of the flat Parameters' names (``flat_<k>.<name>``).
+        copied: ``(k, j)`` pairs of members that keep their own storage.
     """
 
-    def __init__(self, members: Sequence[Sequence[Parameter]], name: str):
+    def __init__(self, members: Sequence[Sequence[Parameter]], name: str, copied=()):
         self.shapes = [tuple(p.shape) for p in members[0]]
         self.offsets = np.concatenate(
             [[0], np.cumsum([int(np.prod(s)) for s in self.shapes])]).astype(np.int64).tolist()
@@ -86,10 +90,12 @@ class FlatGroupBuffers:
             p.set_data(ms.from_numpy(buf))
             self.flat.append(p)
         self.grad = ms.from_numpy(self.host[-1])  # a plain Tensor sharing the buffer
+        self.copied = sorted(set(copied))
         self._addresses = [[0] * len(self.shapes) for _ in members]
         for k, kind in enumerate(members):
             for j, param in enumerate(kind):
-                self._attach(k, j, param)
+                if (k, j) not in self.copied:
+                    self._attach(k, j, param)
 
     def _slice(self, k: int, j: int) -> np.ndarray:
         return self.host[k][self.offsets[j]:self.offsets[j + 1]]
@@ -105,8 +111,19 @@ class FlatGroupBuffers:
         """Re-attach every member whose data was replaced since it was attached."""
         for k, kind in enumerate(members):
             for j, param in enumerate(kind):
-                if _address(param.asnumpy()) != self._addresses[k][j]:
+                if (self._addresses[k][j] and
+                        _address(param.asnumpy()) != self._addresses[k][j]):
                     self._attach(k, j, param)
+
+    def copy_in(self, members: Sequence[Sequence[Parameter]]) -> None:
+        """The ``copied`` members' values into their slices."""
+        for k, j in self.copied:
+            np.copyto(self._slice(k, j), members[k][j].asnumpy().reshape(-1))
+
+    def copy_out(self, members: Sequence[Sequence[Parameter]]) -> None:
+        """The slices back into the ``copied`` members' own buffers (aliased views)."""
+        for k, j in self.copied:
+            np.copyto(members[k][j].asnumpy().reshape(-1), self._slice(k, j))
 
     def load_grads(self, grads: Sequence) -> None:
         """Copy the members' gradients (fp32 Tensors, in member order) into :attr:`grad`."""
@@ -121,19 +138,21 @@ class FlatAdamGroup:
 
     ``cell(grads, zero, lr_t, b1, b2, eps_t, decay)`` as ``fused_adam.FusedAdamGroup`` (the
     caller applies the decay: ``decay_in_graph`` is False); ``bound`` is the group's
-    (masters, exp_avg, exp_avg_sq), which the caller compares by identity every step.
+    (masters, exp_avg, exp_avg_sq), which the caller compares by identity every step;
+    masters that are ``model_params`` themselves (fp32 parameters) are copied, not re-pointed.
     """
 
     decay_in_graph = False
 
-    def __init__(self, bound, kernel, name: str):
+    def __init__(self, bound, kernel, name: str, model_params: Sequence[Parameter]):
         self.bound = bound
         self.kernel = kernel
         sizes = [int(m.size) for m in bound[0]]
         self.small = [j for j, n in enumerate(sizes) if n < PACK_MAX_NUMEL]
         self.large = [j for j, n in enumerate(sizes) if n >= PACK_MAX_NUMEL]
         self.packed = tuple([kind[j] for j in self.small] for kind in bound)
-        self.buffers = FlatGroupBuffers(self.packed, name)
+        copied = [(0, s) for s, j in enumerate(self.small) if bound[0][j] is model_params[j]]
+        self.buffers = FlatGroupBuffers(self.packed, name, copied)
 
     def __call__(self, grads, zero, lr_t, b1, b2, eps_t, decay=None):  # noqa: ARG002
         masters, exp_avg, exp_avg_sq = self.bound
@@ -142,5 +161,8 @@ class FlatAdamGroup:
                         eps_t, grads[j])
         self.buffers.ensure_attached(self.packed)
         self.buffers.load_grads([grads[j] for j in self.small])
+        self.buffers.copy_in(self.packed)
         self.kernel(*self.buffers.flat, zero, zero, lr_t, b1, b2, eps_t, self.buffers.grad)
+        wait_for_kernels()
+        self.buffers.copy_out(self.packed)
         return zero

@@ -3,7 +3,7 @@ a member's data is replaced (checkpoint load), and the packed Parameters share o
 import numpy as np
 import pytest
 import mindspore as ms
-from mindspore import Parameter, Tensor
+from mindspore import Parameter, Tensor, nn
 
 from mindformers_core.optim import flat_state
 from mindformers_core.optim.adamw import AdamW
@@ -34,6 +34,14 @@ def _stepped(limit, steps, tag):
     return ps, opt
 
 
+def _in_buffer(buffers):
+    def inside(param, k):
+        base = buffers.host[k].__array_interface__["data"][0]
+        addr = param.asnumpy().__array_interface__["data"][0]
+        return base <= addr < base + buffers.host[k].nbytes
+    return inside
+
+
 def _state(opt, params):
     return [p.astype(ms.float32).asnumpy().copy() for p in params] + \
         [v for k, v in sorted(opt.state_dict().items()) if k != "global_step"]
@@ -55,12 +63,13 @@ def test_packed_group_is_bit_identical_to_per_tensor_kernels(small_pack):
             cell = cells[0]
             assert isinstance(cell, FlatAdamGroup)
             assert cell.large == [2] and cell.small == [0, 1, 3, 4]
-            base = cell.buffers.host[0].__array_interface__["data"][0]
-            ends = base + cell.buffers.host[0].nbytes
-            # fp32 params are their own masters: they now live in the flat buffer
-            for j in (0, 1, 4):
-                addr = ps[j].asnumpy().__array_interface__["data"][0]
-                assert base <= addr < ends
+            inside = _in_buffer(cell.buffers)
+            # the optimizer's tensors live in the flat buffers, the model's fp32 params not
+            assert not any(inside(ps[j], 0) for j in (0, 1, 4))
+            assert inside(opt.main_params[3], 0)
+            assert all(inside(opt.state_slots["adam_m"][j], 1) and
+                       inside(opt.state_slots["adam_v"][j], 2) for j in (0, 1, 3, 4))
+            assert not inside(opt.state_slots["adam_m"][2], 1)   # launched alone
         out.append(_state(opt, ps))
     for a, b in zip(*out):
         np.testing.assert_array_equal(a, b)
@@ -81,6 +90,31 @@ def test_replaced_member_data_is_copied_back_in(small_pack):
         out.append(_state(opt, ps))
     for a, b in zip(*out):
         np.testing.assert_array_equal(a, b)
+
+
+class _Total(nn.Cell):
+    def __init__(self, w):
+        super().__init__()
+        self.w = w
+
+    @ms.jit
+    def construct(self):
+        return (self.w * 1.0).sum()
+
+
+def test_compiled_graph_reading_a_packed_parameter_sees_its_updates(small_pack):
+    """A jit function compiled before packing (as under training.jit) keeps reading the
+    parameter's own buffer, so that buffer must hold the updated values."""
+    ps = _params("j")
+    total = _Total(ps[0])
+    before = float(total().asnumpy())
+    opt = AdamW(ps, lr=1e-2, weight_decay=0.1, graph_min_numel=1)
+    for step in range(3):
+        opt.step(_grads(step))
+    assert isinstance(opt._graphs[tuple(range(len(ps)))], FlatAdamGroup)
+    after = float(total().asnumpy())
+    assert after != before
+    assert after == pytest.approx(float(ps[0].asnumpy().astype(np.float64).sum()), rel=1e-5)
 
 
 def test_buffers_share_memory_and_survive_the_owner():
