@@ -12,9 +12,11 @@ the same parameters in alternating rounds (the ratio is the median of per-round 
 to a shared machine's drifting load), and a plain in-place numpy AdamW; times are medians of
 ``--repeats`` steps after warm-up, every timed step ending with a host sync. It reports ns/parameter, the ratio to
 ``nn.Adam``, and the ratio to the memory-bandwidth bound: 28 bytes/param (read p, m, v, g; write
-p, m, v in fp32) at the bandwidth of a large ``np.copyto`` measured in the same run. When torch is
-importable, ``torch.optim.AdamW(fused=True)`` is timed too. It also reports optimizer-state
-bytes per parameter for each precision mode. Prints a table; writes bench/results/optimizer.json.
+p, m, v in fp32) at the bandwidth of a large ``np.copyto`` measured in the same run. It also
+reports optimizer-state bytes per parameter for each precision mode. The comparison with
+torch's fused AdamW is ``bench_adamw_torch.py`` (its own processes: torch imported into a
+MindSpore process slows MindSpore's kernels). Prints a table; writes
+output/bench/optimizer.json (untracked), or bench/results/optimizer.json with ``--save``.
 
     python bench/bench_optimizer.py                 # 1M, 10M, 50M
     python bench/bench_optimizer.py --sizes 1e6 --repeats 3
@@ -153,23 +155,6 @@ def bench_numpy(n: int, repeats: int) -> float:
     return _median_time(step, max(1, min(repeats, 3)), warmup=1)
 
 
-def bench_torch(n: int, repeats: int):
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return None
-    import torch
-    ps = [torch.nn.Parameter(torch.from_numpy(a)) for a in _arrays(n, 0)]
-    for p, g in zip(ps, _arrays(n, 1)):
-        p.grad = torch.from_numpy(g * 0.01)
-    try:
-        opt = torch.optim.AdamW(ps, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, fused=True)
-        opt.step()
-    except (RuntimeError, TypeError):
-        opt = torch.optim.AdamW(ps, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
-    return _median_time(opt.step, repeats)
-
-
 def state_bytes_per_param() -> dict:
     """Optimizer-state bytes per parameter (masters that are not the param itself, remainders,
     moments) for each precision mode, measured on a real optimizer."""
@@ -210,8 +195,11 @@ def main(argv=None) -> dict:
                     help="size of the array copied to measure memory bandwidth")
     ap.add_argument("--pynative-synchronize", action="store_true",
                     help="run kernels in the calling thread (no executor hand-offs)")
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "optimizer.json"))
+    ap.add_argument("--save", action="store_true", help="write bench/results/optimizer.json")
+    ap.add_argument("--out", help="write the JSON here instead")
     args = ap.parse_args(argv)
+    args.out = args.out or os.path.join(ROOT, *(("bench", "results") if args.save
+                                                else ("output", "bench")), "optimizer.json")
     if args.pynative_synchronize:
         ms.set_context(pynative_synchronize=True)
     bw = measure_bandwidth(args.bandwidth_mb * 2 ** 20)
@@ -222,7 +210,6 @@ def main(argv=None) -> dict:
         timed = bench_interleaved(n, args.repeats)
         t_adam = timed["nn_adam"]
         t_np = bench_numpy(n, args.repeats)
-        t_torch = bench_torch(n, args.repeats)
         for mode in ("fp32", "bf16+master"):
             t = timed[mode]
             rows.append({
@@ -230,27 +217,22 @@ def main(argv=None) -> dict:
                 "ours_ns_per_param": t / n * 1e9,
                 "nn_adam_ns_per_param": t_adam / n * 1e9,
                 "numpy_ns_per_param": t_np / n * 1e9,
-                "torch_fused_ns_per_param": None if t_torch is None else t_torch / n * 1e9,
                 "ratio_to_nn_adam": timed["ratio_" + mode],
                 "ratio_to_bandwidth_bound": (t / n * 1e9) / bound_ns,
-                "ratio_to_torch_fused": None if t_torch is None else t / t_torch,
             })
         del timed
     result = {"pynative_synchronize": bool(args.pynative_synchronize),
               "bandwidth_GBps": bw / 1e9, "bound_ns_per_param": bound_ns,
               "bytes_per_param_moved": BYTES_PER_PARAM, "repeats": args.repeats,
-              "torch_available": rows[0]["torch_fused_ns_per_param"] is not None if rows else False,
               "rows": rows, "state_bytes_per_param": state_bytes_per_param()}
     print(f"copy bandwidth {bw / 1e9:.1f} GB/s -> bound {bound_ns:.2f} ns/param "
           f"({BYTES_PER_PARAM} B/param)")
     print(f"{'params':>10} {'mode':>12} {'ours ns/p':>10} {'nn.Adam':>8} {'numpy':>8} "
-          f"{'x nn.Adam':>9} {'x bound':>8} {'x torch':>8}")
+          f"{'x nn.Adam':>9} {'x bound':>8}")
     for r in rows:
-        torch_ratio = "n/a" if r["ratio_to_torch_fused"] is None else f"{r['ratio_to_torch_fused']:.2f}"
         print(f"{r['params']:>10} {r['mode']:>12} {r['ours_ns_per_param']:>10.2f} "
               f"{r['nn_adam_ns_per_param']:>8.2f} {r['numpy_ns_per_param']:>8.2f} "
-              f"{r['ratio_to_nn_adam']:>9.2f} {r['ratio_to_bandwidth_bound']:>8.2f} "
-              f"{torch_ratio:>8}")
+              f"{r['ratio_to_nn_adam']:>9.2f} {r['ratio_to_bandwidth_bound']:>8.2f}")
     print("optimizer state bytes/param:")
     for k, v in result["state_bytes_per_param"].items():
         print(f"  {k:<42} {v:5.1f}")

@@ -44,7 +44,7 @@ QUICK_ARGS: Dict[str, List[str]] = {
 #: scripts whose result-file flag is not ``--out``
 OUT_FLAG: Dict[str, str] = {"dp": "--json"}
 #: the order the table lists them in (others follow, alphabetically)
-ORDER = ["optimizer", "muon", "train", "check", "lr", "dp"]
+ORDER = ["optimizer", "adamw_torch", "muon", "train", "check", "lr", "dp"]
 
 Row = Dict[str, object]
 
@@ -98,6 +98,14 @@ def _sum_optimizer(d: dict) -> List[Row]:
     for mode, b in (d.get("state_bytes_per_param") or {}).items():
         rows.append(_row("optimizer", mode, "state bytes", b, "B/param"))
     return rows
+
+
+def _sum_adamw_torch(d: dict) -> List[Row]:
+    return [_row("adamw_torch", f"AdamW {r['params'] / 1e6:.0f}M fp32 params (GPT shapes), "
+                 f"{r['threads']} thread(s)", "step", r["ours_ns_per_param"], "ns/param",
+                 f"{r['ratio_to_torch_fused']:.2f}x torch fused AdamW, "
+                 f"{r['ratio_to_torch_foreach']:.2f}x foreach")
+            for r in d.get("rows", [])]
 
 
 def _sum_muon(d: dict) -> List[Row]:
@@ -197,7 +205,7 @@ def _sum_dp(d: dict) -> List[Row]:
 
 
 SUMMARIZERS: Dict[str, Callable[[dict], List[Row]]] = {
-    "optimizer": _sum_optimizer, "muon": _sum_muon, "train": _sum_train, "check": _sum_check,
+    "optimizer": _sum_optimizer, "adamw_torch": _sum_adamw_torch, "muon": _sum_muon, "train": _sum_train, "check": _sum_check,
     "lr": _sum_lr, "dp": _sum_dp,
 }
 

@@ -37,6 +37,18 @@ lr_t, eps_t, wd*lr/lr_t) 3.6-3.8 and eagerly 2.8; ``FusedCastAdamWeightDecay`` 3
 The host sync goes through a one-element op (``main_params.wait_for_kernels``): the first
 ``asnumpy()`` of a Parameter the graph writes waited ~20 ms longer.
 
+With synchronous dispatch on CPU (the trainer's mode there) the group graph gives way to
+``flat_state.FlatAdamGroup``: tensors of at least ``flat_state.PACK_MAX_NUMEL`` elements get
+one eager ``ops.Adam`` launch each and the smaller ones share one launch over flat buffers
+(the optimizer's own masters and moments re-pointed into them,
+the model's fp32 parameters copied in and out; same bits). In that mode each graph kernel
+cost ~75 us on a quiet machine and the graph's runtime slowed ~10x under load; eager
+launches ~90 us, ~2x under load (``flat_state`` has the numbers).
+
+``enable_cpu_offload`` keeps the moments in host memory between steps
+(``state_offload.HostStateOffload``: moved to the device for the group's update and back);
+on CPU they are there already, and nothing moves.
+
 The reference path (``impl="reference"``) composes plain ops and is also used for bf16 moments
 (``exp_avg_dtype`` / ``exp_avg_sq_dtype``), whose values are computed in fp32 and stored in bf16.
 
@@ -45,16 +57,18 @@ available on CPU and is not used here.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, mutable
 
 from ..core.optimizer_defaults import ADAMW_DEFAULTS as D
 from ..core.optimizer_rules import check_beta_count, check_beta_range, check_weight_decay
+from .flat_state import FlatAdamGroup, synchronous_dispatch, worth_packing
 from .fused_adam import FusedAdamGroup
 from .host_views import numpy_view_aliases_storage, scale_many_in_place
 from .optimizer import Optimizer, state_dtype
+from .state_offload import HostStateOffload, cpu_offload_for
 from .update_rules import AdamRule
 
 __all__ = ["AdamW", "validate_adamw_args", "validate_adamw_groups"]
@@ -113,9 +127,12 @@ class AdamW(Optimizer):
             its kernels from one compiled graph (``fused_adam``); None = never.
         use_fused, enable_fused_opt, swap, amsgrad, maximize: accepted (kernel/offload flags
         of upstream); amsgrad/maximize must be False.
-        enable_cpu_offload: keep the optimizer state in host memory. On CPU it is there
-            already, so True is honoured as it is; on a device it is upstream's error
-            ("Not support enable_cpu_offload.").
+        enable_cpu_offload: keep the moments in host memory between steps
+            (``state_offload``): on CPU they are there already, so True changes nothing; on
+            a device (Ascend) each group's moments are moved to the device for its update
+            and back (``state_offload.HostStateOffload``).
+        state_offload: an explicit ``HostStateOffload`` (e.g. ``device="CPU"`` runs the
+            device path on CPU); overrides ``enable_cpu_offload``'s choice.
     """
 
     optimizer_name = "AdamW"
@@ -126,11 +143,12 @@ class AdamW(Optimizer):
                  exp_avg_dtype=D["exp_avg_dtype"], exp_avg_sq_dtype=D["exp_avg_sq_dtype"],
                  store_param_remainders: bool = False, embedding_min_norm=None,
                  impl: str = "fused", graph_min_numel=1 << 16,
-                 enable_cpu_offload: bool = D["enable_cpu_offload"], **flags):
+                 enable_cpu_offload: bool = D["enable_cpu_offload"],
+                 state_offload: Optional[HostStateOffload] = None, **flags):
         validate_adamw_args(betas, eps, weight_decay, self.optimizer_name)
-        if enable_cpu_offload and ms.get_context("device_target") != "CPU":
-            raise ValueError("Not support enable_cpu_offload.")
         self.enable_cpu_offload = bool(enable_cpu_offload)
+        self.state_offload = state_offload or cpu_offload_for(
+            self.enable_cpu_offload, ms.get_context("device_target"))
         unknown = sorted(set(flags) - set(_ACCEPTED_FLAGS))
         if unknown:
             raise TypeError(f"{self.optimizer_name} got unexpected keyword arguments {unknown}; "
@@ -154,9 +172,13 @@ class AdamW(Optimizer):
         self.rule = AdamRule(self.impl, self.decoupled_weight_decay)
         self.graph_min_numel = graph_min_numel
         self._graphs: Dict[tuple, Any] = {}
+        self._flat_seen: Dict[tuple, tuple] = {}
         for i in range(len(self.parameters)):
             self._new_state("adam_m", i, self.exp_avg_dtype)
             self._new_state("adam_v", i, self.exp_avg_sq_dtype)
+        if self.state_offload is not None:
+            self.state_offload.park([t for slots in self._state.values() for t in slots
+                                     if t is not None])
 
     def state_prefixes(self) -> tuple:
         return ("adam_m", "adam_v")
@@ -171,6 +193,14 @@ class AdamW(Optimizer):
             self.group_weight_decay(group)
 
     def _step_group(self, group: Dict[str, Any], indices: List[int], grads: List[Tensor]):
+        if self.state_offload is None:
+            self._update_group(group, indices, grads)
+            return
+        states = [self._state[prefix][i] for prefix in self.state_prefixes() for i in indices]
+        with self.state_offload.on_device(states):
+            self._update_group(group, indices, grads)
+
+    def _update_group(self, group: Dict[str, Any], indices: List[int], grads: List[Tensor]):
         lr, b1, b2, eps, wd = self._hyper(group)
         m_slots, v_slots = self._state["adam_m"], self._state["adam_v"]
         if self.impl == "fused":
@@ -218,11 +248,14 @@ class AdamW(Optimizer):
         self.rule.update(master, self._state["adam_m"][i], self._state["adam_v"][i], grad,
                          lr, (b1, b2), eps, wd, self.global_step)
 
-    def _graph_for(self, indices: List[int], masters) -> "FusedAdamGroup | None":
-        """The compiled whole-group Adam (``fused_adam.FusedAdamGroup``) for a group whose
-        parameters all have gradients, persistent masters (no remainders) and together at
-        least ``graph_min_numel`` elements (below that the ~0.3 s compile does not pay off);
-        built on first use and cached by the group's parameter indices."""
+    def _graph_for(self, indices: List[int], masters):
+        """The whole-group Adam for a group whose parameters all have gradients, persistent
+        masters (no remainders), moments in place (no ``state_offload``) and together at
+        least ``graph_min_numel`` elements (below that the ~0.3 s compile does not pay off):
+        with synchronous CPU dispatch (the trainer's) the packed launches of
+        ``flat_state.FlatAdamGroup`` (built on the second step, once the masters proved
+        persistent), else the compiled ``fused_adam.FusedAdamGroup`` (built on first use);
+        cached by the group's parameter indices."""
         key = tuple(indices)
         if key in self._graphs:
             cell = self._graphs[key]
@@ -235,15 +268,29 @@ class AdamW(Optimizer):
             return cell
         cell = None
         numel = sum(int(m.size) for m in masters)
+        # offloaded moments get new data every step (set_data), which a compiled graph or
+        # flat buffers bound to them would not see: per-parameter kernels then
         if (self.graph_min_numel is not None and numel >= self.graph_min_numel
+                and self.state_offload is None
                 and not any(self._masters.uses_remainder(i) for i in indices)
                 and any(key == tuple(g) for g in self._group_indices)):
             bound = (list(masters), [self._state["adam_m"][i] for i in indices],
                      [self._state["adam_v"][i] for i in indices])
             aliased = (numpy_view_aliases_storage()
                        and numpy_view_aliases_storage(low_precision=True))
-            cell = FusedAdamGroup(*bound, decay_in_graph=not aliased)
-            cell.bound = bound
+            if aliased and _packable(bound) and synchronous_dispatch():
+                if not _same_objects(self._flat_seen.get(key, ((), (), ())), bound):
+                    # the masters must prove persistent (the same objects two steps in a
+                    # row) before they are re-pointed into flat buffers: a store that
+                    # rebuilds them per step (sharded rows) stays per-tensor
+                    self._flat_seen[key] = bound
+                    return None
+                del self._flat_seen[key]
+                cell = FlatAdamGroup(bound, self.rule.kernel, self.parameters[indices[0]].name,
+                                     [self.parameters[i] for i in indices])
+            else:
+                cell = FusedAdamGroup(*bound, decay_in_graph=not aliased)
+                cell.bound = bound
         self._graphs[key] = cell
         return cell
 
@@ -278,6 +325,15 @@ class AdamW(Optimizer):
     def _fused_update(self, master: Parameter, m: Parameter, v: Parameter, g: Tensor,
                       lr: float, wd: float, scalars) -> None:
         self.rule.fused(master, m, v, g, lr, wd, scalars)
+
+
+def _packable(bound) -> bool:
+    """Masters and moments all fp32 and of the same sizes (not a sharded store holding rows
+    of some of them), with at least two tensors small enough to share a launch
+    (``flat_state``)."""
+    return (all(m.size == a.size == b.size and a.dtype == b.dtype == m.dtype == ms.float32
+                for m, a, b in zip(*bound))
+            and worth_packing([int(m.size) for m in bound[0]]))
 
 
 def _same_objects(bound, current) -> bool:
