@@ -14,10 +14,19 @@ Parameters as free variables would keep reading their old buffers once an optimi
 their data with ``set_data``, MindSpore 2.10) and they return the per-head max attention
 logits, which the model's Python folds into its running max -- QK-Clip sees the same values
 under every mode. Gradients flow through the graphs' inputs under ``mindspore.value_and_grad``.
+
+The graphs are built from the functions' bytecode (``capture_mode="bytecode"``) where the
+interpreter allows it (CPython < 3.12, MindSpore 2.10), else from their source (``"ast"``).
+Both give the same numbers and step time, but under ``value_and_grad`` an ast-built graph
+keeps about twice the activations PyNative keeps for the backward and a bytecode-built one
+about 1.4x (measured on CPU: docs/performance.md, "Memory"); mid GPT peak RSS above the
+framework baseline 860 -> 596 MiB. ``"trace"`` is not used: it replays a traced graph with
+the first call's weights (wrong gradients for every later layer, MindSpore 2.10).
 """
 from __future__ import annotations
 
-from typing import Callable
+import sys
+from typing import Callable, Tuple
 
 import mindspore as ms
 
@@ -34,6 +43,18 @@ def check_jit_mode(mode: str, has_moe: bool) -> None:
         raise ValueError("jit: model compiles the whole forward as one static graph, which "
                          "cannot hold the MoE layers (host-side routing statistics, "
                          "data-dependent dispatch shapes); use jit: layer")
+
+
+def capture_mode(version: Tuple[int, ...] = tuple(sys.version_info[:2])) -> str:
+    """``mindspore.jit``'s capture mode for the compiled layers on Python ``version``: bytecode
+    (the lower-memory graphs, see the module docstring) below 3.12, where MindSpore 2.10
+    supports it, else ast."""
+    return "bytecode" if tuple(version) < (3, 12) else "ast"
+
+
+def compile_pure(fn: Callable) -> Callable:
+    """``fn`` compiled with ``mindspore.jit`` under this interpreter's ``capture_mode``."""
+    return ms.jit(fn, capture_mode=capture_mode())
 
 
 #: tensors of ``layers.attention_tables`` (cos_q, sin_q, cos_k, sin_k, rot, mask). The layer
@@ -56,7 +77,7 @@ def _layer_graphs(template) -> tuple:
     def attention(h, *args):
         return template.attention_block(h, args[:NUM_TABLES], *args[NUM_TABLES:])
 
-    return ms.jit(dense), ms.jit(attention)
+    return compile_pure(dense), compile_pure(attention)
 
 
 def _layer_runner(layer, mode: str, graphs) -> Callable:
@@ -104,11 +125,11 @@ class Runner:
         if mode == "layer":
             def head(h, labels, loss_mask, *ws):
                 return model.head(h, labels, loss_mask, *ws)
-            self._head = ms.jit(head)
+            self._head = compile_pure(head)
         if mode == "model":
             def forward(input_ids, labels, loss_mask, tables, *ws):
                 return model.apply(input_ids, labels, loss_mask, tables, *ws)
-            self._graph = ms.jit(forward)
+            self._graph = compile_pure(forward)
 
     def embed(self, input_ids):
         """[B*S, H] embedded tokens."""
