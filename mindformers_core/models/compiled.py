@@ -15,22 +15,23 @@ their data with ``set_data``, MindSpore 2.10) and they return the per-head max a
 logits, which the model's Python folds into its running max -- QK-Clip sees the same values
 under every mode. Gradients flow through the graphs' inputs under ``mindspore.value_and_grad``.
 
-The graphs are built from the functions' bytecode (``capture_mode="bytecode"``) where the
-interpreter allows it (CPython < 3.12, MindSpore 2.10), else from their source (``"ast"``).
-Both give the same numbers and step time, but under ``value_and_grad`` an ast-built graph
-keeps about twice the activations PyNative keeps for the backward and a bytecode-built one
-about 1.4x (measured on CPU: docs/performance.md, "Memory"); mid GPT peak RSS above the
-framework baseline 860 -> 596 MiB. ``"trace"`` is not used: it replays a traced graph with
-the first call's weights (wrong gradients for every later layer, MindSpore 2.10).
+The graphs are built from the functions' bytecode (``capture_mode="bytecode"``, chosen by
+``core.memory_jit.jit_capture_mode``) where the interpreter allows it (CPython < 3.12 under
+MindSpore 2.10), else from their source (``"ast"``). Both give the same numbers at the same
+step time, but under ``value_and_grad`` an ast-built layer keeps about twice the activations
+PyNative keeps for its backward, a bytecode-built one about 1.4x (CPU; mid GPT peak RSS above
+the framework baseline 860 -> 590 MiB, docs/performance.md). ``"trace"`` is not used: it
+replays the graph traced at the first call with that call's weights (every later layer gets
+wrong gradients, MindSpore 2.10).
 """
 from __future__ import annotations
 
-import sys
-from typing import Callable, Tuple
+from typing import Callable
 
 import mindspore as ms
 
 from ..config.training import check_jit_mode as check_mode_name
+from ..core.memory_jit import jit_capture_mode
 
 
 def check_jit_mode(mode: str, has_moe: bool) -> None:
@@ -45,16 +46,9 @@ def check_jit_mode(mode: str, has_moe: bool) -> None:
                          "data-dependent dispatch shapes); use jit: layer")
 
 
-def capture_mode(version: Tuple[int, ...] = tuple(sys.version_info[:2])) -> str:
-    """``mindspore.jit``'s capture mode for the compiled layers on Python ``version``: bytecode
-    (the lower-memory graphs, see the module docstring) below 3.12, where MindSpore 2.10
-    supports it, else ast."""
-    return "bytecode" if tuple(version) < (3, 12) else "ast"
-
-
 def compile_pure(fn: Callable) -> Callable:
     """``fn`` compiled with ``mindspore.jit`` under this interpreter's ``capture_mode``."""
-    return ms.jit(fn, capture_mode=capture_mode())
+    return ms.jit(fn, capture_mode=jit_capture_mode())
 
 
 #: tensors of ``layers.attention_tables`` (cos_q, sin_q, cos_k, sin_k, rot, mask). The layer
