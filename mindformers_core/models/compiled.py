@@ -26,6 +26,8 @@ wrong gradients, MindSpore 2.10).
 """
 from __future__ import annotations
 
+import itertools
+import types
 from typing import Callable
 
 import mindspore as ms
@@ -46,9 +48,20 @@ def check_jit_mode(mode: str, has_moe: bool) -> None:
                          "data-dependent dispatch shapes); use jit: layer")
 
 
+_COMPILED = itertools.count()
+
+
 def compile_pure(fn: Callable) -> Callable:
-    """``fn`` compiled with ``mindspore.jit`` under this interpreter's ``capture_mode``."""
-    return ms.jit(fn, capture_mode=jit_capture_mode())
+    """``fn`` compiled with ``mindspore.jit`` under this interpreter's ``capture_mode``.
+
+    A bytecode graph is cached on the function's code object, and MindSpore 2.10 reuses it for
+    another closure of the same code whose inputs have the same shapes, even when that one
+    needs other gradients (another model's layers after a pass that differentiated only the
+    embedding got wrong weight gradients). So every call gets its own copy of the code."""
+    code = fn.__code__.replace(co_name=f"{fn.__code__.co_name}_{next(_COMPILED)}")
+    own = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__,
+                             fn.__closure__)
+    return ms.jit(own, capture_mode=jit_capture_mode())
 
 
 #: tensors of ``layers.attention_tables`` (cos_q, sin_q, cos_k, sin_k, rot, mask). The layer
