@@ -23,6 +23,13 @@ PyNative keeps for its backward, a bytecode-built one about 1.4x (CPU; mid GPT p
 the framework baseline 860 -> 590 MiB, docs/performance.md). ``"trace"`` is not used: it
 replays the graph traced at the first call with that call's weights (every later layer gets
 wrong gradients, MindSpore 2.10).
+
+A bytecode graph keeps the gradient pattern of its first differentiated call: a compiled
+model first differentiated w.r.t. a subset of its weights (e.g. ``ms.grad(..., weights=
+[embedding])``) returns wrong gradients for the other weights when later differentiated w.r.t.
+all of them (MindSpore 2.10; forward-only calls before are harmless). The trainer always
+differentiates every trainable weight; code that differentiates a subset first should build
+the model with ``jit: none``. Across models the graphs are never shared (``compile_pure``).
 """
 from __future__ import annotations
 
