@@ -12,8 +12,8 @@ steps, peak RSS ``VmHWM``, each run's framework baseline under its own mode): th
     large  h512 L4 s512 V4096     367      1718       736
     ==========================  ========  ========  =====================
 
-The graphs are built from bytecode (models/compiled.py ``capture_mode``; ast where the
-interpreter is too new for it). Every compiled layer keeps, per micro-batch in flight, more
+The graphs are built from bytecode (``jit_capture_mode`` below, used by models/compiled.py;
+ast where the interpreter is too new for it). Every compiled layer keeps, per micro-batch in flight, more
 than PyNative's autodiff saves for its backward: the forward graph hands its intermediate
 results to the backward graph and the graphs' buffers stay allocated in between -- about
 ``COMPILED_ACTIVATION_FACTOR`` times the activations the planner counts for the layer under
