@@ -1,33 +1,25 @@
 """What compiled layers (``training.jit: layer`` / ``model``) keep on top of PyNative (pure).
 
-Measured on CPU (MindSpore 2.10, tests/core/test_memory_rss.py's GPTs and variants of its
-small one, float32, AdamW, two steps, peak RSS ``VmHWM``): the peak under ``layer`` minus the
-peak of the same run under ``none`` is, in MiB,
+Measured on CPU (MindSpore 2.10, tests/core/test_memory_rss.py's GPTs, float32, AdamW, two
+steps, peak RSS ``VmHWM``, each run's framework baseline under its own mode): the peak under
+``layer`` minus the peak of the same run under ``none`` is, in MiB,
 
-    ==========================  =====  =====================  =====
-    model (b = 4)               extra  planner activations    ratio
-    ==========================  =====  =====================  =====
-    small  h256 L2 s256 V2048     234     84                  2.8
-    small, 4 layers               446    168                  2.7
-    small, b = 8                  379    168                  2.3
-    small, s = 512                433    184                  2.4
-    small, h = 512                415    160                  2.6
-    small, V = 8192               234     84                  2.8
-    medium h384 L3 s384 V4096     701    297                  2.4
-    large  h512 L4 s512 V4096    1718    736                  2.3
-    ==========================  =====  =====================  =====
+    ==========================  ========  ========  =====================
+    model (b = 4)               bytecode  ast       planner activations
+    ==========================  ========  ========  =====================
+    small  h256 L2 s256 V2048      98       234        84
+    medium h384 L3 s384 V4096     215       701       297
+    large  h512 L4 s512 V4096     367      1718       736
+    ==========================  ========  ========  =====================
 
-It grows with the number of layers (4 layers: twice 2 layers' extra above a ~20 MiB constant)
-and with each layer's activations (batch, sequence, width), and not with the vocabulary (the
-compiled head adds nothing measurable). So every compiled layer keeps, per micro-batch in
-flight, about ``COMPILED_ACTIVATION_FACTOR`` times the activations the planner counts for it:
-the forward graph hands all its intermediate results to the backward graph (not only the ones
-PyNative's autodiff saves) and the graphs' own buffers stay allocated between the forward and
-the backward. Above a ~20 MiB constant the ratio is 2.1-2.5; 2.3 is that of the medium
-and large models, where the item dominates (the constant -- graph compilation, ~70 MiB on the
-64-wide model -- is part of MindSpore's own footprint, like the libraries). ``model``
-measured the same within 5% (small 243, medium 730, large 1798 MiB), so one factor serves
-both modes.
+The graphs are built from bytecode (``jit_capture_mode`` below, used by models/compiled.py;
+ast where the interpreter is too new for it). Every compiled layer keeps, per micro-batch in flight, more
+than PyNative's autodiff saves for its backward: the forward graph hands its intermediate
+results to the backward graph and the graphs' buffers stay allocated in between -- about
+``COMPILED_ACTIVATION_FACTOR`` times the activations the planner counts for the layer under
+bytecode graphs (0.4-0.5 above a ~60 MiB constant; 0.6 keeps all three sizes within 25% of
+the measurement with the constant folded in), 2.3 under ast graphs. The constant (graph
+compilation) is part of MindSpore's own footprint, like the libraries.
 
 Applied to the parts a mode compiles (models/compiled.py): under ``layer`` a dense layer
 whole, a MoE layer only its norms and attention (the experts run in PyNative); under ``model``
@@ -40,14 +32,24 @@ Ascend estimate is that of PyNative layers.
 """
 from __future__ import annotations
 
-from typing import Dict
+import sys
+from typing import Dict, Tuple
 
-__all__ = ["COMPILED_ACTIVATION_FACTOR", "JIT_PLAN_MODES", "planned_jit_mode",
-           "compiled_graph_bytes"]
+__all__ = ["COMPILED_ACTIVATION_FACTOR", "AST_ACTIVATION_FACTOR", "JIT_PLAN_MODES",
+           "jit_capture_mode", "planned_jit_mode", "compiled_graph_bytes"]
 
-#: extra bytes a compiled layer keeps per byte of the activations the planner counts for it
-COMPILED_ACTIVATION_FACTOR = 2.3
+#: extra bytes a compiled (bytecode-built) layer keeps per byte of the activations the planner
+#: counts for it
+COMPILED_ACTIVATION_FACTOR = 0.6
+#: the same for graphs built from source (``capture_mode="ast"``)
+AST_ACTIVATION_FACTOR = 2.3
 JIT_PLAN_MODES = ("none", "layer", "model")
+
+
+def jit_capture_mode(version: Tuple[int, ...] = tuple(sys.version_info[:2])) -> str:
+    """``mindspore.jit``'s capture mode of the compiled layers on Python ``version``: bytecode
+    (the lower-memory graphs) below 3.12, where MindSpore 2.10 supports it, else ast."""
+    return "bytecode" if tuple(version) < (3, 12) else "ast"
 
 
 def planned_jit_mode(jit_mode: str, compute_dtype: str, backend: str) -> str:
@@ -58,11 +60,13 @@ def planned_jit_mode(jit_mode: str, compute_dtype: str, backend: str) -> str:
     return jit_mode
 
 
-def compiled_graph_bytes(parts: Dict[str, int], moe: bool, jit_mode: str) -> int:
+def compiled_graph_bytes(parts: Dict[str, int], moe: bool, jit_mode: str,
+                         capture: str = jit_capture_mode()) -> int:
     """Extra bytes one non-recomputed layer keeps per micro-batch when compiled under
-    ``jit_mode`` (``parts``: core/memory_plan.py ``layer_activation_bytes``)."""
+    ``jit_mode`` from ``capture`` (``parts``: core/memory_plan.py ``layer_activation_bytes``)."""
     if jit_mode == "none":
         return 0
     compiled = parts["boundary"] + parts["attention"] if moe and jit_mode == "layer" \
         else sum(parts.values())
-    return int(COMPILED_ACTIVATION_FACTOR * compiled)
+    factor = COMPILED_ACTIVATION_FACTOR if capture == "bytecode" else AST_ACTIVATION_FACTOR
+    return int(factor * compiled)

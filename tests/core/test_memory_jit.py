@@ -9,7 +9,8 @@ import pytest
 from mindformers_core.config import load_config
 from mindformers_core.config.context import ContextConfig
 from mindformers_core.core import memory_plan as mp
-from mindformers_core.core.memory_jit import (COMPILED_ACTIVATION_FACTOR, compiled_graph_bytes,
+from mindformers_core.core.memory_jit import (AST_ACTIVATION_FACTOR, COMPILED_ACTIVATION_FACTOR,
+                                              compiled_graph_bytes, jit_capture_mode,
                                               planned_jit_mode)
 from mindformers_core.core.memory_plan import ActivationSettings, Layout, estimate_memory
 
@@ -37,8 +38,8 @@ def test_default_jit_on_cpu_adds_factor_times_every_layer_activations():
     plan = mp.plan_memory(cfg, 1, host_ram=2 ** 40, npu_visible=False)
     assert plan.settings.jit == "layer"
     parts = mp.layer_activation_bytes(cfg.model, Layout(), plan.settings, moe=False)
-    assert plan.items[ITEM] == 2 * int(2.3 * sum(parts.values()))
-    assert plan.items[ITEM] == 2 * int(2.3 * plan.items["activations"] / 2)
+    assert plan.items[ITEM] == 2 * int(0.6 * sum(parts.values()))
+    assert plan.items[ITEM] == 2 * int(0.6 * plan.items["activations"] / 2)
     none = mp.plan_memory(cfg_of(training={"jit": "none"}), 1, host_ram=2 ** 40,
                           npu_visible=False)
     assert ITEM not in none.items
@@ -54,9 +55,9 @@ def test_jit_model_counts_the_same_and_moe_layers_count_only_their_compiled_atte
     st = plan.settings
     dense = mp.layer_activation_bytes(ds.model, Layout(), st, moe=False)
     moe = mp.layer_activation_bytes(ds.model, Layout(), st, moe=True)
-    assert plan.items[ITEM] == int(2.3 * sum(dense.values())) \
-        + int(2.3 * (moe["boundary"] + moe["attention"]))
-    assert compiled_graph_bytes(moe, True, "model") == int(2.3 * sum(moe.values()))
+    assert plan.items[ITEM] == int(0.6 * sum(dense.values())) \
+        + int(0.6 * (moe["boundary"] + moe["attention"]))
+    assert compiled_graph_bytes(moe, True, "model") == int(0.6 * sum(moe.values()))
 
 
 def test_not_added_off_cpu_for_float16_or_recomputed_layers():
@@ -81,7 +82,16 @@ def test_not_added_off_cpu_for_float16_or_recomputed_layers():
 
 
 def test_factor_is_the_documented_one_and_mode_is_checked():
-    assert COMPILED_ACTIVATION_FACTOR == 2.3
+    assert COMPILED_ACTIVATION_FACTOR == 0.6
     with pytest.raises(ValueError, match=r"jit must be one of \('none', 'layer', 'model'\), "
                                          r"got 'graph'"):
         ActivationSettings(jit="graph")
+
+
+def test_capture_mode_and_its_factor():
+    assert jit_capture_mode((3, 11)) == "bytecode"
+    assert jit_capture_mode((3, 12)) == "ast"
+    parts = {"boundary": 100, "attention": 200, "mlp": 700}
+    assert compiled_graph_bytes(parts, False, "layer", "bytecode") == int(0.6 * 1000)
+    assert compiled_graph_bytes(parts, False, "layer", "ast") == int(AST_ACTIVATION_FACTOR * 1000)
+    assert AST_ACTIVATION_FACTOR == 2.3

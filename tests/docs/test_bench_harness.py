@@ -92,6 +92,7 @@ def test_timed_trainer_phases_add_up():
         assert all(rec[p] >= 0 for p in bench_train.PHASES)
         assert sum(rec[p] for p in bench_train.PHASES) == pytest.approx(rec["step"], rel=1e-6)
         assert rec["fwd_bwd"] > 0 and rec["optimizer"] > 0 and rec["data"] > 0
+        assert rec["grad_norm"] > 0   # the norm rule the trainer chose is the one timed
     assert sum(rec["checkpoint"] > 0 for rec in run["steps"]) == 1   # saved at the last step
     summary = bench_train.summarize("tiny_gpt/AdamW", run)
     assert 0 <= summary["trainer_overhead_pct_median"] < 100

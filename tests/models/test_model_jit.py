@@ -112,3 +112,25 @@ def test_float16_compute_runs_pynative_under_every_mode():
     cfg = tiny_gpt(params_dtype="float16", compute_dtype="float16")
     assert build_model(cfg, seed=0, jit="layer").jit_mode == "none"
     assert build_model(tiny_gpt(), seed=0, jit="layer").jit_mode == "layer"
+
+
+def _grads(model, ids, labels, mask, weights):
+    return ms.grad(lambda i, l, m: model(i, l, m)[0], grad_position=None,
+                   weights=weights)(T(ids), T(labels), T(mask))
+
+
+def test_a_second_compiled_model_of_the_same_shapes_gets_its_own_gradients():
+    """MindSpore 2.10 caches a bytecode-built graph on the function's code and reuses it for a
+    model of the same shapes even when that one needs other gradients: a model differentiated
+    only w.r.t. its embedding made the next model's layer gradients wrong. Each Runner's graphs
+    have their own code (models/compiled.py compile_pure)."""
+    cfg = tiny_gpt()
+    ids, labels, mask = batch(cfg, b=2, s=8, seed=5)
+    first = build_model(cfg, seed=5, jit="layer")
+    _grads(first, ids, labels, mask,
+           [p for p in first.trainable_params() if "embedding" in p.name])
+    second, eager = build_model(cfg, seed=5, jit="layer"), build_model(cfg, seed=5)
+    got = _grads(second, ids, labels, mask, second.trainable_params())
+    want = _grads(eager, ids, labels, mask, eager.trainable_params())
+    for g, w, p in zip(got, want, eager.trainable_params()):
+        np.testing.assert_allclose(g.asnumpy(), w.asnumpy(), rtol=1e-4, atol=1e-6, err_msg=p.name)
