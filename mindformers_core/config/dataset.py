@@ -85,14 +85,19 @@ class DatasetConfig(Section):
 
     @classmethod
     def from_dict(cls, data, path: str):
-        flat, nested = split_dataloader(cls.mapping_of(data, path), path)
+        flat, layout = split_dataloader(cls.mapping_of(data, path), path)
         obj = super().from_dict(flat, path)
-        object.__setattr__(obj, "_nested", nested)
+        object.__setattr__(obj, "_layout", layout)
         return obj
+
+    @property
+    def source_layout(self) -> Optional[dict]:
+        """How the user's ``dataloader:`` was written (None: the flat layout)."""
+        return getattr(self, "_layout", None)
 
     def to_dict(self):
         out = super().to_dict()
-        return nest_dataloader(out) if getattr(self, "_nested", False) else out
+        return out if self.source_layout is None else nest_dataloader(out, self.source_layout)
 
     def _set_off_default(self, key: str) -> bool:
         """Written by the user with a non-default value (to_dict() output stays loadable)."""

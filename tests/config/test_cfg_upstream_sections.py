@@ -29,7 +29,8 @@ def test_nested_dataloader_layout_equals_flat_and_round_trips():
     assert nested == flat
     d = nested.to_dict()
     assert d["dataloader"] == {"type": "MindDataset", "shuffle": False,
-                               "dataset_files": "data.mindrecord"}
+                               "dataset_files": "data.mindrecord",
+                               "column_names": NESTED["dataloader"]["column_names"]}
     assert "type" not in d and "data_path" not in d
     assert DatasetConfig.from_dict(d, "train_dataset") == nested
     assert "dataloader" not in flat.to_dict()
@@ -42,8 +43,8 @@ def test_dataset_files_list_of_one_and_upstream_defaults():
 
 
 @pytest.mark.parametrize("data,msg", [
-    ({"dataloader": {"type": "BlendedMegatronDatasetDataLoader"}},
-     r"^d\.dataloader\.type: 'BlendedMegatronDatasetDataLoader' is not implemented here"),
+    ({"dataloader": {"type": "GPTDatasetLoader"}},
+     r"^d\.dataloader\.type: 'GPTDatasetLoader' is not implemented here"),
     ({"dataloader": {"dataset_files": ["a", "b"]}},
      r"^d\.dataloader\.dataset_files: exactly one file is supported, got 2"),
     ({"dataloader": {"dataset_file": "a"}},
