@@ -4,7 +4,7 @@
                                          SyntheticMarkov; BlendedMegatronDatasetDataLoader ->
                                          IndexedDataset, its keys in config/megatron_loader.py;
                                          upstream's other loaders are errors)
-    dataloader.dataset_files  -> data_path (a path, or a list of exactly one path)
+    dataloader.dataset_files  -> data_path (a path, or a list: several MindRecord files)
     dataloader.dataset_dir    -> data_path
     dataloader.shuffle        -> shuffle (default False, as upstream; the flat layout's is True)
     dataloader.column_names   -> checked: the MindRecord columns read here
@@ -73,11 +73,12 @@ def split_dataloader(data: Dict[str, Any], path: str) -> Tuple[Dict[str, Any], O
         if key in loader:
             files = loader[key]
             if isinstance(files, list):
-                if len(files) != 1:
-                    raise ConfigError(f"{where}.{key}", f"exactly one file is supported, got "
-                                                        f"{len(files)}")
-                files = files[0]
-            flat["data_path"] = convert_value(str, files, f"{where}.{key}")
+                if not files:
+                    raise ConfigError(f"{where}.{key}", "must name at least one file")
+                files = convert_value(List[str], files, f"{where}.{key}")
+                flat["data_path"] = files[0] if len(files) == 1 else files
+            else:
+                flat["data_path"] = convert_value(str, files, f"{where}.{key}")
     # upstream's DataloaderConfig default is False; GPTDataset shuffles its samples anyway
     layout["shuffle"] = convert_value(bool, layout["shuffle"], f"{where}.shuffle")
     flat["shuffle"] = True if megatron else layout["shuffle"]
