@@ -132,10 +132,8 @@ def split_megatron(loader: Dict[str, Any], where: str) -> Tuple[Dict[str, Any], 
                                   [[sizes[0], 0, 0]])
         kept["sizes"] = sizes
     config = loader.get("config")
+    config = {} if config is None else config
     here = f"{where}.config"
-    if config is None:
-        raise ConfigError(f"{here}.data_path", "required for BlendedMegatronDatasetDataLoader "
-                                               "(the .bin/.idx prefix, or [weight, prefix, ...])")
     if not isinstance(config, dict):
         raise ConfigError(here, f"expected a mapping, got {type_name(config)} ({config!r})")
     for key in config:
