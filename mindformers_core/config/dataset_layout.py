@@ -49,11 +49,12 @@ def split_dataloader(data: Dict[str, Any], path: str) -> Tuple[Dict[str, Any], O
         raise ConfigError(f"{where}.type", f"{kind!r} is not implemented here; supported "
                                            f"loaders: {list(_TYPES)}")
     megatron = kind == MEGATRON_LOADER
-    allowed = _LOADER_KEYS + MEGATRON_LOADER_KEYS if megatron else _LOADER_KEYS
+    # the Megatron loader names its files in config.data_path
+    allowed = tuple(k for k in _LOADER_KEYS if k not in ("dataset_files", "dataset_dir")) \
+        + MEGATRON_LOADER_KEYS if megatron else _LOADER_KEYS
     for key in loader:
-        if key not in allowed or (megatron and key in ("dataset_files", "dataset_dir")):
-            raise unknown_key_error(where, key, [k for k in allowed if not megatron or k not in
-                                                 ("dataset_files", "dataset_dir")])
+        if key not in allowed:
+            raise unknown_key_error(where, key, allowed)
     flat = {k: v for k, v in data.items() if k != "dataloader"}
     layout: Dict[str, Any] = {"type": kind, "shuffle": loader.get("shuffle", False),
                               **{k: loader[k] for k in _WRITTEN_BACK if k in loader}}
