@@ -10,7 +10,8 @@ Sources (``type``):
 * ``TokenFile``: a flat stream of token ids in ``data_path`` (``.bin`` raw, element type from
   its sidecar ``<data_path>.meta.json``, or ``dtype`` for a file without one; or ``.npy``),
   cut into windows of ``model.seq_length + 1`` tokens.
-* ``MindDataset``: a MindRecord file ``data_path`` with ``input_ids``, ``labels``,
+* ``MindDataset``: a MindRecord file ``data_path`` (or a list of them, rows read in file order)
+  with ``input_ids``, ``labels``,
   ``loss_mask``, ``position_ids`` columns (as written by
   ``python -m mindformers_core.tools.make_token_data``).
 * ``PydocText``: real English text every Python has (``pydoc_data.topics``, see
@@ -40,7 +41,7 @@ and ``prefetch_size`` (>= 1; samples are read in-process, so they do not change 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Literal, Optional
+from typing import Any, List, Literal, Optional, Union
 
 from .corpus_rules import check_corpus_fields
 from .dataset_layout import nest_dataloader, split_dataloader
@@ -59,7 +60,7 @@ class DatasetConfig(Section):
     """Where training tokens come from. Default: the built-in synthetic Markov corpus."""
     type: Literal["SyntheticMarkov", "TokenFile", "MindDataset", "PydocText",
                   "IndexedDataset"] = "SyntheticMarkov"
-    data_path: Optional[str] = None
+    data_path: Optional[Union[str, List[str]]] = None   # a list: several MindRecord files
     # element type of a raw .bin token file; null = the file's sidecar (<file>.meta.json,
     # written by tools/make_token_data) decides, and a .bin without one is an error
     dtype: Optional[Literal["uint16", "uint32"]] = None
@@ -85,14 +86,19 @@ class DatasetConfig(Section):
 
     @classmethod
     def from_dict(cls, data, path: str):
-        flat, nested = split_dataloader(cls.mapping_of(data, path), path)
+        flat, layout = split_dataloader(cls.mapping_of(data, path), path)
         obj = super().from_dict(flat, path)
-        object.__setattr__(obj, "_nested", nested)
+        object.__setattr__(obj, "_layout", layout)
         return obj
+
+    @property
+    def source_layout(self) -> Optional[dict]:
+        """How the user's ``dataloader:`` was written (None: the flat layout)."""
+        return getattr(self, "_layout", None)
 
     def to_dict(self):
         out = super().to_dict()
-        return nest_dataloader(out) if getattr(self, "_nested", False) else out
+        return out if self.source_layout is None else nest_dataloader(out, self.source_layout)
 
     def _set_off_default(self, key: str) -> bool:
         """Written by the user with a non-default value (to_dict() output stays loadable)."""
@@ -121,6 +127,12 @@ class DatasetConfig(Section):
                   f"required when type is {self.type} (path of the token file)")
             check(self.data_path is None or self.type not in TEXT_TYPES, f"{path}.data_path",
                   f"not used by type {self.type} (its text is built in)")
+            if isinstance(self.data_path, list):
+                check(self.type == "MindDataset", f"{path}.data_path",
+                      f"a list of files is read by type MindDataset only, not {self.type} "
+                      f"(several {self.type} corpora: blend)")
+                check(len(self.data_path) >= 2 and all(self.data_path), f"{path}.data_path",
+                      f"a list must name two or more files, got {self.data_path!r}")
             for key in MARKOV_KEYS:
                 if self._set_off_default(key):
                     raise ConfigError(f"{path}.{key}",

@@ -38,6 +38,7 @@ from .model import ModelConfig
 from .monitor import MonitorConfig
 from .disabled_sections import LoraConfig, RecomputeCommConfig, SwapConfig
 from .optimizer import OptimizerConfig
+from .megatron_loader import check_loader_vs_model
 from .expert_layout import ExpertPlan, check_expert_parallel, expert_plan
 from .parallelism import ParallelismConfig
 from .profiler import ProfilerConfig
@@ -188,6 +189,9 @@ class RunConfig(Section):
         check_expert_parallel(self)   # experts vs expert_parallel, whatever the world size
         check_context_vs_training(self.context, self.training)
         check_text_sections(self)
+        for name in ("train_dataset", "eval_dataset"):   # config/megatron_loader.py
+            if getattr(self, name) is not None:
+                check_loader_vs_model(getattr(self, name), self.model.seq_length, name)
         self._check_recompute_vs_jit()
         check_pipeline_vs_model(self.parallelism, self.model, self.training)   # config/pipeline.py
         self.plan()  # schedule against training.steps, data parallel, accumulation

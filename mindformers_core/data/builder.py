@@ -172,6 +172,10 @@ def build_source(ds_cfg, model_cfg, data_seed: int, tokenizer=None,
         tokens = pydoc_token_stream(tokenizer or ByteTokenizer())
         return TokenFile("pydoc_data.topics", seq_length, vocab_size=vocab,
                          field=f"{path}.type", tokens=tokens)
+    if isinstance(ds_cfg.data_path, list):   # several MindRecord files, rows in file order
+        from .concat import ConcatSource
+        return ConcatSource([MindDataset(file, seq_length, vocab, f"{path}.data_path[{i}]")
+                             for i, file in enumerate(ds_cfg.data_path)])
     return MindDataset(ds_cfg.data_path, seq_length, vocab, f"{path}.data_path")
 
 

@@ -37,13 +37,20 @@ def describe_data(ds_cfg, model_cfg, section: str = "train_dataset") -> str:
     if kind in ("TokenFile", "IndexedDataset"):
         return label + "; ".join(_describe_token_file(ds_cfg, model_cfg, path, field)
                                  for path, field in _token_files(ds_cfg, section))
-    path, field = ds_cfg.data_path, f"{section}.data_path"
+    files = ds_cfg.data_path
+    if isinstance(files, list):   # several MindRecord files
+        return label + "; ".join(_describe_mindrecord(model_cfg, path, f"{section}.data_path[{i}]")
+                                 for i, path in enumerate(files))
+    return label + _describe_mindrecord(model_cfg, files, f"{section}.data_path")
+
+
+def _describe_mindrecord(model_cfg, path: str, field: str) -> str:
     _readable(path, "MindRecord file", field)
     _readable(path + ".db", "MindRecord index file", field)
     # reading MindRecord rows needs MindSpore's reader: the one case where --check loads it
     from ..data.mindrecord import MindDataset
     md = MindDataset(path, model_cfg.seq_length, model_cfg.vocab_size, field)
-    return (f"{label}MindDataset {path} (+ .db): {md.num_samples:,} rows of "
+    return (f"MindDataset {path} (+ .db): {md.num_samples:,} rows of "
             f"seq_length {model_cfg.seq_length}, every id < model.vocab_size "
             f"{model_cfg.vocab_size} and every loss_mask finite and >= 0 (verified)")
 

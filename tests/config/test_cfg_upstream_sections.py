@@ -29,7 +29,8 @@ def test_nested_dataloader_layout_equals_flat_and_round_trips():
     assert nested == flat
     d = nested.to_dict()
     assert d["dataloader"] == {"type": "MindDataset", "shuffle": False,
-                               "dataset_files": "data.mindrecord"}
+                               "dataset_files": "data.mindrecord",
+                               "column_names": NESTED["dataloader"]["column_names"]}
     assert "type" not in d and "data_path" not in d
     assert DatasetConfig.from_dict(d, "train_dataset") == nested
     assert "dataloader" not in flat.to_dict()
@@ -38,14 +39,24 @@ def test_nested_dataloader_layout_equals_flat_and_round_trips():
 def test_dataset_files_list_of_one_and_upstream_defaults():
     cfg = DatasetConfig.from_dict({"dataloader": {"dataset_files": ["a.mindrecord"]}}, "d")
     assert (cfg.type, cfg.data_path, cfg.shuffle) == ("MindDataset", "a.mindrecord", False)
+    several = DatasetConfig.from_dict({"dataloader": {"dataset_files": ["a", "b"]}}, "d")
+    assert several.data_path == ["a", "b"]
+    assert several.to_dict()["dataloader"]["dataset_files"] == ["a", "b"]
     assert DatasetConfig.from_dict({"type": "MindDataset", "data_path": "a"}, "d").shuffle
 
 
 @pytest.mark.parametrize("data,msg", [
-    ({"dataloader": {"type": "BlendedMegatronDatasetDataLoader"}},
-     r"^d\.dataloader\.type: 'BlendedMegatronDatasetDataLoader' is not implemented here"),
-    ({"dataloader": {"dataset_files": ["a", "b"]}},
-     r"^d\.dataloader\.dataset_files: exactly one file is supported, got 2"),
+    ({"dataloader": {"type": "GPTDatasetLoader"}},
+     r"^d\.dataloader\.type: 'GPTDatasetLoader' is not implemented here"),
+    ({"dataloader": {"dataset_files": []}},
+     r"^d\.dataloader\.dataset_files: must name at least one file"),
+    ({"dataloader": {"dataset_files": ["a", 3]}},
+     r"^d\.dataloader\.dataset_files\[1\]: expected a string, got int"),
+    ({"dataloader": {"type": "TokenFile", "dataset_files": ["a", "b"]}},
+     r"^d\.data_path: a list of files is read by type MindDataset only, not TokenFile "
+     r"\(several TokenFile corpora: blend\)"),
+    ({"type": "MindDataset", "data_path": ["a"]},
+     r"^d\.data_path: a list must name two or more files, got \['a'\]"),
     ({"dataloader": {"dataset_file": "a"}},
      r"^d\.dataloader\.dataset_file: unknown key; .*did you mean 'dataset_files'\?"),
     ({"dataloader": {"dataset_files": "a", "column_names": ["input_ids", "attention_mask"]}},

@@ -17,9 +17,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 UPSTREAM = os.path.join(ROOT, "tests", "fixtures", "upstream_yaml")
 
 #: upstream's config-loader test file: a Qwen3 model (loads), a Megatron blended dataset
-#: without files and placeholder callbacks (callbackA/callbackB)
-TRAIN_CONFIG_NOOPS = ["train_dataset.dataloader.type=MindDataset",
-                      "train_dataset.dataloader.dataset_files=train.mindrecord", "callbacks=[]"]
+#: (BlendedMegatronDatasetDataLoader) without its config.data_path, and placeholder callbacks
+#: (callbackA/callbackB); naming a .bin/.idx prefix and no callbacks makes it load
+TRAIN_CONFIG_NOOPS = ["train_dataset.dataloader.config.data_path=train_text_document",
+                      "callbacks=[]"]
 
 
 def _fields(overrides):
@@ -54,9 +55,9 @@ def full_size(name):
 
 @pytest.fixture(scope="module", autouse=True)
 def upstream_data(tmp_path_factory):
-    """The data upstream's test harness provides: its YAML names the MindRecord files
-    ``train_dataset`` (and the loader test's ``train.mindrecord``) relative to the working
-    directory. ``--check`` verifies that data files exist, that their rows have the model's
+    """The data upstream's test harness provides: its YAML names the MindRecord file
+    ``train_dataset`` relative to the working directory (and the loader test's Megatron
+    dataset, a ``.bin``/``.idx`` prefix, is named by an override). ``--check`` verifies that data files exist, that their rows have the model's
     seq_length and that their ids fit the vocabulary, so tiny files (ids < 128) are written
     here, one directory per seq_length, and --check runs in the fixture's one."""
     global DATA_ROOT
@@ -72,6 +73,7 @@ def data_dir(name):
     import yaml
     from mindformers_core.config.model import ModelConfig
     from mindformers_core.config.model_types import MODEL_TYPE_DEFAULTS
+    from mindformers_core.data.indexed import write_indexed
     from mindformers_core.tools.make_token_data import write_mindrecord
     with open(os.path.join(UPSTREAM, name), encoding="utf-8") as fh:
         model = yaml.safe_load(fh)["model"]
@@ -82,8 +84,8 @@ def data_dir(name):
     if not d.exists():
         d.mkdir()
         tokens = np.random.default_rng(0).integers(0, 128, seq_length * 2 + 1)
-        for fname in ("train_dataset", "train.mindrecord"):
-            write_mindrecord(tokens, str(d / fname), seq_length)
+        write_mindrecord(tokens, str(d / "train_dataset"), seq_length)
+        write_indexed(str(d / "train_text_document"), [tokens], "uint16")
     return str(d)
 
 
@@ -120,8 +122,10 @@ def test_upstream_file_check(name):
     line = r.stderr.strip().splitlines()[-1]
     field = line[len("error: "):].split(": ", 1)[0]
     assert line.startswith("error: ") and field.split("[")[0] in refusal, line
-    # a refusal says why: a feature that is not implemented, or a contradiction
-    assert re.search(r"not implemented|has no counterpart|must match|must be one of", line), line
+    # a refusal says why: a feature that is not implemented, a contradiction, or a value the
+    # file leaves out (the Megatron loader's data_path)
+    assert re.search(r"not implemented|has no counterpart|must match|must be one of|required",
+                     line), line
 
 
 @pytest.mark.parametrize("name", sorted(n for n, (ref, ov) in CASES.items()
