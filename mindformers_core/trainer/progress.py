@@ -24,7 +24,7 @@ import time
 from typing import List, Optional
 
 from .evaluate import EvalResult, evaluate, reset_running_stats
-from .throughput import (PEAK_FLOPS, eta_seconds, flops_per_token, format_duration,
+from .throughput import (PEAK_FLOPS, attention_widths, eta_seconds, flops_per_token, format_duration,
                          format_param_counts, mfu, param_counts, rss_bytes)
 
 __all__ = ["RunProgress", "device_memory_bytes"]
@@ -57,7 +57,7 @@ class RunProgress:
         self.counts = param_counts(trainer.parameter_sizes())
         self.flops_per_token = flops_per_token(self.counts, mc.num_layers, mc.hidden_size,
                                                mc.seq_length, mc.vocab_size,
-                                               mc.tie_word_embeddings)
+                                               mc.tie_word_embeddings, attention_widths(mc))
         import mindspore as ms
         target = ms.get_context("device_target")
         peak = trainer.cfg.logging.peak_flops

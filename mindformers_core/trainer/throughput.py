@@ -6,7 +6,8 @@ Parameter counts: ``embedding`` are the token-embedding table and the output lay
 FLOPs per token (PaLM, appendix B; Megatron uses the same count): a forward + backward pass is
 ``6 * N`` FLOPs per token for every matrix parameter it multiplies with (``N`` = non-embedding
 parameters plus the output layer; the embedding lookup multiplies nothing) plus
-``12 * num_layers * hidden_size * seq_length`` for the attention scores and the weighted sum.
+``12 * num_layers * hidden_size * seq_length`` for the attention scores and the weighted sum
+(with the attention's own widths where they are not the hidden size: ``flops_per_token``).
 For MoE models every expert is counted (an upper bound: a token uses ``num_experts_per_tok``).
 
 MFU = achieved model FLOP/s / (peak FLOP/s per device * devices). Default peaks (override with
@@ -17,10 +18,10 @@ MFU = achieved model FLOP/s / (peak FLOP/s per device * devices). Default peaks 
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
-__all__ = ["PEAK_FLOPS", "param_counts", "flops_per_token", "mfu", "rss_bytes", "eta_seconds",
-           "format_duration", "format_param_counts"]
+__all__ = ["PEAK_FLOPS", "param_counts", "flops_per_token", "attention_widths", "mfu",
+           "rss_bytes", "eta_seconds", "format_duration", "format_param_counts"]
 
 PEAK_FLOPS = {"CPU": 1e11, "Ascend": 3.2e14, "GPU": 9.89e14}
 _EMBED_SUFFIXES = ("embedding.word_embeddings.weight", "output_layer.weight")
@@ -36,11 +37,27 @@ def param_counts(named_sizes: Dict[str, int]) -> Dict[str, int]:
 
 
 def flops_per_token(counts: Dict[str, int], num_layers: int, hidden_size: int,
-                    seq_length: int, vocab_size: int, tied: bool = False) -> float:
-    """Training FLOPs per token (forward + backward) of the PaLM count."""
+                    seq_length: int, vocab_size: int, tied: bool = False,
+                    attention_widths: Optional[Tuple[int, int]] = None) -> float:
+    """Training FLOPs per token (forward + backward) of the PaLM count.
+
+    ``attention_widths`` = ``(heads x query/key head dim, heads x value head dim)``, the widths
+    of the score and weighted-sum matmuls; None means ``(hidden_size, hidden_size)``, PaLM's
+    ``12 * L * H * T`` term. They differ from the hidden size for an explicit head dim (Qwen3's
+    ``head_dim``) and for MLA (``qk_nope + qk_rope`` against ``v_head_dim`` per head)."""
     readout = vocab_size * hidden_size if tied else counts["output_layer"]
     matmul_params = counts["non_embedding"] + readout
-    return 6.0 * matmul_params + 12.0 * num_layers * hidden_size * seq_length
+    qk, v = attention_widths if attention_widths is not None else (hidden_size, hidden_size)
+    return 6.0 * matmul_params + 6.0 * num_layers * (qk + v) * seq_length
+
+
+def attention_widths(model_cfg) -> Tuple[int, int]:
+    """``(heads x query/key head dim, heads x value head dim)`` of a ``ModelConfig``."""
+    heads = model_cfg.num_attention_heads
+    if model_cfg.resolved_multi_latent_attention():
+        return (heads * (model_cfg.qk_nope_head_dim + model_cfg.qk_rope_head_dim),
+                heads * model_cfg.v_head_dim)
+    return (heads * model_cfg.resolved_kv_channels(),) * 2
 
 
 def mfu(tokens_per_s: float, flops_per_tok: float, peak_flops: float, devices: int = 1) -> float:

@@ -3,8 +3,9 @@ and the scalars TensorBoard gets from a metrics row."""
 import pytest
 
 from mindformers_core.trainer.tensorboard import scalars_of_row
-from mindformers_core.trainer.throughput import (eta_seconds, flops_per_token, format_duration,
-                                                 mfu, param_counts, rss_bytes)
+from mindformers_core.config.model import ModelConfig
+from mindformers_core.trainer.throughput import (attention_widths, eta_seconds, flops_per_token,
+                                                 format_duration, mfu, param_counts, rss_bytes)
 
 
 def test_param_counts_split_embedding_and_the_rest():
@@ -22,6 +23,21 @@ def test_flops_per_token_is_the_palm_count():
     tied = {"non_embedding": 1000, "output_layer": 0}
     assert flops_per_token(tied, 2, 8, 16, vocab_size=50, tied=True) == \
         6 * (1000 + 50 * 8) + 12 * 2 * 8 * 16
+
+
+def test_attention_term_uses_the_attention_widths():
+    """Scores (q.k over the query/key head dim) and the weighted sum (over the value head dim)
+    per layer and token: 2 FLOPs x 3 (forward + backward) x seq x width each."""
+    c = {"non_embedding": 1000, "output_layer": 500}
+    assert flops_per_token(c, 2, 8, 16, 50, attention_widths=(12, 4)) == \
+        6 * 1500 + 6 * 2 * 16 * (12 + 4)
+    gpt = ModelConfig(hidden_size=64, num_attention_heads=4)
+    assert attention_widths(gpt) == (64, 64)     # PaLM's 12 * L * H * T
+    qwen = ModelConfig(model_type="qwen3", hidden_size=64, num_attention_heads=4, kv_channels=32)
+    assert attention_widths(qwen) == (128, 128)
+    mla = ModelConfig(model_type="deepseek_v3", hidden_size=64, num_attention_heads=2,
+                      qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12)
+    assert attention_widths(mla) == (48, 24)
 
 
 def test_mfu_eta_and_durations():
