@@ -9,30 +9,24 @@ process or on the same pipeline layout (each stage loads the entries of its para
 records the stage map (``state["pipeline_stages"]``: parameter name -> stage) for a
 resharding loader.
 
-The part of a stage travels as one byte buffer with the world group's all-gather (native on
-every backend, MindSpore CPU included), padded to the longest part; its size is the only
-thing exchanged first. A checkpoint is not on the step's hot path.
+The part of a stage travels as distributed/object_exchange.py sends objects (each rank
+broadcasts its pickled part over the world group, exactly at any size). A checkpoint is not on
+the step's hot path.
 """
 from __future__ import annotations
 
-import pickle
 from typing import Dict
 
 import numpy as np
+
+from .object_exchange import all_gather_objects
 
 __all__ = ["gather_to_all", "stage_payload", "merge_stage_payloads", "stage_map"]
 
 
 def gather_to_all(comm, obj) -> list:
-    """Every rank's picklable ``obj``, in rank order, on every rank (world all-gather)."""
-    raw = np.frombuffer(pickle.dumps(obj, protocol=4), np.uint8)
-    sizes = comm.all_gather(np.array([float(raw.size)], np.float32), "world")
-    longest = int(max(sizes))
-    buf = np.zeros((1, longest), np.float32)   # a byte per float32: exact
-    buf[0, :raw.size] = raw
-    parts = comm.all_gather(buf, "world")
-    return [pickle.loads(parts[r, :int(sizes[r])].astype(np.uint8).tobytes())
-            for r in range(parts.shape[0])]
+    """Every rank's picklable ``obj``, in rank order, on every rank (world group)."""
+    return all_gather_objects(comm, obj, comm.rank, comm.mesh.world)
 
 
 def stage_map(split, names) -> Dict[str, int]:
