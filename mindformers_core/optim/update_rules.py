@@ -58,11 +58,15 @@ class AdamRule:
         summing to 1); the bias-corrected update then matches torch to ~1e-7 relative even
         though the raw v differs by that 1.3e-5 factor.
         """
+        return tuple(Tensor(x, ms.float32) for x in AdamRule.scalar_values(lr, b1, b2, eps, step))
+
+    @staticmethod
+    def scalar_values(lr: float, b1: float, b2: float, eps: float, step: int):
+        """:meth:`scalars` as Python floats (fp32 rounding happens where they are used)."""
         b1f, b2f = float(np.float32(b1)), float(np.float32(b2))
         bc1, bc2 = 1.0 - b1f ** step, 1.0 - b2f ** step
         sq = math.sqrt(bc2)
-        return (Tensor(lr * sq / bc1, ms.float32), Tensor(b1f, ms.float32),
-                Tensor(b2f, ms.float32), Tensor(eps * sq, ms.float32))
+        return lr * sq / bc1, b1f, b2f, eps * sq
 
     def fused(self, master: Parameter, m: Parameter, v: Parameter, g: Tensor, lr: float,
               wd: float, scalars) -> None:

@@ -219,7 +219,7 @@ def test_compiled_group_graph_matches_eager_kernels():
     def run(graph_min_numel):
         ps = [Parameter(Tensor(init[0]), name="g0"),
               Parameter(Tensor(init[1]).astype(ms.bfloat16), name="g1")]
-        opt = AdamW(ps, lr=1e-2, weight_decay=0.1, graph_min_numel=graph_min_numel)
+        opt = AdamW(ps, lr=1e-2, weight_decay=0.1, graph_min_numel=graph_min_numel, host_kernel=False)
         for g in grads:
             opt.step(g)
         used_graph = any(c is not None for c in opt._graphs.values())
@@ -249,7 +249,7 @@ def test_graph_compile_failure_falls_back_to_eager(monkeypatch):
     out = []
     for limit in (1 << 16, None):
         p = Parameter(Tensor(init), name="x")
-        opt = AdamW([p], lr=1e-2, weight_decay=0.1, graph_min_numel=limit)
+        opt = AdamW([p], lr=1e-2, weight_decay=0.1, graph_min_numel=limit, host_kernel=False)
         opt.step([g])
         opt.step([g])
         out.append(p.asnumpy().copy())
@@ -266,7 +266,7 @@ def test_graph_dropped_when_masters_are_rebuilt_each_step():
     results = []
     for limit in (1 << 16, None):
         p = Parameter(Tensor(init).astype(ms.bfloat16), name="r")
-        opt = AdamW([p], lr=1e-2, weight_decay=0.1, graph_min_numel=limit)
+        opt = AdamW([p], lr=1e-2, weight_decay=0.1, graph_min_numel=limit, host_kernel=False)
         original_master = opt._masters.master
 
         def fresh_master(i, _orig=original_master):

@@ -253,7 +253,7 @@ def test_blocked_threaded_step_equals_mindspore_fallback(monkeypatch):
         ps = [Parameter(Tensor(init[0]).astype(ms.bfloat16), name="a"),
               Parameter(Tensor(init[1]).astype(ms.float16), name="b"),
               Parameter(Tensor(init[2]), name="c")]
-        opt = AdamW(ps, lr=1e-2, weight_decay=0.1, graph_min_numel=1)
+        opt = AdamW(ps, lr=1e-2, weight_decay=0.1, graph_min_numel=1, host_kernel=False)
         for g in grads:
             opt.step(g)
         assert any(c is not None for c in opt._graphs.values())
@@ -283,7 +283,7 @@ def test_fallback_graph_survives_decay_first_step(monkeypatch):
     for impl in ("fused", "reference"):
         ps = [Parameter(Tensor(init[0]), name="f"),
               Parameter(Tensor(init[1]).astype(ms.bfloat16), name="h")]
-        opt = AdamW(ps, lr=1e-2, weight_decay=0.1, impl=impl, graph_min_numel=1)
+        opt = AdamW(ps, lr=1e-2, weight_decay=0.1, impl=impl, graph_min_numel=1, host_kernel=False)
         for k, g in enumerate(grads):
             opt.set_lr(10.0 if k == 1 else 1e-2)  # step 2: lr*wd = 1 -> decay-first branch
             opt.step(g)
