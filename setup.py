@@ -9,6 +9,8 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["mindformers_core", "mindformers_core.*"]),
     py_modules=["run_mindformer"],
+    # the host C kernels are compiled at first use (mindformers_core/core/native.py)
+    package_data={"": ["*.c"]},
     install_requires=[
         "mindspore==2.10.0",
         "numpy>=1.24,<2",

@@ -66,7 +66,6 @@ from ..core.optimizer_defaults import ADAMW_DEFAULTS as D
 from ..core.optimizer_rules import check_beta_count, check_beta_range, check_weight_decay
 from .flat_state import FlatAdamGroup, synchronous_dispatch, worth_packing
 from .fused_adam import FusedAdamGroup
-from .host_adam import host_adam_kernel
 from .host_views import numpy_view_aliases_storage, scale_many_in_place
 from .optimizer import Optimizer, state_dtype
 from .state_offload import HostStateOffload, cpu_offload_for
@@ -172,9 +171,8 @@ class AdamW(Optimizer):
         self.exp_avg_sq_dtype = state_dtype(exp_avg_sq_dtype)
         low_moments = self.exp_avg_dtype != ms.float32 or self.exp_avg_sq_dtype != ms.float32
         self.impl = "reference" if low_moments else impl
-        self.rule = AdamRule(self.impl, self.decoupled_weight_decay)
+        self.rule = AdamRule(self.impl, self.decoupled_weight_decay, host_kernel)
         self.graph_min_numel = graph_min_numel
-        self.host_kernel = host_adam_kernel() if (host_kernel and self.impl == "fused") else None
         self._graphs: Dict[tuple, Any] = {}
         self._flat_seen: Dict[tuple, tuple] = {}
         for i in range(len(self.parameters)):
@@ -209,10 +207,12 @@ class AdamW(Optimizer):
         m_slots, v_slots = self._state["adam_m"], self._state["adam_v"]
         if self.impl == "fused":
             masters = [self._masters.master(i) for i in indices]
-            decay = 1.0 - lr * wd if (wd != 0.0 and self.decoupled_weight_decay) else 1.0
-            if self._host_step(indices, masters, grads, lr, b1, b2, eps, wd, decay):
+            if self.rule.fused_many(masters, [m_slots[i] for i in indices],
+                                    [v_slots[i] for i in indices], grads, lr, b1, b2, eps, wd,
+                                    self.global_step):
                 self._masters.store_many(indices, masters)
                 return
+            decay = 1.0 - lr * wd if (wd != 0.0 and self.decoupled_weight_decay) else 1.0
             if abs(decay) >= 1e-3:
                 # Decay after the kernel: c*p - lr_t*u == c*(p - (lr_t/c)*u). The multiply
                 # then shares the host sync of the write-back: one sync per group and step.
@@ -248,20 +248,6 @@ class AdamW(Optimizer):
                 self.rule.reference(master, m_slots[i], v_slots[i], g,
                                     lr, b1, b2, eps, wd, self.global_step)
                 self._masters.store(i, master)
-
-    def _host_step(self, indices, masters, grads, lr, b1, b2, eps, wd, decay) -> bool:
-        """The group's whole fused step as one host call (``host_adam``): the same bits as
-        the ``ops.Adam`` launches and decay pass below; False when it does not apply."""
-        if self.host_kernel is None:
-            return False
-        decay_first = abs(decay) < 1e-3   # lr*wd ~ 1: dividing lr by the decay would blow up
-        l2 = wd if (wd != 0.0 and not self.decoupled_weight_decay) else 0.0
-        lr_t, b1f, b2f, eps_t = self.rule.scalar_values(
-            lr if decay_first else lr / decay, b1, b2, eps, self.global_step)
-        return self.host_kernel.step(
-            masters, [self._state["adam_m"][i] for i in indices],
-            [self._state["adam_v"][i] for i in indices], grads, lr_t, b1f, b2f, eps_t,
-            decay, decay_first, l2)
 
     def _update(self, group, i, master, grad):
         """Single-parameter update."""

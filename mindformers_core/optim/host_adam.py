@@ -30,7 +30,7 @@ from .host_views import numpy_view_aliases_storage
 from .main_params import wait_for_kernels
 
 __all__ = ["HostAdamKernel", "host_adam_kernel", "host_adam_unavailable_reason",
-           "reset_host_adam_kernel", "BLOCK", "SOURCE"]
+           "host_adam_notice", "reset_host_adam_kernel", "BLOCK", "SOURCE"]
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_adam.c")
 
@@ -80,19 +80,22 @@ class HostAdamKernel:
 
     def step(self, masters: Sequence, exp_avg: Sequence, exp_avg_sq: Sequence,
              grads: Sequence, lr: float, b1: float, b2: float, eps: float, decay: float = 1.0,
-             decay_first: bool = False, l2: float = 0.0) -> bool:
+             decay_first: bool = False, l2: float = 0.0,
+             threads: Optional[int] = None) -> bool:
+        """One step; False (nothing touched) when the tensors are not all fp32, contiguous,
+        in host memory and of matching sizes. ``threads``: default the runtime's."""
         n = len(masters)
         if not n == len(exp_avg) == len(exp_avg_sq) == len(grads):
             return False
         sizes = [int(t.size) for t in masters]
         if any([int(t.size) for t in kind] != sizes for kind in (exp_avg, exp_avg_sq, grads)):
             return False
+        if not synchronous_dispatch():
+            wait_for_kernels()  # the gradients (and any queued update) must be written
         addresses = [[_address(t) for t in kind]
                      for kind in (masters, exp_avg, exp_avg_sq, grads)]
         if not all(all(kind) for kind in addresses):
             return False
-        if not synchronous_dispatch():
-            wait_for_kernels()  # the gradients (and any queued update) must be written
         ptrs = [(ctypes.c_void_p * n)(*kind) for kind in addresses]
         numel = (ctypes.c_int64 * n)(*sizes)
         blocks = sum(-(-s // BLOCK) for s in sizes)
@@ -101,7 +104,7 @@ class HostAdamKernel:
         def run(lo_hi):
             return self._fn(n, *ptrs, numel, BLOCK, lo_hi[0], lo_hi[1], *args)
 
-        threads = min(_threads(), blocks) if sum(sizes) >= THREADED_MIN_NUMEL else 1
+        threads = min(threads or _threads(), blocks) if sum(sizes) >= THREADED_MIN_NUMEL else 1
         if threads <= 1:
             done = run((0, blocks))
         else:
@@ -133,6 +136,15 @@ def host_adam_unavailable_reason() -> str:
     if not numpy_view_aliases_storage():
         return "tensor storage is not host memory"
     return native.unavailable_reason(SOURCE)
+
+
+def host_adam_notice() -> Optional[str]:
+    """A log line when this CPU process runs Adam on MindSpore's kernels for want of the host
+    kernel (a missing compiler costs ~2x in the optimizer phase), else None."""
+    if not numpy_view_aliases_storage() or host_adam_kernel() is not None:
+        return None
+    return (f"host Adam kernel : unavailable ({host_adam_unavailable_reason()}); Adam steps "
+            f"use ops.Adam launches")
 
 
 def reset_host_adam_kernel() -> None:

@@ -400,19 +400,18 @@ class Muon(Optimizer):
         self.global_step += 1
         muon_jobs = []
         for group, indices in zip(self.param_groups, self._group_indices):
-            scalar_group = None
+            scalar_jobs = []
             for i in indices:
                 if grads[i] is None:
                     continue
                 g = to_fp32(grads[i])
                 if self._is_muon[i]:
                     muon_jobs.append((group, i, g))
-                    continue
-                if scalar_group is None:
-                    scalar_group = dict(group, lr=float(group["lr"]) * self.adamw_lr_mult)
-                master = self._masters.master(i)
-                self._scalar_update(scalar_group, i, master, g)
-                self._masters.store(i, master)
+                else:
+                    scalar_jobs.append((i, g))
+            if scalar_jobs:
+                self._scalar_updates(dict(group, lr=float(group["lr"]) * self.adamw_lr_mult),
+                                     scalar_jobs)
         if muon_jobs:
             self._muon_update(muon_jobs)
         if self.qk_clip_enabled:
@@ -482,6 +481,21 @@ class Muon(Optimizer):
         return [o if t.ndim == 3 else o.squeeze(0) for o, t in zip(out, tensors)]
 
     # -- scalar branch ---------------------------------------------------------------------
+    def _scalar_updates(self, group: Dict[str, Any], jobs) -> None:
+        """The scalar branch of a group's ``(i, grad)`` jobs: one many-tensor step where the
+        rule has one (``AdamRule.branch_update_many``), else parameter by parameter."""
+        rule = self.scalar_rule
+        indices = [i for i, _ in jobs]
+        masters = [self._masters.master(i) for i in indices]
+        states = [[self.get_state(prefix, i) for i in indices] for prefix in rule.state_prefixes]
+        if rule.branch_update_many(masters, states, [g for _, g in jobs], float(group["lr"]),
+                                   group, self.group_weight_decay(group), self.global_step):
+            self._masters.store_many(indices, masters)
+            return
+        for (i, g), master in zip(jobs, masters):
+            self._scalar_update(group, i, master, g)
+            self._masters.store(i, master)
+
     def _scalar_update(self, group: Dict[str, Any], i: int, master, g: Tensor) -> None:
         """AdamW (``adamw_betas``, ``adamw_eps``, Muon's step count) or Lion (``lion_betas``)."""
         rule = self.scalar_rule

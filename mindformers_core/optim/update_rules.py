@@ -20,6 +20,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
+from .host_adam import host_adam_kernel
 from .host_views import scale_in_place
 
 __all__ = ["apply_decoupled_decay", "AdamRule", "LionRule", "lion_step", "muon_momentum",
@@ -42,11 +43,13 @@ class AdamRule:
     #: the state tensors of a parameter this rule updates, in :meth:`branch_update` order
     state_prefixes = ("adam_m", "adam_v")
 
-    def __init__(self, impl: str = "fused", decoupled: bool = True):
+    def __init__(self, impl: str = "fused", decoupled: bool = True, host_kernel: bool = True):
         self.impl = impl
         self.decoupled = bool(decoupled)
         self.kernel = ops.Adam()
         self.zero = Tensor(0.0, ms.float32)
+        #: on CPU, many tensors' fused step in one host call (``host_adam``); None elsewhere
+        self.host = host_adam_kernel() if (host_kernel and impl == "fused") else None
 
     @staticmethod
     def scalars(lr: float, b1: float, b2: float, eps: float, step: int):
@@ -67,6 +70,23 @@ class AdamRule:
         bc1, bc2 = 1.0 - b1f ** step, 1.0 - b2f ** step
         sq = math.sqrt(bc2)
         return lr * sq / bc1, b1f, b2f, eps * sq
+
+    def fused_many(self, masters, exp_avg, exp_avg_sq, grads, lr: float, b1: float, b2: float,
+                   eps: float, wd: float, step: int) -> bool:
+        """The fused step of many fp32 masters as one host call (``host_adam``), the decay
+        included: the update of :meth:`fused` per tensor, within fp32 rounding (the
+        ``ops.Adam`` kernel computes its tail elements in double). False, with nothing
+        touched, where the host kernel is unavailable or does not take the tensors."""
+        if self.host is None:
+            return False
+        decay = 1.0 - lr * wd if (wd != 0.0 and self.decoupled) else 1.0
+        # the decay after the update, c*p - lr_t*u == c*(p - (lr_t/c)*u), unless lr*wd ~ 1
+        decay_first = abs(decay) < 1e-3
+        lr_t, b1f, b2f, eps_t = self.scalar_values(lr if decay_first else lr / decay,
+                                                   b1, b2, eps, step)
+        return self.host.step(masters, exp_avg, exp_avg_sq, grads, lr_t, b1f, b2f, eps_t,
+                              decay, decay_first, wd if (wd != 0.0 and not self.decoupled)
+                              else 0.0)
 
     def fused(self, master: Parameter, m: Parameter, v: Parameter, g: Tensor, lr: float,
               wd: float, scalars) -> None:
@@ -114,6 +134,15 @@ class AdamRule:
         self.update(master, states[0], states[1], g, lr, group["betas"], float(group["eps"]),
                     wd, step)
 
+    def branch_update_many(self, masters, states, grads, lr: float, group, wd: float,
+                           step: int) -> bool:
+        """:meth:`branch_update` of many parameters at once (``states``: one list per state
+        prefix) where :meth:`fused_many` takes them; False, nothing touched, otherwise."""
+        b1, b2 = group["betas"]
+        return self.impl == "fused" and self.fused_many(
+            masters, states[0], states[1], grads, lr, float(b1), float(b2),
+            float(group["eps"]), wd, step)
+
 
 class LionRule:
     """Lion as a rule object (Muon's scalar branch under ``muon_scalar_optimizer: lion``)."""
@@ -126,6 +155,10 @@ class LionRule:
     def branch_update(self, master, states, g, lr: float, group, wd: float,  # noqa: ARG002
                       step: int) -> None:  # noqa: ARG002 - Lion has no bias correction
         lion_step(master, states[0], g, lr, self.betas, wd)
+
+    def branch_update_many(self, *args) -> bool:  # noqa: ARG002 - AdamRule's interface
+        """Lion has no many-tensor kernel: the caller updates parameter by parameter."""
+        return False
 
 
 def lion_step(master: Parameter, m: Parameter, g: Tensor, lr: float, betas,
