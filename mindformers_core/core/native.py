@@ -26,9 +26,11 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from typing import Dict, Optional, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["load", "unavailable_reason", "native_kernels_enabled", "cache_dir", "forget", "FLAGS"]
+__all__ = ["load", "unavailable_reason", "native_kernels_enabled", "cache_dir", "forget",
+           "run_split", "FLAGS"]
 
 #: ``-ffp-contract=off``: no fused multiply-adds, so results do not depend on the CPU having
 #: FMA and equal the op-by-op rounding of MindSpore's element-wise kernels;
@@ -135,3 +137,22 @@ def forget(source: str) -> None:
     with _LOCK:
         _LOADED.pop(os.path.abspath(source), None)
         _REASONS.pop(os.path.abspath(source), None)
+
+
+_POOL: List[tuple] = []   # [(pid, threads, executor)]: a forked child has no pool threads
+
+
+def run_split(run: Callable[[Tuple[int, int]], object], count: int, threads: int) -> list:
+    """``[run((lo, hi)) ...]`` over ``threads`` contiguous ranges that cover ``range(count)``,
+    in order; the ranges run on a process-wide thread pool (a C call through ctypes releases
+    the GIL), a single range on the calling thread."""
+    threads = max(1, min(int(threads), count))
+    if threads == 1:
+        return [run((0, count))]
+    with _LOCK:
+        if not _POOL or _POOL[0][:2] != (os.getpid(), threads):
+            _POOL[:] = [(os.getpid(), threads, ThreadPoolExecutor(
+                max_workers=threads, thread_name_prefix="mfc-native"))]
+        pool = _POOL[0][2]
+    cuts = [count * j // threads for j in range(threads + 1)]
+    return list(pool.map(run, list(zip(cuts[:-1], cuts[1:]))))

@@ -1,13 +1,15 @@
 """Global gradient norm and clipping by it (upstream MindFormers trainer semantics).
 
-    norm = sqrt(sum_p sum_i g_p,i^2)            in fp32, one norm over every gradient
+    norm = sqrt(sum_p sum_i g_p,i^2)            one norm over every gradient
     coef = max_norm / (norm + 1e-6);  grads *= coef  when coef < 1
 
 The returned norm is the pre-clip norm. A non-finite norm is returned as is and the gradients
 are returned unchanged (never scaled by a NaN/inf coefficient); the trainer decides to skip.
 ``max_norm=None`` disables clipping (the norm is still computed). None gradients are skipped.
 
-Cost: gradients are packed into buckets of at most ``NORM_BUCKET_NUMEL`` elements; each bucket
+On CPU the sum of squares is one host C call over every gradient, accumulated in float64
+(``host_norm``: no kernel launch per gradient). Elsewhere (or for gradients it does not take)
+gradients are packed into buckets of at most ``NORM_BUCKET_NUMEL`` elements; each bucket
 is one concat + one ``ops.norm`` kernel (a tensor larger than a bucket is normed on its own, no
 copy), then one stack + reduction and a single host synchronisation for the whole norm. Small
 models have dozens of small gradients whose per-kernel dispatch costs more than the copy
@@ -21,6 +23,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import mindspore as ms
 from mindspore import Tensor, ops
+
+from .host_norm import host_sq_norm
 
 __all__ = ["global_grad_norm", "clip_coefficient", "clip_by_norm", "clip_grad_by_global_norm",
            "CLIP_EPS"]
@@ -47,7 +51,11 @@ def _norm_buckets(grads: Sequence[Optional[Tensor]]) -> List[List[Tensor]]:
 
 
 def global_grad_norm(grads: Sequence[Optional[Tensor]]) -> float:
-    """L2 norm over all (non-None) gradients, computed in fp32; 0.0 when there are none."""
+    """L2 norm over all (non-None) gradients; 0.0 when there are none. On CPU one host call
+    accumulating in float64 (``host_norm``), elsewhere MindSpore's fp32 norms per bucket."""
+    sq = host_sq_norm(grads)
+    if sq is not None:
+        return math.sqrt(sq)
     norms = [ops.norm(b[0] if len(b) == 1 else ops.cat(b)) for b in _norm_buckets(grads)]
     if not norms:
         return 0.0

@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Sequence
-
-import mindspore as ms
 
 from ..core import native
 from .flat_state import synchronous_dispatch
-from .host_views import numpy_view_aliases_storage
+from .host_views import host_address, host_threads, numpy_view_aliases_storage
 from .main_params import wait_for_kernels
 
 __all__ = ["HostAdamKernel", "host_adam_kernel", "host_adam_unavailable_reason",
@@ -44,26 +41,6 @@ _PTRS = ctypes.POINTER(ctypes.c_void_p)
 _I64S = ctypes.POINTER(ctypes.c_int64)
 
 
-def _threads() -> int:
-    """MindSpore's CPU runtime thread count (``runtime_num_threads``), capped by the cores."""
-    cores = os.cpu_count() or 1
-    try:
-        configured = int(ms.get_context("runtime_num_threads") or cores)
-    except (TypeError, ValueError, RuntimeError):
-        configured = cores
-    return max(1, min(cores, configured))
-
-
-def _address(tensor) -> int:
-    """The address of ``tensor``'s fp32 host storage (0 when it has none or is strided).
-
-    ``data_ptr()`` costs ~0.3 us against ~5 us for ``asnumpy()``, and on CPU it is the
-    address ``asnumpy()`` views (tested); pending kernels are waited for by the caller."""
-    if tensor.dtype != ms.float32 or not tensor.is_contiguous():
-        return 0
-    return int(tensor.data_ptr() or 0)
-
-
 class HostAdamKernel:
     """``step(masters, exp_avg, exp_avg_sq, grads, lr, b1, b2, eps, decay, decay_first, l2)``
     over lists of fp32 tensors (masters and moments updated in place; ``host_adam.c`` has
@@ -76,7 +53,6 @@ class HostAdamKernel:
                        ctypes.c_int64, ctypes.c_int64] + [ctypes.c_float] * 5 + \
             [ctypes.c_int32, ctypes.c_float]
         self._fn = fn
-        self._pool: Optional[tuple] = None   # (pid, threads, executor): a forked child has none
 
     def step(self, masters: Sequence, exp_avg: Sequence, exp_avg_sq: Sequence,
              grads: Sequence, lr: float, b1: float, b2: float, eps: float, decay: float = 1.0,
@@ -92,7 +68,7 @@ class HostAdamKernel:
             return False
         if not synchronous_dispatch():
             wait_for_kernels()  # the gradients (and any queued update) must be written
-        addresses = [[_address(t) for t in kind]
+        addresses = [[host_address(t) for t in kind]
                      for kind in (masters, exp_avg, exp_avg_sq, grads)]
         if not all(all(kind) for kind in addresses):
             return False
@@ -104,15 +80,8 @@ class HostAdamKernel:
         def run(lo_hi):
             return self._fn(n, *ptrs, numel, BLOCK, lo_hi[0], lo_hi[1], *args)
 
-        threads = min(threads or _threads(), blocks) if sum(sizes) >= THREADED_MIN_NUMEL else 1
-        if threads <= 1:
-            done = run((0, blocks))
-        else:
-            if self._pool is None or self._pool[:2] != (os.getpid(), threads):
-                self._pool = (os.getpid(), threads, ThreadPoolExecutor(
-                    max_workers=threads, thread_name_prefix="host-adam"))
-            cuts = [blocks * j // threads for j in range(threads + 1)]
-            done = sum(self._pool[2].map(run, list(zip(cuts[:-1], cuts[1:]))))
+        threads = (threads or host_threads()) if sum(sizes) >= THREADED_MIN_NUMEL else 1
+        done = sum(native.run_split(run, blocks, threads))
         if done != sum(sizes):  # the block walk is the kernel's; a mismatch is a bug there
             raise RuntimeError(f"host Adam updated {done} of {sum(sizes)} elements")
         return True

@@ -7,6 +7,7 @@ base, AdamW and the fp32 masters (``main_params``), which is why it is a module 
 """
 from __future__ import annotations
 
+import os
 from typing import Dict, Optional, Sequence
 
 import numpy as np
@@ -14,7 +15,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor
 
 __all__ = ["scale_many_in_place", "scale_in_place", "aliased_view",
-           "numpy_view_aliases_storage"]
+           "numpy_view_aliases_storage", "host_address", "host_threads"]
 
 
 def scale_many_in_place(masters: Sequence[Parameter], factor: float) -> None:
@@ -88,3 +89,25 @@ def numpy_view_aliases_storage(low_precision: bool = False) -> bool:
                 ok = False
         _ALIASES[key] = ok
     return _ALIASES[key]
+
+
+def host_address(tensor) -> int:
+    """The address of ``tensor``'s fp32 host storage, 0 when it is not fp32 or is strided.
+
+    Meaningful where :func:`numpy_view_aliases_storage` holds (CPU): there ``data_ptr()`` is
+    the address ``asnumpy()`` views (tested), at ~0.3 us against ~5 us for ``asnumpy()``.
+    Kernels still queued on the tensor are the caller's to wait for."""
+    if tensor.dtype != ms.float32 or not tensor.is_contiguous():
+        return 0
+    return int(tensor.data_ptr() or 0)
+
+
+def host_threads() -> int:
+    """MindSpore's CPU runtime thread count (``runtime_num_threads``), capped by the cores:
+    host kernels use as many threads as MindSpore's own CPU kernels."""
+    cores = os.cpu_count() or 1
+    try:
+        configured = int(ms.get_context("runtime_num_threads") or cores)
+    except (TypeError, ValueError, RuntimeError):
+        configured = cores
+    return max(1, min(cores, configured))
