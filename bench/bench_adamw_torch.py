@@ -22,7 +22,7 @@ bench prints that it is skipped.
     python bench/bench_adamw_torch.py --sizes 1e7 --rounds 5 --threads 2
     python bench/bench_adamw_torch.py --save                # bench/results/adamw_torch.json
 
-Without ``--save`` (or ``--out``) the JSON goes to ``output/bench/adamw_torch.json``
+Without ``--save`` (or ``--out PATH``) the JSON goes to ``output/bench/adamw_torch.json``
 (untracked).
 """
 from __future__ import annotations
@@ -43,6 +43,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from bench.output import add_output_args, output_path, write_json  # noqa: E402
 
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.95), 1e-8, 0.01
 
@@ -177,8 +179,7 @@ def main(argv=None) -> int:
     ap.add_argument("--asynchronous", action="store_true",
                     help="PyNative's asynchronous dispatch (the trainer dispatches "
                          "synchronously on CPU: trainer/pynative.py)")
-    ap.add_argument("--save", action="store_true", help="write bench/results/adamw_torch.json")
-    ap.add_argument("--out", help="write the JSON here instead")
+    add_output_args(ap, "adamw_torch")
     ap.add_argument("--worker", choices=["ours", "torch_fused", "torch_foreach"],
                     help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="10M only, 3 rounds")
@@ -204,14 +205,11 @@ def main(argv=None) -> int:
               f"{r['torch_fused_ns_per_param']:>7.2f} {r['torch_foreach_ns_per_param']:>7.2f} "
               f"{r['ratio_to_torch_fused']:>7.2f} {r['ratio_to_torch_foreach']:>9.2f} "
               f"{r['max_rel_diff_to_torch_fused']:>12.1e}", flush=True)
-    path = args.out or os.path.join(ROOT, *(("bench", "results") if args.save
-                                            else ("output", "bench")), "adamw_torch.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"machine": platform.platform(), "cpus": os.cpu_count(),
-                   "threads": args.threads,
-                   "pynative_synchronize": not args.asynchronous, "torch": torch.__version__,
-                   "mindspore": version("mindspore"), "rows": rows}, fh, indent=1)
+    path = write_json(output_path(args, "adamw_torch"),
+                      {"machine": platform.platform(), "cpus": os.cpu_count(),
+                       "threads": args.threads,
+                       "pynative_synchronize": not args.asynchronous, "torch": torch.__version__,
+                       "mindspore": version("mindspore"), "rows": rows}, indent=1)
     print(f"wrote {path}")
     return 0
 

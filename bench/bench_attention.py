@@ -9,7 +9,8 @@ its RSS before the attention (inputs already allocated).
     python bench/bench_attention.py                    # S = 1024, 4096
     python bench/bench_attention.py --seq 1024 --block 256
 
-Writes bench/results/attention.json.
+Writes output/bench/attention.json (untracked;
+bench/results/attention.json with ``--save``, or ``--out PATH``).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from bench.output import add_output_args, output_path, write_json  # noqa: E402
 
 
 def _inputs(b, n, s, d):
@@ -87,7 +90,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--child", nargs=2, metavar=("PATH", "SEQ"))
     ap.add_argument("--quick", action="store_true", help="smaller sizes, one round")
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "attention.json"))
+    add_output_args(ap, "attention")
     args = ap.parse_args()
     if args.quick and not args.child:
         args.seq, args.rounds = [512], 1
@@ -124,9 +127,7 @@ def main() -> None:
         print(f"S={s:5d} block={args.block}: plain {row['plain_s'] * 1e3:8.1f} ms "
               f"(+{row['plain_delta_mb']:.0f} MB)  blockwise {row['blockwise_s'] * 1e3:8.1f} ms "
               f"(+{row['blockwise_delta_mb']:.0f} MB)  speedup {row['speedup']:.2f}x")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump({"config": vars(args), "results": results}, fh, indent=1)
+    write_json(output_path(args, "attention"), {"config": vars(args), "results": results}, indent=1)
 
 
 if __name__ == "__main__":

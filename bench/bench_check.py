@@ -8,12 +8,12 @@ side by side in the same loop (the interpreter's own start-up) and the in-proces
 
     python bench/bench_check.py [--repeats 7] [--quick]
 
-Prints a table; writes ``--out`` (default bench/results/check.json).
+Prints a table; writes output/bench/check.json (untracked;
+bench/results/check.json with ``--save``, or ``--out PATH``).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -24,6 +24,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from bench.output import add_output_args, output_path, write_json  # noqa: E402
 
 CONFIGS = ["configs/quickstart.yaml", "configs/muon_deepseek_v3_tiny.yaml",
            "configs/npu/deepseek_v3_muon.yaml"]
@@ -75,7 +77,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="3 repeats")
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "check.json"))
+    add_output_args(ap, "check")
     args = ap.parse_args(argv)
     repeats = 3 if args.quick else args.repeats
     rows = [bench_config(c, repeats) for c in CONFIGS if os.path.exists(os.path.join(ROOT, c))]
@@ -84,13 +86,13 @@ def main(argv=None) -> int:
         print(f"{r['config']:<38} {r['check_s']:>9.3f} {r['python_startup_s']:>8.3f} "
               f"{r['check_minus_startup_s']:>7.3f} {r['load_config_ms']:>7.1f} "
               f"{'imported' if r['imports_mindspore'] else 'not imported'}")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as fh:
-        json.dump({"benchmark": "check", "repeats": repeats, "python": platform.python_version(),
-                   "machine": platform.machine(), "cpus": os.cpu_count(),
-                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "results": rows},
-                  fh, indent=2)
-    print(f"wrote {args.out}")
+    path = write_json(output_path(args, "check"),
+                      {"benchmark": "check", "repeats": repeats,
+                       "python": platform.python_version(), "machine": platform.machine(),
+                       "cpus": os.cpu_count(),
+                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                       "results": rows})
+    print(f"wrote {path}")
     return 1 if any(r["imports_mindspore"] for r in rows) else 0
 
 

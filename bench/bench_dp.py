@@ -1,7 +1,7 @@
 """Data-parallel bench: Muon comm strategies and ZeRO-1 optimizer-state memory per rank.
 
     python bench/bench_dp.py [--worlds 1 2 4 8] [--model tiny_mla|tiny_deepseek_v3]
-                             [--measure] [--json out.json]
+                             [--measure] [--save | --out PATH]
 
 Model part (any world size, one process): the real optimizer is built sharded for every rank
 ``r`` of ``W`` (``build_optimizer(..., shard_layout=ZeroSharding(Communicator(r, W), -1))``;
@@ -20,6 +20,9 @@ optimizer step and rank it reports
 
 ``--measure`` also launches 2 msrun CPU workers (scripts/msrun_launcher.sh) for 3 steps of
 each strategy and prints the measured per-rank counters next to the model's.
+
+Writes output/bench/dp.json (untracked;
+bench/results/dp.json with ``--save``, or ``--out PATH``).
 """
 from __future__ import annotations
 
@@ -34,6 +37,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from bench.output import add_output_args, output_path, write_json  # noqa: E402
 
 MODELS = {
     "tiny_mla": {"model_type": "deepseek_v3", "multi_latent_attention": True, "vocab_size": 64,
@@ -169,8 +174,7 @@ def worker(out_dir: str, model_name: str, steps: int) -> None:
                       "by_op": {k: v / steps for k, v in comm.stats.bytes.items()},
                       "ns_flops": (getattr(opt, "ns_flops_total", 0.0) - flops0) / steps,
                       "state_bytes": optimizer_state_bytes(opt)}
-    with open(os.path.join(out_dir, f"rank{comm.rank}.json"), "w") as fh:
-        json.dump(res, fh)
+    write_json(os.path.join(out_dir, f"rank{comm.rank}.json"), res, indent=None)
     comm.barrier()
 
 
@@ -179,7 +183,7 @@ def main(argv=None) -> int:
     ap.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--model", default="tiny_mla")
     ap.add_argument("--measure", action="store_true")
-    ap.add_argument("--json")
+    add_output_args(ap, "dp")
     ap.add_argument("--worker")
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args(argv)
@@ -218,9 +222,7 @@ def main(argv=None) -> int:
                 print(f"  {label:>12} rank {r}: NS {m['ns_flops'] / 1e9:.4f} GFLOP, "
                       f"{m['bytes'] / 1e6:.3f} MB received {m['by_op']}, "
                       f"state {m['state_bytes'] / 1e6:.4f} MB")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=1)
+    write_json(output_path(args, "dp"), result, indent=1)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Fully sharded data parallel bench: per-rank bytes and peak RSS, 1 process vs 2 msrun workers.
 
-    python bench/bench_fsdp.py [--steps 3] [--out out.json] [--set KEY=VALUE ...]
+    python bench/bench_fsdp.py [--steps 3] [--save | --out PATH] [--set KEY=VALUE ...]
                                [--strategies optim optim_grads optim_grads_params] [--quick]
 
 Runs the real Trainer (configs/markov_check.yaml with a GPT large enough for the weights to
@@ -14,6 +14,9 @@ one after the other, and prints per rank: the measured bytes of parameters (the 
 Parameters as stored), reduced gradients (what the optimizer receives) and optimizer state
 (``zero.optimizer_state_bytes``), the memory plan's numbers for the same items (what
 ``--check`` and the start-of-run log print), and the process's peak resident set (``VmHWM``).
+
+Writes output/bench/fsdp.json (untracked;
+bench/results/fsdp.json with ``--save``, or ``--out PATH``).
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "distributed"))   # msrun_util
 sys.path.insert(0, os.path.join(ROOT, "tests", "core"))          # rss_worker
+
+from bench.output import add_output_args, output_path, write_json  # noqa: E402
 
 MODEL = ["model.vocab_size=8192", "model.hidden_size=512", "model.num_layers=4",
          "model.num_attention_heads=8", "model.seq_length=64",
@@ -65,8 +70,7 @@ def worker(out_dir: str, steps: int, overrides) -> None:
            "optimizer state": int(optimizer_state_bytes(trainer.optimizer)),
            "plan": {k: int(plan.items[k]) for k in ITEMS},
            "peak_rss": peak_rss_bytes(), "world": trainer.grad_reducer.world_size}
-    with open(os.path.join(out_dir, f"rank{trainer.rank}.json"), "w") as fh:
-        json.dump(out, fh)
+    write_json(os.path.join(out_dir, f"rank{trainer.rank}.json"), out, indent=None)
 
 
 def run(label: str, workers: int, steps: int, overrides) -> list:
@@ -106,7 +110,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--quick", action="store_true",
                     help="1 step, 1 process vs optim_grads_params only")
-    ap.add_argument("--out", help="write the rows as JSON")
+    add_output_args(ap, "fsdp")
     ap.add_argument("--worker")
     ap.add_argument("--set", action="append", default=[],
                     help="config overrides of every run (e.g. model.hidden_size=1024)")
@@ -129,10 +133,8 @@ def main(argv=None) -> int:
               + "".join(f"{row[k + '_mib']:>13.1f} MiB" for k in ITEMS)
               + f"{row['bytes_vs_1_process']:>12.3f}{row['plan_mib']:>8.1f} MiB"
               + f"{row['peak_rss_mib']:>7.0f} MiB{row['peak_rss_vs_1_process']:>11.3f}")
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump({"settings": MODEL + RUN + args.set, "steps": steps, "runs": rows},
-                      fh, indent=1)
+    write_json(output_path(args, "fsdp"),
+               {"settings": MODEL + RUN + args.set, "steps": steps, "runs": rows}, indent=1)
     return 0
 
 

@@ -2,11 +2,11 @@
 
     python bench/bench_lr.py [--calls 20000]
 
-Prints a table and writes ``bench/results/lr.json``. Steps sweep 0 .. 2*total_steps so every
-phase (warmup, stable, decay, hold) is timed; ``group_lrs`` for 4 groups is timed as well.
+Prints a table and writes output/bench/lr.json (untracked; bench/results/lr.json with
+``--save``, or ``--out PATH``). Steps sweep 0 .. 2*total_steps so every phase (warmup, stable,
+decay, hold) is timed; ``group_lrs`` for 4 groups is timed as well.
 """
 import argparse
-import json
 import os
 import platform
 import sys
@@ -15,6 +15,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.output import add_output_args, output_path, write_json  # noqa: E402
 from mindformers_core.core.lr import build_lr_scheduler, group_lrs  # noqa: E402
 
 T = 10_000
@@ -50,7 +51,7 @@ def time_calls(fn, steps, repeats=3):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=20_000)
-    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "lr.json"))
+    add_output_args(parser, "lr")
     args = parser.parse_args(argv)
     stride = max(1, 2 * T // args.calls)
     steps = list(range(0, 2 * T, stride))[: args.calls]
@@ -68,12 +69,11 @@ def main(argv=None):
     for r in rows:
         flag = "" if r["us_per_call"] < 5 or r["schedule"].startswith("group_lrs") else "  SLOW"
         print(f"{r['schedule']:<{width}}  {r['us_per_call']:7.3f}{flag}")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump({"benchmark": "lr_at", "total_steps": T, "calls": len(steps),
-                   "python": platform.python_version(), "machine": platform.machine(),
-                   "target_us": 5.0, "results": rows}, f, indent=2)
-    print(f"wrote {args.out}")
+    path = write_json(output_path(args, "lr"),
+                      {"benchmark": "lr_at", "total_steps": T, "calls": len(steps),
+                       "python": platform.python_version(), "machine": platform.machine(),
+                       "target_us": 5.0, "results": rows})
+    print(f"wrote {path}")
     worst = max(r["us_per_call"] for r in rows if not r["schedule"].startswith("group_lrs"))
     return 0 if worst < 5.0 else 1
 

@@ -19,12 +19,12 @@ the figure.
     python bench/bench_moe.py --quick      # 6 rounds
     python bench/bench_moe.py --options    # + the dispatch strategies
 
-Prints a table; writes bench/results/moe.json.
+Prints a table; writes output/bench/moe.json (untracked;
+bench/results/moe.json with ``--save``, or ``--out PATH``).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 import mindspore as ms  # noqa: E402
 from mindspore import Tensor, mint, ops  # noqa: E402
 
+from bench.output import add_output_args, output_path, write_json  # noqa: E402
 from mindformers_core.models import build_model  # noqa: E402
 from mindformers_core.models.dispatch import block_expert_ffn, make_plan, swiglu_halves  # noqa: E402
 from mindformers_core.trainer.run import apply_pynative_synchronize  # noqa: E402
@@ -184,7 +185,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--options", action="store_true", help="also time the CPU dispatch strategies")
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "moe.json"))
+    add_output_args(ap, "moe")
     args = ap.parse_args(argv)
     rounds = args.rounds or (6 if args.quick else 20)
     ms.set_device("CPU")
@@ -212,9 +213,7 @@ def main(argv=None) -> int:
         for row in result["strategies"]:
             print(f"  {row['strategy']:8s}                        {row['ms_e4']:7.2f}  "
                   f"{row['ms_e64']:7.2f}  {row['ratio']:6.2f}")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as fh:
-        json.dump(result, fh, indent=2)
+    write_json(output_path(args, "moe"), result)
     return 0
 
 

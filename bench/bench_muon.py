@@ -20,7 +20,8 @@ Target (issue 6): NS reaches >= 80% of the fp32 matmul throughput for the 1024x4
 With ``--convergence`` it also trains the tiny DeepSeek-V3 job (configs/muon_deepseek_v3_tiny.yaml)
 with Muon (lr 2e-2, WSD) and with AdamW (lr 3e-3, WSD) and reports the steps each needs to bring
 the 5-step mean excess loss (loss - corpus entropy floor) to ``--target-excess``.
-Prints a table; writes bench/results/muon.json.
+Prints a table; writes output/bench/muon.json (untracked;
+bench/results/muon.json with ``--save``, or ``--out PATH``).
 
     python bench/bench_muon.py              # 3 rounds
     python bench/bench_muon.py --rounds 5 --convergence
@@ -43,6 +44,7 @@ if ROOT not in sys.path:
 import mindspore as ms  # noqa: E402
 from mindspore import Tensor, ops  # noqa: E402
 
+from bench.output import add_output_args, output_path, write_json  # noqa: E402
 from mindformers_core.config.yaml_io import load_yaml_text  # noqa: E402
 from mindformers_core.models.build import build_model  # noqa: E402
 from mindformers_core.optim.muon import Muon  # noqa: E402
@@ -232,7 +234,7 @@ def compare_convergence(steps: int, target: float, out_dir: str) -> dict:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "muon.json"))
+    add_output_args(ap, "muon")
     ap.add_argument("--convergence", action="store_true",
                     help="also train Muon vs AdamW on the tiny DeepSeek-V3 job (minutes)")
     ap.add_argument("--convergence-steps", type=int, default=150)
@@ -280,9 +282,7 @@ def main(argv=None) -> dict:
         print(f"steps to 5-step mean excess loss <= {args.target_excess}: Muon {m}, AdamW {a} "
               f"(final excess {conv['muon']['final_excess_loss']:.3f} vs "
               f"{conv['adamw']['final_excess_loss']:.3f})")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
+    write_json(output_path(args, "muon"), result)
     return result
 
 

@@ -16,7 +16,8 @@ p, m, v in fp32) at the bandwidth of a large ``np.copyto`` measured in the same 
 reports optimizer-state bytes per parameter for each precision mode. The comparison with
 torch's fused AdamW is ``bench_adamw_torch.py`` (its own processes: torch imported into a
 MindSpore process slows MindSpore's kernels). Prints a table; writes
-output/bench/optimizer.json (untracked), or bench/results/optimizer.json with ``--save``.
+output/bench/optimizer.json (untracked; bench/results/optimizer.json with ``--save``, or
+``--out PATH``).
 
     python bench/bench_optimizer.py                 # 1M, 10M, 50M
     python bench/bench_optimizer.py --sizes 1e6 --repeats 3
@@ -24,7 +25,6 @@ output/bench/optimizer.json (untracked), or bench/results/optimizer.json with ``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -39,6 +39,7 @@ if ROOT not in sys.path:
 import mindspore as ms  # noqa: E402
 from mindspore import Parameter, Tensor, nn  # noqa: E402
 
+from bench.output import add_output_args, output_path, write_json  # noqa: E402
 from mindformers_core.optim.adamw import AdamW  # noqa: E402
 
 BYTES_PER_PARAM = 28  # fp32 read p, m, v, g + write p, m, v
@@ -195,11 +196,8 @@ def main(argv=None) -> dict:
                     help="size of the array copied to measure memory bandwidth")
     ap.add_argument("--pynative-synchronize", action="store_true",
                     help="run kernels in the calling thread (no executor hand-offs)")
-    ap.add_argument("--save", action="store_true", help="write bench/results/optimizer.json")
-    ap.add_argument("--out", help="write the JSON here instead")
+    add_output_args(ap, "optimizer")
     args = ap.parse_args(argv)
-    args.out = args.out or os.path.join(ROOT, *(("bench", "results") if args.save
-                                                else ("output", "bench")), "optimizer.json")
     if args.pynative_synchronize:
         ms.set_context(pynative_synchronize=True)
     bw = measure_bandwidth(args.bandwidth_mb * 2 ** 20)
@@ -236,9 +234,7 @@ def main(argv=None) -> dict:
     print("optimizer state bytes/param:")
     for k, v in result["state_bytes_per_param"].items():
         print(f"  {k:<42} {v:5.1f}")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
+    write_json(output_path(args, "optimizer"), result)
     return result
 
 

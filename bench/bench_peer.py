@@ -14,9 +14,9 @@ before the model exists).
     pip install torch==2.13.0        # the optional ``bench`` extra (setup.py)
     python bench/bench_peer.py                       # all models
     python bench/bench_peer.py --models mid_gpt --steps 8 --jit layer
-    python bench/bench_peer.py --save                # also write bench/results/peer.json
+    python bench/bench_peer.py --save                # write bench/results/peer.json
 
-Without ``--save`` the JSON goes to the temp directory (untracked).
+Without ``--save`` (or ``--out PATH``) the JSON goes to ``output/bench/peer.json`` (untracked).
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from bench.output import add_output_args, output_path, write_json  # noqa: E402
 
 GPT = dict(model_type="gpt", num_attention_heads=4, rope_theta=10000.0, norm_epsilon=1e-6,
            initializer_range=0.02, params_dtype="float32", compute_dtype="float32",
@@ -260,8 +262,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0,
                     help="intra-op threads of both sides (0: each framework's default); 1 keeps "
                          "the ratio fair on a machine shared with other jobs")
-    ap.add_argument("--save", action="store_true", help="write bench/results/peer.json")
-    ap.add_argument("--out", help="write the JSON here instead")
+    add_output_args(ap, "peer")
     ap.add_argument("--quick", action="store_true",
                     help="tiny and mid GPT only, 1 warm-up + 3 measured steps")
     ap.add_argument("--worker", choices=["ours", "torch"], help=argparse.SUPPRESS)
@@ -293,11 +294,9 @@ def main(argv=None) -> int:
             jit = "layer"
         rows.append(bench_model(name, args.warmup, args.steps, jit, args.threads))
         _print_row(rows[-1])
-    path = args.out or (os.path.join(ROOT, "bench", "results", "peer.json") if args.save
-                        else os.path.join(tempfile.gettempdir(), "bench_peer.json"))
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"machine": platform.platform(), "cpus": os.cpu_count(), "results": rows}, fh,
-                  indent=1)
+    path = write_json(output_path(args, "peer"),
+                      {"machine": platform.platform(), "cpus": os.cpu_count(), "results": rows},
+                      indent=1)
     print(f"wrote {path}")
     return 0
 

@@ -1,6 +1,6 @@
 """Pipeline-parallel memory bench: what a pp2 rank holds against one process.
 
-    python bench/bench_pp_memory.py [--hidden 512] [--layers 8] [--steps 2] [--out out.json]
+    python bench/bench_pp_memory.py [--hidden 512] [--layers 8] [--steps 2] [--save | --out PATH]
 
 Runs the same Trainer config (configs/markov_check.yaml, a GPT of ``--layers`` layers of width
 ``--hidden``, AdamW, global batch 4 as 4 micro-batches) on one process and on 2 msrun CPU
@@ -16,6 +16,9 @@ workers with ``pipeline_parallel: 2`` (one stage each), and reports per rank
   parameters).
 
 Memory numbers do not depend on the machine's load, so the two runs go one after the other.
+
+Writes output/bench/pp_memory.json (untracked;
+bench/results/pp_memory.json with ``--save``, or ``--out PATH``).
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from bench.output import add_output_args, output_path, write_json  # noqa: E402
 
 
 def overrides(hidden: int, layers: int, steps: int, pp: int):
@@ -63,8 +68,7 @@ def worker(out_dir: str, hidden: int, layers: int, steps: int, pp: int) -> None:
            "optimizer_state_bytes": optim,
            "rss_bytes": rss_bytes(),
            "peak_rss_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
-    with open(os.path.join(out_dir, f"pp{pp}.rank{trainer.rank}.json"), "w") as fh:
-        json.dump(row, fh)
+    write_json(os.path.join(out_dir, f"pp{pp}.rank{trainer.rank}.json"), row, indent=None)
 
 
 def run(hidden: int, layers: int, steps: int) -> list:
@@ -98,7 +102,7 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--worker")
     ap.add_argument("--pp", type=int, default=1)
-    ap.add_argument("--out", help="write the rows as JSON here")
+    add_output_args(ap, "pp_memory")
     a = ap.parse_args(argv)
     if a.worker:
         worker(a.worker, a.hidden, a.layers, a.steps, a.pp)
@@ -113,9 +117,7 @@ def main(argv=None) -> None:
               f"{r['model_param_bytes'] / mib:>13.1f} {r['planned_param_bytes'] / mib:>9.1f} "
               f"{r['optimizer_state_bytes'] / mib:>10.1f} "
               f"{r['rss_bytes'] / mib:>9.0f} {r['peak_rss_bytes'] / mib:>13.0f}")
-    if a.out:
-        with open(a.out, "w") as fh:
-            json.dump(rows, fh, indent=1)
+    write_json(output_path(a, "pp_memory"), rows, indent=1)
 
 
 if __name__ == "__main__":

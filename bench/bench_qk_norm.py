@@ -5,13 +5,12 @@ not), under ``training.jit: none`` and ``layer``.
     python bench/bench_qk_norm.py            # hidden 256, 4 layers, 4 heads (d 64), batch 2 x 256
     python bench/bench_qk_norm.py --quick
 
-Writes ``--out`` (default bench/results/qk_norm.json): the median step time of each side and
-their ratio per mode.
+Writes output/bench/qk_norm.json (untracked; bench/results/qk_norm.json with ``--save``, or
+``--out PATH``): the median step time of each side and their ratio per mode.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -21,6 +20,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from bench.output import add_output_args, output_path, write_json  # noqa: E402
 
 
 def step_fn(model):
@@ -40,7 +41,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--quick", action="store_true", help="hidden 128, seq 128, 6 repeats")
-    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "qk_norm.json"))
+    add_output_args(parser, "qk_norm")
     args = parser.parse_args(argv)
     if args.quick:
         args.hidden, args.seq, args.repeats = 128, 128, 6
@@ -71,10 +72,9 @@ def main(argv=None) -> int:
                      "ratio": med["qk_norm"] / med["plain"]})
         print(f"jit {jit}: plain {1e3 * med['plain']:.1f} ms, qk_norm {1e3 * med['qk_norm']:.1f} "
               f"ms, ratio {med['qk_norm'] / med['plain']:.3f}")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump({"hidden": args.hidden, "layers": args.layers, "seq": args.seq, "batch": 2,
-                   "heads": 4, "rows": rows}, fh, indent=1)
+    write_json(output_path(args, "qk_norm"),
+               {"hidden": args.hidden, "layers": args.layers, "seq": args.seq, "batch": 2,
+                "heads": 4, "rows": rows}, indent=1)
     return 0
 
 

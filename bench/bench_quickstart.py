@@ -5,7 +5,10 @@ process (user + system: less sensitive than wall time to other jobs on a shared 
 held-out loss of the first and the last evaluation and how much it fell, the median step
 tokens/s, and whether the end-of-run sample was printed.
 
-    python bench/bench_quickstart.py [--quick] [--out bench/results/quickstart.json]
+    python bench/bench_quickstart.py [--quick] [--save | --out PATH]
+
+Writes output/bench/quickstart.json (untracked;
+bench/results/quickstart.json with ``--save``, or ``--out PATH``).
 
 ``--quick`` runs 100 of the 300 steps (same schedule shape: ``training.steps=100``).
 """
@@ -22,6 +25,10 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from bench.output import add_output_args, output_path, write_json  # noqa: E402
 
 
 def run(steps=None) -> dict:
@@ -55,15 +62,13 @@ def run(steps=None) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="100 steps instead of 300")
-    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "quickstart.json"))
+    add_output_args(p, "quickstart")
     args = p.parse_args(argv)
     res = run(100 if args.quick else None)
     res["cpu_count"] = os.cpu_count()
     for key, value in res.items():
         print(f"{key:<22} {value:.4g}" if isinstance(value, float) else f"{key:<22} {value}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as fh:
-        json.dump(res, fh, indent=2)
+    write_json(output_path(args, "quickstart"), res)
     return 0
 
 

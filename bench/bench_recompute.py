@@ -10,7 +10,8 @@ must agree between the sides.
 
     python bench/bench_recompute.py            # hidden 256, 6 layers, batch 4 x 512 tokens
 
-Writes bench/results/recompute.json.
+Writes output/bench/recompute.json (untracked;
+bench/results/recompute.json with ``--save``, or ``--out PATH``).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from bench.bench_attention import rss_mb  # noqa: E402
+from bench.output import add_output_args, output_path, write_json  # noqa: E402
 
 #: bench mode -> the ``select_module`` part it recomputes in every layer
 SELECT_PARTS = {"core": "self_attention.core_attention", "attention": "self_attention",
@@ -74,7 +76,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--child", choices=MODES)
     ap.add_argument("--quick", action="store_true", help="smaller sizes, one round")
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "recompute.json"))
+    add_output_args(ap, "recompute")
     args = ap.parse_args()
     if args.quick and not args.child:
         args.layers, args.seq, args.rounds = 4, 256, 1
@@ -103,11 +105,9 @@ def main() -> None:
               f"grad norm {r['grad_norm']:.6f}")
     print(f"full: peak RSS drop {drop * 100:.1f}% (step activations {step_drop * 100:.1f}%), "
           f"same loss/grad in every mode: {same}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump({"config": vars(args), "runs": runs, "peak_drop": drop,
-                   "step_drop": step_drop, "peak_drop_by_mode": drops,
-                   "same_loss_and_grad": same}, fh, indent=1)
+    write_json(output_path(args, "recompute"),
+               {"config": vars(args), "runs": runs, "peak_drop": drop, "step_drop": step_drop,
+                "peak_drop_by_mode": drops, "same_loss_and_grad": same}, indent=1)
 
 
 if __name__ == "__main__":

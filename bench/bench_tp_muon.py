@@ -1,6 +1,6 @@
 """Tensor-parallel Muon: Newton-Schulz work and bytes per rank of the two comm strategies.
 
-    python bench/bench_tp_muon.py [--tp 2 4] [--json out.json]
+    python bench/bench_tp_muon.py [--tp 2 4] [--save | --out PATH]
 
 One process, no collective runs: for every rank ``r`` of a ``tp``-rank mesh, the tiny
 DeepSeek-V3 (configs/muon_deepseek_v3_tiny.yaml) is sharded as a tensor-parallel run shards it
@@ -16,17 +16,21 @@ dim 1) and the real Muon is built over rank r's shards by ``TensorParallelShardi
   of the owners' full updates padded to the largest owner; deredundency with send/recv
   (Ascend): the owner receives the other shards of U of its weights, each rank receives its
   shard of every update it does not own.
+
+Writes output/bench/tp_muon.json (untracked;
+bench/results/tp_muon.json with ``--save``, or ``--out PATH``).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from bench.output import add_output_args, output_path, write_json  # noqa: E402
 
 MODEL = "configs/muon_deepseek_v3_tiny.yaml"
 
@@ -72,7 +76,7 @@ def rank_row(tp: int, rank: int, strategy: str) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tp", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--json")
+    add_output_args(ap, "tp_muon")
     args = ap.parse_args(argv)
     import mindspore as ms
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -96,9 +100,7 @@ def main(argv=None) -> int:
                "bytes_deredundency_p2p": max(d["p2p"] for d in dr)}
         rows.append(row)
         print(f"{tp:<3} " + "  ".join(f"{row[k] / div:>12.4f}" for k, (_, div) in columns.items()))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+    write_json(output_path(args, "tp_muon"), rows, indent=1)
     return 0
 
 

@@ -24,14 +24,14 @@ honest on CPU because the trainer runs PyNative synchronously there (launch_bloc
     python bench/bench_train.py            # 8 warm-up + 30 measured steps per config
     python bench/bench_train.py --quick    # 3 + 10
 
-Prints a table; writes bench/results/train.json.
+Prints a table; writes output/bench/train.json (untracked;
+bench/results/train.json with ``--save``, or ``--out PATH``).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import io
-import json
 import os
 import platform
 import statistics
@@ -44,6 +44,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from bench.output import add_output_args, output_path, write_json  # noqa: E402
 from mindformers_core.config import load_config  # noqa: E402
 from mindformers_core.config.yaml_io import load_yaml_text  # noqa: E402
 
@@ -243,7 +244,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=None, help="steps dropped (default 8)")
     ap.add_argument("--steps", type=int, default=None, help="measured steps (default 30)")
     ap.add_argument("--only", default=None, help="substring of the config names to run")
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "train.json"))
+    add_output_args(ap, "train")
     args = ap.parse_args(argv)
     warmup = args.warmup if args.warmup is not None else (3 if args.quick else 8)
     measured = args.steps if args.steps is not None else (10 if args.quick else 30)
@@ -269,13 +270,13 @@ def main(argv=None) -> int:
         print(f"{r['config']}: global norm {r['phase_ms_median']['grad_norm']:.2f} ms; one-kernel "
               f"norm of the concatenated grads on the same steps {r['concat_norm_ms_median']:.2f} ms "
               f"-> overhead would be {r['trainer_overhead_pct_with_concat_norm']:.1f}%")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as fh:
-        json.dump({"benchmark": "train", "warmup_steps": warmup, "measured_steps": measured,
-                   "python": platform.python_version(), "machine": platform.machine(),
-                   "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                   "results": rows, "skipped": errors}, fh, indent=2)
-    print(f"wrote {args.out}")
+    path = write_json(output_path(args, "train"),
+                      {"benchmark": "train", "warmup_steps": warmup, "measured_steps": measured,
+                       "python": platform.python_version(), "machine": platform.machine(),
+                       "cpus": os.cpu_count(),
+                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                       "results": rows, "skipped": errors})
+    print(f"wrote {path}")
     return 0
 
 

@@ -27,9 +27,14 @@ import time
 from typing import Callable, Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:   # run as python bench/run_all.py
+    sys.path.insert(0, ROOT)
+
+from bench.output import SAVED_DIR, SCRATCH_DIR  # noqa: E402
+
 BENCH_DIR = os.path.join(ROOT, "bench")
-SAVED_RESULTS = os.path.join(BENCH_DIR, "results")          # tracked: written with --save only
-SCRATCH_RESULTS = os.path.join(ROOT, "output", "bench")     # untracked (.gitignore: output/)
+SAVED_RESULTS = SAVED_DIR          # tracked: written with --save only
+SCRATCH_RESULTS = SCRATCH_DIR      # untracked (.gitignore: output/)
 RESULTS = SCRATCH_RESULTS
 
 #: quick-mode arguments per script (what keeps the whole run under 10 minutes on 2 cores)
@@ -41,8 +46,6 @@ QUICK_ARGS: Dict[str, List[str]] = {
     "check": ["--quick"],
     "dp": ["--measure"],
 }
-#: scripts whose result-file flag is not ``--out``
-OUT_FLAG: Dict[str, str] = {"dp": "--json"}
 #: the order the table lists them in (others follow, alphabetically)
 ORDER = ["optimizer", "adamw_torch", "muon", "train", "check", "lr", "dp"]
 
@@ -76,7 +79,7 @@ def script_args(name: str, script: str, full: bool) -> List[str]:
             quick = ["--measure"]      # its defaults skip the measured 2-worker run
         elif full:
             quick = []
-        return quick + [OUT_FLAG.get(name, "--out"), result_file(name)]
+        return quick + ["--out", result_file(name)]
     text = _help_text(script)
     args = [] if full or "--quick" not in text else ["--quick"]
     return args + (["--out", result_file(name)] if "--out" in text else [])

@@ -24,9 +24,9 @@ def test_quick_args_route_results_to_results_dir():
     assert args == ["--quick", "--out", run_all.result_file("train")]
     assert run_all.script_args("train", run_all.discover()["train"], full=True) == \
         ["--out", run_all.result_file("train")]
-    if "dp" in run_all.discover():   # the data-parallel bench names its result flag --json
-        assert run_all.script_args("dp", run_all.discover()["dp"], full=False)[-2:] == \
-            ["--json", run_all.result_file("dp")]
+    if "dp" in run_all.discover():
+        assert run_all.script_args("dp", run_all.discover()["dp"], full=False) == \
+            ["--measure", "--out", run_all.result_file("dp")]
 
 
 def test_dp_summary_reports_state_per_rank():
