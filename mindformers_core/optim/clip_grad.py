@@ -7,12 +7,14 @@ The returned norm is the pre-clip norm. A non-finite norm is returned as is and 
 are returned unchanged (never scaled by a NaN/inf coefficient); the trainer decides to skip.
 ``max_norm=None`` disables clipping (the norm is still computed). None gradients are skipped.
 
-On CPU the sum of squares is one host C call over every gradient, accumulated in float64
-(``host_norm``: no kernel launch per gradient). Elsewhere (or for gradients it does not take)
-gradients are packed into buckets of at most ``NORM_BUCKET_NUMEL`` elements; each bucket
-is one concat + one ``ops.norm`` kernel (a tensor larger than a bucket is normed on its own, no
-copy), then one stack + reduction and a single host synchronisation for the whole norm. Small
-models have dozens of small gradients whose per-kernel dispatch costs more than the copy
+On CPU the sum of squares is one host C call over every gradient, accumulated in float64 in
+a fixed order (``host_norm``: no kernel launch per gradient). Elsewhere (or for gradients it
+does not take) gradients are packed into buckets of at most ``NORM_BUCKET_NUMEL`` elements;
+each bucket is one concat + square + row sum (``optim/ordered_sum.py``: a fixed summation
+order, so the norm's bits do not depend on MindSpore's thread split; a tensor larger than a
+bucket is only copied when its size is not a multiple of ``ROW_NUMEL``), then one fold of the
+row sums and a single host synchronisation for the whole norm. Small models have dozens of
+small gradients whose per-kernel dispatch costs more than the copy
 (measured on the tiny DeepSeek-V3, 2 CPU cores: 8.7 ms with one norm per tensor vs 1.3 ms
 with one concat + norm); the bucket bound keeps the extra memory of large models small.
 """
@@ -25,6 +27,7 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from .host_norm import host_sq_norm
+from .ordered_sum import ordered_total, row_sq_sums
 
 __all__ = ["global_grad_norm", "clip_coefficient", "clip_by_norm", "clip_grad_by_global_norm",
            "CLIP_EPS"]
@@ -51,19 +54,16 @@ def _norm_buckets(grads: Sequence[Optional[Tensor]]) -> List[List[Tensor]]:
 
 
 def global_grad_norm(grads: Sequence[Optional[Tensor]]) -> float:
-    """L2 norm over all (non-None) gradients; 0.0 when there are none. On CPU one host call
-    accumulating in float64 (``host_norm``), elsewhere MindSpore's fp32 norms per bucket."""
+    """L2 norm over all (non-None) gradients; 0.0 when there are none. The same gradients
+    give the same bits on every call: on CPU one host call accumulating in float64
+    (``host_norm``), elsewhere fp32 row sums in a fixed order (``optim/ordered_sum.py``)."""
     sq = host_sq_norm(grads)
     if sq is not None:
         return math.sqrt(sq)
-    norms = [ops.norm(b[0] if len(b) == 1 else ops.cat(b)) for b in _norm_buckets(grads)]
-    if not norms:
+    rows = [row_sq_sums(b) for b in _norm_buckets(grads)]
+    if not rows:
         return 0.0
-    if len(norms) == 1:
-        return float(norms[0].asnumpy())
-    per_grad = ops.stack(norms)
-    # sum of squares of per-tensor norms == sum of squares of all elements
-    return float(ops.sqrt(ops.sum(per_grad * per_grad)).asnumpy())
+    return float(ops.sqrt(ordered_total(rows)).asnumpy())
 
 
 def clip_coefficient(norm: float, max_norm: Optional[float]) -> Optional[float]:
