@@ -1,0 +1,149 @@
+"""Gradient accumulation in one host C call per micro-batch (CPU).
+
+Summing the micro-batches' gradients with MindSpore costs one eager ``Add`` per tensor,
+~35-50 us of dispatch each on CPU whatever the tensor's size, so a mid-size GPT (~40 tensors)
+paid ~2 ms of launches per extra micro-batch before any arithmetic. On CPU a tensor's
+``data_ptr()`` is the address of its host storage (``optim/host_views.py`` probes that
+``asnumpy()`` aliases it), so the C kernel in ``host_accumulate.c`` (built by
+``core/native.py``) adds every tensor of a micro-batch in one call.
+
+The gradients autodiff returns are only read, never written (a gradient may be shared or
+cached by autodiff). At the second micro-batch ONE flat fp32 numpy buffer is allocated for
+all tensors, ``a + g`` is written into it, and its slices become the running sums as
+``mindspore.from_numpy`` Tensors (zero-copy: their ``data_ptr()`` is the buffer's, so later
+host kernels, the optimizer's included, see the same memory). From the third micro-batch on
+the sums are added to in place. Element-wise fp32 addition rounds once per element, so the
+sums are bit-identical to MindSpore's per-tensor adds (tested).
+
+A tensor the kernel cannot take (not fp32, strided, no host storage) is summed by MindSpore,
+as are all of them where :func:`host_add_kernel` is None (no C compiler,
+``MFC_NATIVE_KERNELS=0``, device memory).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import List, Optional, Sequence
+
+import numpy as np
+import mindspore as ms
+
+from ..core import native
+from ..optim.flat_state import synchronous_dispatch
+from ..optim.host_views import numpy_view_aliases_storage
+from ..optim.main_params import wait_for_kernels
+
+__all__ = ["HostAddKernel", "GradientSum", "host_add_kernel", "host_add_unavailable_reason",
+           "reset_host_add_kernel", "SOURCE"]
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_accumulate.c")
+
+#: elements per block of the kernel's walk over the tensors
+BLOCK = 1 << 16
+
+_PTRS = ctypes.POINTER(ctypes.c_void_p)
+_I64S = ctypes.POINTER(ctypes.c_int64)
+
+
+def _address(tensor) -> int:
+    """The address of ``tensor``'s fp32 host storage (0 when it has none or is strided)."""
+    if tensor.dtype != ms.float32 or not tensor.is_contiguous():
+        return 0
+    return int(tensor.data_ptr() or 0)
+
+
+class HostAddKernel:
+    """``add(out, a, b, numel)``: ``out[t] = a[t] + b[t]`` over fp32 buffers given by address
+    (``out[t]`` may equal ``a[t]``), in one C call."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        fn = lib.mfc_add_blocks
+        fn.restype = ctypes.c_int64
+        fn.argtypes = [ctypes.c_int64, _PTRS, _PTRS, _PTRS, _I64S, ctypes.c_int64,
+                       ctypes.c_int64, ctypes.c_int64]
+        self._fn = fn
+
+    def add(self, out: Sequence[int], a: Sequence[int], b: Sequence[int],
+            numel: Sequence[int]) -> None:
+        n = len(numel)
+        if not n:
+            return
+        ptrs = [(ctypes.c_void_p * n)(*kind) for kind in (out, a, b)]
+        blocks = sum(-(-s // BLOCK) for s in numel)
+        done = self._fn(n, *ptrs, (ctypes.c_int64 * n)(*numel), BLOCK, 0, blocks)
+        if done != sum(numel):  # the block walk is the kernel's; a mismatch is a bug there
+            raise RuntimeError(f"host add wrote {done} of {sum(numel)} elements")
+
+
+class GradientSum:
+    """The running sum of the micro-batches' fp32 gradients: :meth:`add` once per
+    micro-batch, then :attr:`sums` (aligned with the gradients). With a kernel, each
+    :meth:`add` after the first is one host call (the module doc says how)."""
+
+    def __init__(self, kernel: Optional[HostAddKernel] = None):
+        self._kernel = kernel
+        self.sums: Optional[List] = None
+        self._owned: List[int] = []   # per tensor: the address of its sum in our buffer, or 0
+
+    def add(self, grads: Sequence) -> None:
+        if self.sums is None:
+            self.sums = list(grads)
+            self._owned = [0] * len(self.sums)
+            return
+        if len(grads) != len(self.sums):
+            raise ValueError(f"{len(grads)} gradients for {len(self.sums)} running sums")
+        if self._kernel is None:
+            self.sums = [a + g for a, g in zip(self.sums, grads)]
+            return
+        sums, owned = self.sums, self._owned
+        g_addr = [_address(g) for g in grads]
+        numel = [int(g.size) for g in grads]
+        in_place = [j for j, g in enumerate(g_addr) if g and owned[j]]
+        fresh = [j for j, g in enumerate(g_addr) if g and not owned[j] and _address(sums[j])]
+        buffer = np.empty(sum(numel[j] for j in fresh), np.float32)
+        cuts = np.cumsum([0] + [numel[j] for j in fresh]).tolist()
+        views = {j: buffer[cuts[k]:cuts[k + 1]] for k, j in enumerate(fresh)}
+        out = [owned[j] for j in in_place] + [_data(views[j]) for j in fresh]
+        a = [owned[j] for j in in_place] + [_address(sums[j]) for j in fresh]
+        if not synchronous_dispatch():
+            wait_for_kernels()  # the gradients must be written before the host reads them
+        self._kernel.add(out, a, [g_addr[j] for j in in_place + fresh],
+                         [numel[j] for j in in_place + fresh])
+        taken = set(in_place)
+        for j, g in enumerate(grads):
+            if j in views:
+                sums[j] = ms.from_numpy(views[j].reshape(tuple(g.shape)))
+                owned[j] = _data(views[j])
+            elif j not in taken:   # a tensor the kernel cannot take: MindSpore's add
+                sums[j] = sums[j] + g
+                owned[j] = 0
+
+
+def _data(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+_KERNEL: List[Optional[HostAddKernel]] = []
+
+
+def host_add_kernel() -> Optional[HostAddKernel]:
+    """The process's host add kernel, or None where it cannot run (see the module doc)."""
+    if not _KERNEL:
+        lib = native.load(SOURCE) if numpy_view_aliases_storage() else None
+        _KERNEL.append(HostAddKernel(lib) if lib is not None else None)
+    return _KERNEL[0]
+
+
+def host_add_unavailable_reason() -> str:
+    """Why :func:`host_add_kernel` is None ('' when it is available)."""
+    if host_add_kernel() is not None:
+        return ""
+    if not numpy_view_aliases_storage():
+        return "tensor storage is not host memory"
+    return native.unavailable_reason(SOURCE)
+
+
+def reset_host_add_kernel() -> None:
+    """Forget the process's kernel (tests switch ``MFC_NATIVE_KERNELS``)."""
+    _KERNEL.clear()
+    native.forget(SOURCE)
