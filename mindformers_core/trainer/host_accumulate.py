@@ -38,9 +38,6 @@ __all__ = ["HostAddKernel", "GradientSum", "host_add_kernel", "host_add_unavaila
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_accumulate.c")
 
-#: elements per block of the kernel's walk over the tensors
-BLOCK = 1 << 16
-
 _PTRS = ctypes.POINTER(ctypes.c_void_p)
 _I64S = ctypes.POINTER(ctypes.c_int64)
 
@@ -57,10 +54,9 @@ class HostAddKernel:
     (``out[t]`` may equal ``a[t]``), in one C call."""
 
     def __init__(self, lib: ctypes.CDLL):
-        fn = lib.mfc_add_blocks
+        fn = lib.mfc_add_many
         fn.restype = ctypes.c_int64
-        fn.argtypes = [ctypes.c_int64, _PTRS, _PTRS, _PTRS, _I64S, ctypes.c_int64,
-                       ctypes.c_int64, ctypes.c_int64]
+        fn.argtypes = [ctypes.c_int64, _PTRS, _PTRS, _PTRS, _I64S]
         self._fn = fn
 
     def add(self, out: Sequence[int], a: Sequence[int], b: Sequence[int],
@@ -69,9 +65,8 @@ class HostAddKernel:
         if not n:
             return
         ptrs = [(ctypes.c_void_p * n)(*kind) for kind in (out, a, b)]
-        blocks = sum(-(-s // BLOCK) for s in numel)
-        done = self._fn(n, *ptrs, (ctypes.c_int64 * n)(*numel), BLOCK, 0, blocks)
-        if done != sum(numel):  # the block walk is the kernel's; a mismatch is a bug there
+        done = self._fn(n, *ptrs, (ctypes.c_int64 * n)(*numel))
+        if done != sum(numel):  # a mismatch is a bug in the kernel or its binding
             raise RuntimeError(f"host add wrote {done} of {sum(numel)} elements")
 
 
