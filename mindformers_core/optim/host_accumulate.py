@@ -3,7 +3,7 @@
 Summing the micro-batches' gradients with MindSpore costs one eager ``Add`` per tensor,
 ~35-50 us of dispatch each on CPU whatever the tensor's size, so a mid-size GPT (~40 tensors)
 paid ~2 ms of launches per extra micro-batch before any arithmetic. On CPU a tensor's
-``data_ptr()`` is the address of its host storage (``optim/host_views.py`` probes that
+``data_ptr()`` is the address of its host storage (``host_views.py`` probes that
 ``asnumpy()`` aliases it), so the C kernel in ``host_accumulate.c`` (built by
 ``core/native.py``) adds every tensor of a micro-batch in one call.
 
@@ -29,9 +29,9 @@ import numpy as np
 import mindspore as ms
 
 from ..core import native
-from ..optim.flat_state import synchronous_dispatch
-from ..optim.host_views import numpy_view_aliases_storage
-from ..optim.main_params import wait_for_kernels
+from .flat_state import synchronous_dispatch
+from .host_views import numpy_view_aliases_storage
+from .main_params import wait_for_kernels
 
 __all__ = ["HostAddKernel", "GradientSum", "host_add_kernel", "host_add_unavailable_reason",
            "reset_host_add_kernel", "SOURCE"]

@@ -1,4 +1,4 @@
-/* Multi-tensor fp32 add in one call (trainer/host_accumulate.py drives it).
+/* Multi-tensor fp32 add in one call (optim/host_accumulate.py drives it).
  *
  *   out[t][i] = a[t][i] + b[t][i]        for every tensor t < n and element i < numel[t]
  *
