@@ -94,24 +94,28 @@ class GradientSum:
         g_addr = [_address(g) for g in grads]
         numel = [int(g.size) for g in grads]
         in_place = [j for j, g in enumerate(g_addr) if g and owned[j]]
-        fresh = [j for j, g in enumerate(g_addr) if g and not owned[j] and _address(sums[j])]
-        buffer = np.empty(sum(numel[j] for j in fresh), np.float32)
-        cuts = np.cumsum([0] + [numel[j] for j in fresh]).tolist()
-        views = {j: buffer[cuts[k]:cuts[k + 1]] for k, j in enumerate(fresh)}
-        out = [owned[j] for j in in_place] + [_data(views[j]) for j in fresh]
-        a = [owned[j] for j in in_place] + [_address(sums[j]) for j in fresh]
+        fresh, a_fresh = [], []   # sums that move into a new buffer: autodiff's, MindSpore's
+        for j, g in enumerate(g_addr):
+            a = _address(sums[j]) if g and not owned[j] else 0
+            if a:
+                fresh.append(j)
+                a_fresh.append(a)
+        offsets = np.cumsum([0] + [numel[j] for j in fresh]).tolist()
+        buffer = np.empty(offsets[-1], np.float32)
+        out_fresh = [_data(buffer) + 4 * off for off in offsets[:-1]]
         if not synchronous_dispatch():
             wait_for_kernels()  # the gradients must be written before the host reads them
-        self._kernel.add(out, a, [g_addr[j] for j in in_place + fresh],
+        self._kernel.add([owned[j] for j in in_place] + out_fresh,
+                         [owned[j] for j in in_place] + a_fresh,
+                         [g_addr[j] for j in in_place + fresh],
                          [numel[j] for j in in_place + fresh])
-        taken = set(in_place)
-        for j, g in enumerate(grads):
-            if j in views:
-                sums[j] = ms.from_numpy(views[j].reshape(tuple(g.shape)))
-                owned[j] = _data(views[j])
-            elif j not in taken:   # a tensor the kernel cannot take: MindSpore's add
-                sums[j] = sums[j] + g
-                owned[j] = 0
+        for k, j in enumerate(fresh):
+            view = buffer[offsets[k]:offsets[k + 1]]
+            sums[j] = ms.from_numpy(view.reshape(tuple(grads[j].shape)))
+            owned[j] = out_fresh[k]
+        for j in sorted(set(range(len(grads))) - set(in_place) - set(fresh)):
+            sums[j] = sums[j] + grads[j]   # a tensor the kernel cannot take: MindSpore's add
+            owned[j] = 0
 
 
 def _data(array: np.ndarray) -> int:
