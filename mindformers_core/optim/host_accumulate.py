@@ -3,8 +3,9 @@
 Summing the micro-batches' gradients with MindSpore costs one eager ``Add`` per tensor,
 ~35-50 us of dispatch each on CPU whatever the tensor's size, and a new output per tensor and
 micro-batch. ``bench/bench_accumulate.py`` at the mid GPT's 27 tensors (6.3M parameters),
-2-core machine shared with other jobs, three runs: 2 micro-batches 7.6-23.9 ms per step with
-MindSpore's adds vs 6.3-19.7 ms here; 4 micro-batches 33-59 ms vs 17-40 ms. On CPU a tensor's
+2-core machine shared with other jobs, six runs, medians per step: 2 micro-batches 4.4-24 ms
+with MindSpore's adds vs 3.6-20 ms here (0.8-5 ms saved), 4 micro-batches 14-59 ms vs 8-40 ms
+(5-20 ms saved; from the third micro-batch the sums are added in place). On CPU a tensor's
 ``data_ptr()`` is the address of its host storage (``host_views.py`` probes that
 ``asnumpy()`` aliases it), so the C kernel in ``host_accumulate.c`` (built by
 ``core/native.py``) adds every tensor of a micro-batch in one call.
