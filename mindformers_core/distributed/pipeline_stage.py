@@ -138,7 +138,10 @@ class StageExecutor:
         if g_in is not None:
             self.outbox[(v, op.micro, "backward")] = g_in
         grads = [g if g.dtype == ms.float32 else g.astype(ms.float32) for g in grads]
-        self.acc = grads if self.acc is None else [a + g for a, g in zip(self.acc, grads)]
+        if self.acc is None:   # on CPU one host add per micro-batch (optim/host_accumulate.py)
+            from ..optim.host_accumulate import GradientSum, host_add_kernel
+            self.acc = GradientSum(host_add_kernel())
+        self.acc.add(grads)
 
     def outgoing(self, t):
         return self.outbox.pop((t.src_v, t.micro, t.kind))
@@ -152,4 +155,4 @@ class StageExecutor:
                                f"{sorted(self.inbox)}, unsent {sorted(self.outbox)}")
         loss = float(sum(float(x.asnumpy()) for x in self.loss_parts))
         aux = float(sum(float(np.asarray(x.asnumpy())) for x in self.aux_parts))
-        return self.acc, loss, aux / len(self.batches)
+        return self.acc.sums, loss, aux / len(self.batches)

@@ -16,7 +16,8 @@ upstream's ``mean_j / N`` is biased (docs/differences.md, row 30). The auxiliary
 (``sense / N`` per micro-batch with ``sense = 1/dp`` under data parallel: a mean over the
 micro-batches of every rank).
 
-Gradients of bf16/fp16 parameters are cast to fp32 before they are summed.
+Gradients of bf16/fp16 parameters are cast to fp32 before they are summed; on CPU the sums of
+a micro-batch are one host call (``optim/host_accumulate.py``).
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ def accumulate_gradients(grad_fn: Callable, batches: Sequence[dict], total_token
     gradients (a monitor; it costs a host sync per micro-batch).
     """
     import mindspore as ms
+    from ..optim.host_accumulate import GradientSum, host_add_kernel
 
     if total_tokens <= 0:
         raise ValueError("the optimizer step has no loss tokens (every loss_mask is 0); "
@@ -66,7 +68,7 @@ def accumulate_gradients(grad_fn: Callable, batches: Sequence[dict], total_token
     num_micro = len(batches)
     loss_weight = ms.Tensor(np.float32(loss_scale / total_tokens))
     aux_weight = ms.Tensor(np.float32(loss_scale / (num_micro * data_parallel)))
-    acc = None
+    acc = GradientSum(host_add_kernel())
     loss_parts, aux_parts = [], []
     for batch in batches:
         (_, loss_sum, _, aux), grads = grad_fn(
@@ -78,10 +80,10 @@ def accumulate_gradients(grad_fn: Callable, batches: Sequence[dict], total_token
         if on_micro is not None:
             on_micro(float(loss_sum.asnumpy()), float(np.asarray(batch["loss_mask"]).sum()),
                      grads)
-        acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
+        acc.add(grads)
         loss_parts.append(loss_sum)
         aux_parts.append(aux)
     # One host sync for all scalars (PyNative is asynchronous; each .asnumpy() waits).
     loss_total = float(sum(float(x.asnumpy()) for x in loss_parts))
     aux_mean = float(sum(float(np.asarray(x.asnumpy())) for x in aux_parts)) / num_micro
-    return acc, loss_total, aux_mean
+    return acc.sums, loss_total, aux_mean

@@ -43,7 +43,11 @@ CASES = {
     "muon_replicated": ("muon", "mla", 1, "allgather"),
     "muon_sharded_allgather": ("muon", "mla", -1, "allgather"),
     "muon_sharded_deredundency": ("muon", "mla", -1, "allgather_deredundency"),
+    # each rank sums its rows as micro-batches of one (the name's suffix): the all-reduce
+    # takes the accumulated sums (on CPU the host kernel's buffer, optim/host_accumulate.py)
+    "adamw_replicated_accumulated": ("adamw", "gpt", 1, None),
 }
+ACCUMULATED_SUFFIX = "_accumulated"
 
 
 #: name -> (optimizer, model, data_parallel_shard_strategy, comm_strategy): fully sharded data
@@ -132,6 +136,7 @@ def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> di
     from mindformers_core.optim.clip_grad import clip_by_norm, global_grad_norm
     from mindformers_core.trainer.accumulate import (accumulate_gradients, count_loss_tokens,
                                                      make_grad_fn)
+    from mindformers_core.optim.host_accumulate import host_add_kernel
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     cfg = case_config(name)
@@ -154,6 +159,8 @@ def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> di
         else:
             per = GLOBAL_BATCH // world
             micro = [_rows(batch, rank * per, (rank + 1) * per)]
+            if name.endswith(ACCUMULATED_SUFFIX):
+                micro = [_rows(micro[0], j, j + 1) for j in range(per)]
         local = count_loss_tokens(micro)
         total = reducer.global_token_count(local)
         grads, loss_sum, _ = accumulate_gradients(grad_fn, micro, total)
@@ -186,6 +193,7 @@ def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> di
         "ns_flops": float(getattr(opt, "ns_flops_total", 0.0)),
         "ns_owner": dict(getattr(opt, "ns_owner_by_name", {})),
         "qk_clipped_heads": int(clipped_heads),
+        "host_add_kernel": host_add_kernel() is not None,
     }
     if state_dict:
         out["state_dict"] = {k: v for k, v in opt.state_dict().items() if k != "global_step"}

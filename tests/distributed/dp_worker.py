@@ -37,6 +37,7 @@ def main(out_dir, cases, resume=None):
                        "comm": res["comm"], "ns_flops": res["ns_flops"],
                        "ns_owner": res["ns_owner"],
                        "qk_clipped_heads": res["qk_clipped_heads"],
+                       "host_add_kernel": res["host_add_kernel"],
                        "param_bytes": res["param_bytes"], "grad_bytes": res["grad_bytes"],
                        "shard_specs": res["shard_specs"]}, fh)
     if resume:

@@ -6,8 +6,9 @@ A. the fault test: the real Trainer on 2 workers (quickstart model, sharded Adam
    checkpoints every 2 steps); rank 1 SIGKILLs itself in step 5. The launcher must end the
    job at once, exit non-zero and name rank 1; the checkpoint of step 4 is complete.
 B. every case of ``dp_case.CASES`` for 10 steps (AdamW and Muon, optimizer state replicated
-   ``data_parallel_shard: 1`` and sharded -1, both Muon comm strategies), then the resume of
-   run A from its last checkpoint on 2 workers to the end (step 6).
+   ``data_parallel_shard: 1`` and sharded -1, both Muon comm strategies, and AdamW with each
+   rank accumulating 2 micro-batches), then the resume of run A from its last checkpoint on 2
+   workers to the end (step 6).
 
 This process runs the single-process references (one per optimizer: the comm strategy is
 irrelevant on one rank; and one uninterrupted Trainer run) and compares losses, grad norms,
@@ -86,6 +87,15 @@ def test_two_ranks_equal_one_rank_with_the_same_global_batch(dp_results, referen
             assert rel_err(got[f"state.{key}"], want) < 1e-5, key
     # the parameters moved (the comparison is not between two untouched models)
     assert ref["param_change"] > 1e-3
+
+
+def test_ranks_all_reduce_the_host_kernel_sums(dp_results):
+    """Each rank of ``adamw_replicated_accumulated`` summed 2 micro-batches; where this
+    process has the host add kernel the ranks had it too, so the all-reduce took its sums."""
+    from mindformers_core.optim.host_accumulate import host_add_kernel
+    for rank in (0, 1):
+        meta = dp_results["results"]["adamw_replicated_accumulated", rank][1]
+        assert meta["host_add_kernel"] == (host_add_kernel() is not None)
 
 
 def test_qk_clip_was_exercised(references, dp_results):
