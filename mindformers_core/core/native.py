@@ -105,6 +105,8 @@ def load(source: str) -> Optional[ctypes.CDLL]:
             reason = "MFC_NATIVE_KERNELS is off"
         elif cc is None:
             reason = f"no C compiler ({os.environ.get('CC', 'cc')!r} not found)"
+        elif not os.path.isfile(source):
+            reason = f"no C source {source}"
         else:
             with open(source, "rb") as fh:
                 text = fh.read()

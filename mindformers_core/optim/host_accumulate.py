@@ -31,9 +31,9 @@ from typing import List, Optional, Sequence
 import numpy as np
 import mindspore as ms
 
-from ..core import native
 from .flat_state import synchronous_dispatch
-from .host_views import numpy_view_aliases_storage
+from .host_kernels import HostKernelSlot
+from .host_views import host_address
 from .main_params import wait_for_kernels
 
 __all__ = ["HostAddKernel", "GradientSum", "host_add_kernel", "host_add_unavailable_reason",
@@ -43,13 +43,6 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_accumula
 
 _PTRS = ctypes.POINTER(ctypes.c_void_p)
 _I64S = ctypes.POINTER(ctypes.c_int64)
-
-
-def _address(tensor) -> int:
-    """The address of ``tensor``'s fp32 host storage (0 when it has none or is strided)."""
-    if tensor.dtype != ms.float32 or not tensor.is_contiguous():
-        return 0
-    return int(tensor.data_ptr() or 0)
 
 
 class HostAddKernel:
@@ -93,21 +86,21 @@ class GradientSum:
         if self._kernel is None:
             self.sums = [a + g for a, g in zip(self.sums, grads)]
             return
+        if not synchronous_dispatch():
+            wait_for_kernels()  # the gradients must be written before the host reads them
         sums, owned = self.sums, self._owned
-        g_addr = [_address(g) for g in grads]
+        g_addr = [host_address(g) for g in grads]
         numel = [int(g.size) for g in grads]
         in_place = [j for j, g in enumerate(g_addr) if g and owned[j]]
         fresh, a_fresh = [], []   # sums that move into a new buffer: autodiff's, MindSpore's
         for j, g in enumerate(g_addr):
-            a = _address(sums[j]) if g and not owned[j] else 0
+            a = host_address(sums[j]) if g and not owned[j] else 0
             if a:
                 fresh.append(j)
                 a_fresh.append(a)
         offsets = np.cumsum([0] + [numel[j] for j in fresh]).tolist()
         buffer = np.empty(offsets[-1], np.float32)
         out_fresh = [_data(buffer) + 4 * off for off in offsets[:-1]]
-        if not synchronous_dispatch():
-            wait_for_kernels()  # the gradients must be written before the host reads them
         self._kernel.add([owned[j] for j in in_place] + out_fresh,
                          [owned[j] for j in in_place] + a_fresh,
                          [g_addr[j] for j in in_place + fresh],
@@ -125,27 +118,19 @@ def _data(array: np.ndarray) -> int:
     return array.__array_interface__["data"][0]
 
 
-_KERNEL: List[Optional[HostAddKernel]] = []
+_SLOT = HostKernelSlot(SOURCE, HostAddKernel)
 
 
 def host_add_kernel() -> Optional[HostAddKernel]:
     """The process's host add kernel, or None where it cannot run (see the module doc)."""
-    if not _KERNEL:
-        lib = native.load(SOURCE) if numpy_view_aliases_storage() else None
-        _KERNEL.append(HostAddKernel(lib) if lib is not None else None)
-    return _KERNEL[0]
+    return _SLOT.get()
 
 
 def host_add_unavailable_reason() -> str:
     """Why :func:`host_add_kernel` is None ('' when it is available)."""
-    if host_add_kernel() is not None:
-        return ""
-    if not numpy_view_aliases_storage():
-        return "tensor storage is not host memory"
-    return native.unavailable_reason(SOURCE)
+    return _SLOT.unavailable_reason()
 
 
 def reset_host_add_kernel() -> None:
     """Forget the process's kernel (tests switch ``MFC_NATIVE_KERNELS``)."""
-    _KERNEL.clear()
-    native.forget(SOURCE)
+    _SLOT.reset()

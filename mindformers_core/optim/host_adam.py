@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..core import native
 from .flat_state import synchronous_dispatch
+from .host_kernels import HostKernelSlot
 from .host_views import host_address, host_threads, numpy_view_aliases_storage
 from .main_params import wait_for_kernels
 
@@ -87,24 +88,17 @@ class HostAdamKernel:
         return True
 
 
-_KERNEL: List[Optional[HostAdamKernel]] = []
+_SLOT = HostKernelSlot(SOURCE, HostAdamKernel)
 
 
 def host_adam_kernel() -> Optional[HostAdamKernel]:
     """The process's host Adam kernel, or None where it cannot run (see the module doc)."""
-    if not _KERNEL:
-        lib = native.load(SOURCE) if numpy_view_aliases_storage() else None
-        _KERNEL.append(HostAdamKernel(lib) if lib is not None else None)
-    return _KERNEL[0]
+    return _SLOT.get()
 
 
 def host_adam_unavailable_reason() -> str:
     """Why :func:`host_adam_kernel` is None ('' when it is available)."""
-    if host_adam_kernel() is not None:
-        return ""
-    if not numpy_view_aliases_storage():
-        return "tensor storage is not host memory"
-    return native.unavailable_reason(SOURCE)
+    return _SLOT.unavailable_reason()
 
 
 def host_adam_notice() -> Optional[str]:
@@ -118,5 +112,4 @@ def host_adam_notice() -> Optional[str]:
 
 def reset_host_adam_kernel() -> None:
     """Forget the process's kernel (tests switch ``MFC_NATIVE_KERNELS``)."""
-    _KERNEL.clear()
-    native.forget(SOURCE)
+    _SLOT.reset()

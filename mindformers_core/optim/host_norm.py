@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 from ..core import native
 from .flat_state import synchronous_dispatch
-from .host_views import host_address, host_threads, numpy_view_aliases_storage
+from .host_kernels import HostKernelSlot
+from .host_views import host_address, host_threads
 from .main_params import wait_for_kernels
 
 __all__ = ["host_sq_norm", "reset_host_norm", "BLOCK", "SOURCE"]
@@ -31,27 +32,22 @@ BLOCK = 1 << 16
 #: below this many elements one thread reads everything
 THREADED_MIN_NUMEL = 1 << 21
 
-_FN: List[Optional[ctypes._CFuncPtr]] = []
+def _bind(lib):
+    fn = lib.mfc_sq_sum_blocks
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p),
+                   ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_int64, ctypes.POINTER(ctypes.c_double)]
+    return fn
 
 
-def _kernel():
-    if not _FN:
-        lib = native.load(SOURCE) if numpy_view_aliases_storage() else None
-        fn = None
-        if lib is not None:
-            fn = lib.mfc_sq_sum_blocks
-            fn.restype = ctypes.c_int64
-            fn.argtypes = [ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p),
-                           ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_int64,
-                           ctypes.c_int64, ctypes.POINTER(ctypes.c_double)]
-        _FN.append(fn)
-    return _FN[0]
+_SLOT = HostKernelSlot(SOURCE, _bind)
 
 
 def host_sq_norm(tensors: Sequence, threads: Optional[int] = None) -> Optional[float]:
     """Sum of the squares of every element of ``tensors`` (float64 accumulation), or None
     where the host kernel does not take them. Empty tensors count 0."""
-    fn = _kernel()
+    fn = _SLOT.get()
     tensors = [t for t in tensors if t is not None and int(t.size) > 0]
     if fn is None:
         return None
@@ -83,5 +79,4 @@ def host_sq_norm(tensors: Sequence, threads: Optional[int] = None) -> Optional[f
 
 def reset_host_norm() -> None:
     """Forget the process's kernel (tests switch ``MFC_NATIVE_KERNELS``)."""
-    _FN.clear()
-    native.forget(SOURCE)
+    _SLOT.reset()

@@ -89,3 +89,13 @@ def test_ranks_building_at_once_all_load_a_whole_library(source, tmp_path):
     assert [p.communicate(timeout=120)[0].strip() for p in procs] == ["10"] * 4
     assert len(built(tmp_path)) == 1
 
+
+
+def test_a_missing_source_is_declined_by_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("MFC_NATIVE_CACHE", str(tmp_path / "cache"))
+    missing = str(tmp_path / "gone.c")
+    try:
+        assert native.load(missing) is None
+        assert native.unavailable_reason(missing) == f"no C source {missing}"
+    finally:
+        native.forget(missing)
