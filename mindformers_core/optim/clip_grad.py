@@ -26,6 +26,7 @@ from typing import List, Optional, Sequence, Tuple
 import mindspore as ms
 from mindspore import Tensor, ops
 
+from .host_accumulate import host_add_kernel
 from .host_norm import host_sq_norm
 from .ordered_sum import ordered_total, row_sq_sums
 
@@ -84,10 +85,15 @@ def clip_by_norm(grads: Sequence[Optional[Tensor]], norm: float, max_norm: Optio
     coef = clip_coefficient(norm, max_norm)
     if coef is None:
         return grads, False
+    kernel = host_add_kernel()
+    scaled = kernel.scaled(grads, coef) if kernel is not None else None
+    if scaled is not None:  # CPU: every fp32 gradient in one host call, the same bits as Mul
+        return scaled, True
     c = Tensor(coef, ms.float32)
     # fp32 grads (the trainer's) need no cast back: one kernel per gradient on the hot path
-    return [None if g is None else g * c if g.dtype == ms.float32 else (g * c).astype(g.dtype)
-            for g in grads], True
+    # others are scaled in fp32 (CPU has no Mul of a bf16 tensor by an fp32 scalar tensor)
+    return [None if g is None else g * c if g.dtype == ms.float32
+            else (g.astype(ms.float32) * c).astype(g.dtype) for g in grads], True
 
 
 def clip_grad_by_global_norm(grads: Sequence[Optional[Tensor]], max_norm: Optional[float]

@@ -47,13 +47,17 @@ _I64S = ctypes.POINTER(ctypes.c_int64)
 
 class HostAddKernel:
     """``add(out, a, b, numel)``: ``out[t] = a[t] + b[t]`` over fp32 buffers given by address
-    (``out[t]`` may equal ``a[t]``), in one C call."""
+    (``out[t]`` may equal ``a[t]``), in one C call; :meth:`scaled`: clipping's multiply."""
 
     def __init__(self, lib: ctypes.CDLL):
         fn = lib.mfc_add_many
         fn.restype = ctypes.c_int64
         fn.argtypes = [ctypes.c_int64, _PTRS, _PTRS, _PTRS, _I64S]
         self._fn = fn
+        scale = lib.mfc_scale_many
+        scale.restype = ctypes.c_int64
+        scale.argtypes = [ctypes.c_int64, _PTRS, _PTRS, ctypes.c_float, _I64S]
+        self._scale = scale
 
     def add(self, out: Sequence[int], a: Sequence[int], b: Sequence[int],
             numel: Sequence[int]) -> None:
@@ -64,6 +68,32 @@ class HostAddKernel:
         done = self._fn(n, *ptrs, (ctypes.c_int64 * n)(*numel))
         if done != sum(numel):  # a mismatch is a bug in the kernel or its binding
             raise RuntimeError(f"host add wrote {done} of {sum(numel)} elements")
+
+
+    def scaled(self, tensors: Sequence, factor: float) -> Optional[List]:
+        """``[t * factor ...]`` (None stays None) as slices of one new fp32 buffer, in one
+        call; None, nothing computed, when a tensor is not a contiguous fp32 host tensor."""
+        if not synchronous_dispatch():
+            wait_for_kernels()  # the inputs must be written before the host reads them
+        live = [j for j, t in enumerate(tensors) if t is not None]
+        addresses = [host_address(tensors[j]) for j in live]
+        if not all(addresses):
+            return None
+        numel = [int(tensors[j].size) for j in live]
+        offsets = np.cumsum([0] + numel).tolist()
+        buffer = np.empty(offsets[-1], np.float32)
+        out = [_data(buffer) + 4 * off for off in offsets[:-1]]
+        n = len(live)
+        if n:
+            done = self._scale(n, (ctypes.c_void_p * n)(*out), (ctypes.c_void_p * n)(*addresses),
+                               factor, (ctypes.c_int64 * n)(*numel))
+            if done != sum(numel):  # a mismatch is a bug in the kernel or its binding
+                raise RuntimeError(f"host scale wrote {done} of {sum(numel)} elements")
+        result: List = [None] * len(tensors)
+        for k, j in enumerate(live):
+            result[j] = ms.from_numpy(buffer[offsets[k]:offsets[k + 1]].reshape(
+                tuple(tensors[j].shape)))
+        return result
 
 
 class GradientSum:

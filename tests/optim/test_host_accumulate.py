@@ -195,3 +195,26 @@ def test_accumulate_gradients_gives_the_bits_of_the_fallback(kernel, monkeypatch
     assert with_kernel[1:] == fallback[1:]
     for got, want in zip(with_kernel[0], fallback[0]):
         np.testing.assert_array_equal(got, want)
+
+
+def test_clipping_scales_every_gradient_in_one_call_with_the_bits_of_mul(kernel, monkeypatch):
+    rng = np.random.default_rng(8)
+    arrays = [(rng.standard_normal(s) * 10).astype(np.float32) for s in SHAPES]
+    grads = [ms.Tensor(a) for a in arrays] + [None]
+    calls = []
+    real = ha.HostAddKernel.scaled
+    monkeypatch.setattr(ha.HostAddKernel, "scaled",
+                        lambda self, t, f: calls.append(len(t)) or real(self, t, f))
+    clipped, did = clip_by_norm(grads, 1e3, 1.0)
+    assert did and calls == [len(grads)] and clipped[-1] is None
+    coef = ms.Tensor(1.0 / (1e3 + 1e-6), ms.float32)
+    for got, a in zip(clipped, arrays):
+        np.testing.assert_array_equal(got.asnumpy(), (ms.Tensor(a) * coef).asnumpy())
+        np.testing.assert_array_equal(got.asnumpy(), a * np.float32(1.0 / (1e3 + 1e-6)))
+    assert len({c.asnumpy().__array_interface__["data"][0] - 4 * int(np.sum(
+        [x.size for x in arrays[:k]])) for k, c in enumerate(clipped[:-1])}) == 1  # one buffer
+    # a gradient the kernel does not take: every gradient goes through MindSpore's Mul
+    mixed = [ms.Tensor(arrays[0]), ms.Tensor(arrays[1]).astype(ms.bfloat16)]
+    out, _ = clip_by_norm(mixed, 1e3, 1.0)
+    assert out[1].dtype == ms.bfloat16 and len(calls) == 2
+    np.testing.assert_array_equal(out[0].asnumpy(), (mixed[0] * coef).asnumpy())
