@@ -1,5 +1,9 @@
 """A group's Adam update in few kernel launches: small tensors packed into flat buffers (CPU).
 
+This is the fallback of the host Adam kernel (``host_adam``: the whole group in one C call),
+for CPU processes where that kernel cannot be built (no C compiler, ``MFC_NATIVE_KERNELS=0``)
+or with ``AdamW(host_kernel=False)``.
+
 MindSpore's fused ``ops.Adam`` CPU kernel streams at ~0.6 ns/param on one thread for a large
 tensor, but each eager launch costs ~90 us in synchronous PyNative (the trainer's CPU mode),
 and a compiled group graph (``fused_adam``) is no cure: ~75 us per kernel on a quiet machine,

@@ -20,24 +20,15 @@ static void adam_range(float *restrict p, float *restrict m, float *restrict v,
                        const float *restrict g, int64_t lo, int64_t hi, float one_b1,
                        float one_b2, float lr, float eps, float decay, int decay_first,
                        float l2) {
-  if (decay_first) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const float gi = g[i] + l2 * p[i];
-      const float mi = m[i] + (gi - m[i]) * one_b1;
-      const float vi = v[i] + (gi * gi - v[i]) * one_b2;
-      m[i] = mi;
-      v[i] = vi;
-      p[i] = p[i] * decay - lr * mi / (sqrtf(vi) + eps);
-    }
-  } else {
-    for (int64_t i = lo; i < hi; ++i) {
-      const float gi = g[i] + l2 * p[i];
-      const float mi = m[i] + (gi - m[i]) * one_b1;
-      const float vi = v[i] + (gi * gi - v[i]) * one_b2;
-      m[i] = mi;
-      v[i] = vi;
-      p[i] = (p[i] - lr * mi / (sqrtf(vi) + eps)) * decay;
-    }
+  /* one loop; -O3 unswitches the loop-invariant branch, so both forms vectorise */
+  for (int64_t i = lo; i < hi; ++i) {
+    const float gi = g[i] + l2 * p[i];
+    const float mi = m[i] + (gi - m[i]) * one_b1;
+    const float vi = v[i] + (gi * gi - v[i]) * one_b2;
+    const float u = lr * mi / (sqrtf(vi) + eps);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = decay_first ? p[i] * decay - u : (p[i] - u) * decay;
   }
 }
 
