@@ -7,13 +7,13 @@ round; ratios survive a busy machine, absolute times do not).
     python bench/bench_accumulate.py --quick    # 6 rounds
 
 The gradients are fp32 tensors of the model's parameter shapes (H256 L4 F1024 V4096, untied
-output); only the summing is timed. Writes ``--out`` (default output/bench/accumulate.json,
-untracked): the median ms per optimizer step of each side and the saving.
+output); only the summing is timed. Writes output/bench/accumulate.json (untracked; ``--save``:
+bench/results/accumulate.json, ``--out PATH``: PATH): the median ms per optimizer step of each
+side and the saving.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -24,6 +24,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from bench.output import add_output_args, output_path, write_json  # noqa: E402
 
 
 def per_tensor_adds(micros):
@@ -38,7 +40,7 @@ def main(argv=None) -> int:
     parser.add_argument("--micro", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="6 rounds")
-    parser.add_argument("--out", default=os.path.join(ROOT, "output", "bench", "accumulate.json"))
+    add_output_args(parser, "accumulate")
     args = parser.parse_args(argv)
     rounds = 6 if args.quick else args.rounds
     import mindspore as ms
@@ -85,10 +87,8 @@ def main(argv=None) -> int:
         print(f"{n} micro-batches, {len(shapes)} tensors, {sum(map(np.prod, shapes)):.0f} "
               f"params: per-tensor adds {med['per_tensor_adds']:.2f} ms, host kernel "
               f"{med['host_kernel']:.2f} ms per step")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump({"model": model_dict, "tensors": len(shapes), "rounds": rounds,
-                   "rows": rows}, fh, indent=1)
+    result = {"model": model_dict, "tensors": len(shapes), "rounds": rounds, "rows": rows}
+    print(f"wrote {write_json(output_path(args, 'accumulate'), result, indent=1)}")
     return 0
 
 
