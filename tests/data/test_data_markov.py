@@ -98,3 +98,27 @@ def test_bigram_counts_learn_down_to_the_floor():
     nll = -np.log(probs[held[:, :-1], held[:, 1:]]).mean()
     assert abs(nll - m.entropy_floor) < 0.15         # sampling noise of 12800 tokens ~0.03
     assert nll < 0.4 * math.log(vocab)
+
+
+def _reference_tokens(src, indices, seq_length):
+    """The chain sampled with whole-row numpy comparisons (count of cdf entries <= u): the
+    definition the row-by-row binary search in ``SyntheticMarkov.get`` must reproduce."""
+    indices = np.asarray(indices, dtype=np.int64)
+    n_steps = seq_length + 1 - src.order
+    u = np.stack([np.random.default_rng([src.seed, 1, int(i)]).random(1 + n_steps)
+                  for i in indices])
+    ctx = np.minimum(np.searchsorted(src._stationary_cdf, u[:, 0], side="right"),
+                     src.num_contexts - 1)
+    tokens = [src.context_tokens(ctx)]
+    for t in range(n_steps):
+        nxt = np.minimum((src._cdf[ctx] <= u[:, 1 + t, None]).sum(axis=1), src.vocab_size - 1)
+        tokens.append(nxt[:, None])
+        ctx = (ctx * src.vocab_size + nxt) % src.num_contexts
+    return np.concatenate(tokens, axis=1)[:, :seq_length + 1].astype(np.int32)
+
+
+@pytest.mark.parametrize("vocab, order, seed", [(7, 1, 0), (64, 2, 3), (300, 1, 11)])
+def test_samples_equal_the_whole_row_comparison_definition(vocab, order, seed):
+    src = SyntheticMarkov(vocab, order=order, seed=seed, branching=min(4, vocab))
+    idx = [0, 5, 17, 123456]
+    np.testing.assert_array_equal(src.get(idx, 33), _reference_tokens(src, idx, 33))
