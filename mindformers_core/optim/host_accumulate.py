@@ -69,7 +69,6 @@ class HostAddKernel:
         if done != sum(numel):  # a mismatch is a bug in the kernel or its binding
             raise RuntimeError(f"host add wrote {done} of {sum(numel)} elements")
 
-
     def scaled(self, tensors: Sequence, factor: float) -> Optional[List]:
         """``[t * factor ...]`` (None stays None) as slices of one new fp32 buffer, in one
         call; None, nothing computed, when a tensor is not a contiguous fp32 host tensor."""

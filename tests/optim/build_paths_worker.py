@@ -29,6 +29,10 @@ from mindformers_core.optim.param_groups import get_param_groups  # noqa: E402
 from mindformers_core.optim.sgd import SGD  # noqa: E402
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
+# synchronous dispatch, as the trainer runs on CPU (trainer/pynative.py): asynchronously each
+# Parameter.set_data of the optimizers waited ~2.5 ms for the queue (7 of this worker's 19 s)
+from mindformers_core.trainer.pynative import apply_pynative_synchronize  # noqa: E402
+apply_pynative_synchronize(True)
 TINY = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "num_layers": 2,
         "num_attention_heads": 2, "q_lora_rank": 8, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
         "qk_rope_head_dim": 4, "v_head_dim": 8, "ffn_hidden_size": 64, "n_routed_experts": 2,
