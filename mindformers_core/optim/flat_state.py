@@ -37,6 +37,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter
 
+from .host_views import array_address
 from .main_params import wait_for_kernels
 
 __all__ = ["FlatGroupBuffers", "FlatAdamGroup", "PACK_MAX_NUMEL", "worth_packing",
@@ -66,10 +67,6 @@ def synchronous_dispatch() -> bool:
         return bool(RuntimeConf.get_instance().is_launch_blocking())
     except (ImportError, AttributeError):
         return bool(ms.get_context("pynative_synchronize"))
-
-
-def _address(array: np.ndarray) -> int:
-    return array.__array_interface__["data"][0]
 
 
 class FlatGroupBuffers:
@@ -111,14 +108,14 @@ class FlatGroupBuffers:
         view = self._slice(k, j)
         np.copyto(view, param.asnumpy().reshape(-1))
         param.set_data(ms.from_numpy(view.reshape(self.shapes[j])))
-        self._addresses[k][j] = _address(view)
+        self._addresses[k][j] = array_address(view)
 
     def ensure_attached(self, members: Sequence[Sequence[Parameter]]) -> None:
         """Re-attach every member whose data was replaced since it was attached."""
         for k, kind in enumerate(members):
             for j, param in enumerate(kind):
                 if (self._addresses[k][j] and
-                        _address(param.asnumpy()) != self._addresses[k][j]):
+                        array_address(param.asnumpy()) != self._addresses[k][j]):
                     self._attach(k, j, param)
 
     def copy_in(self, members: Sequence[Sequence[Parameter]]) -> None:

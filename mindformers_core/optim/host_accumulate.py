@@ -31,10 +31,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 import mindspore as ms
 
-from .flat_state import synchronous_dispatch
-from .host_kernels import HostKernelSlot
-from .host_views import host_address
-from .main_params import wait_for_kernels
+from .host_kernels import HostKernelSlot, pointer_array, wait_before_host_access
+from .host_views import array_address, host_address
 
 __all__ = ["HostAddKernel", "GradientSum", "host_add_kernel", "host_add_unavailable_reason",
            "reset_host_add_kernel", "SOURCE"]
@@ -64,16 +62,15 @@ class HostAddKernel:
         n = len(numel)
         if not n:
             return
-        ptrs = [(ctypes.c_void_p * n)(*kind) for kind in (out, a, b)]
-        done = self._fn(n, *ptrs, (ctypes.c_int64 * n)(*numel))
+        done = self._fn(n, *[pointer_array(kind) for kind in (out, a, b)],
+                        (ctypes.c_int64 * n)(*numel))
         if done != sum(numel):  # a mismatch is a bug in the kernel or its binding
             raise RuntimeError(f"host add wrote {done} of {sum(numel)} elements")
 
     def scaled(self, tensors: Sequence, factor: float) -> Optional[List]:
         """``[t * factor ...]`` (None stays None) as slices of one new fp32 buffer, in one
         call; None, nothing computed, when a tensor is not a contiguous fp32 host tensor."""
-        if not synchronous_dispatch():
-            wait_for_kernels()  # the inputs must be written before the host reads them
+        wait_before_host_access()
         live = [j for j, t in enumerate(tensors) if t is not None]
         addresses = [host_address(tensors[j]) for j in live]
         if not all(addresses):
@@ -81,11 +78,11 @@ class HostAddKernel:
         numel = [int(tensors[j].size) for j in live]
         offsets = np.cumsum([0] + numel).tolist()
         buffer = np.empty(offsets[-1], np.float32)
-        out = [_data(buffer) + 4 * off for off in offsets[:-1]]
+        out = [array_address(buffer) + 4 * off for off in offsets[:-1]]
         n = len(live)
         if n:
-            done = self._scale(n, (ctypes.c_void_p * n)(*out), (ctypes.c_void_p * n)(*addresses),
-                               factor, (ctypes.c_int64 * n)(*numel))
+            done = self._scale(n, pointer_array(out), pointer_array(addresses), factor,
+                               (ctypes.c_int64 * n)(*numel))
             if done != sum(numel):  # a mismatch is a bug in the kernel or its binding
                 raise RuntimeError(f"host scale wrote {done} of {sum(numel)} elements")
         result: List = [None] * len(tensors)
@@ -115,8 +112,7 @@ class GradientSum:
         if self._kernel is None:
             self.sums = [a + g for a, g in zip(self.sums, grads)]
             return
-        if not synchronous_dispatch():
-            wait_for_kernels()  # the gradients must be written before the host reads them
+        wait_before_host_access()
         sums, owned = self.sums, self._owned
         g_addr = [host_address(g) for g in grads]
         numel = [int(g.size) for g in grads]
@@ -129,7 +125,7 @@ class GradientSum:
                 a_fresh.append(a)
         offsets = np.cumsum([0] + [numel[j] for j in fresh]).tolist()
         buffer = np.empty(offsets[-1], np.float32)
-        out_fresh = [_data(buffer) + 4 * off for off in offsets[:-1]]
+        out_fresh = [array_address(buffer) + 4 * off for off in offsets[:-1]]
         self._kernel.add([owned[j] for j in in_place] + out_fresh,
                          [owned[j] for j in in_place] + a_fresh,
                          [g_addr[j] for j in in_place + fresh],
@@ -141,10 +137,6 @@ class GradientSum:
         for j in sorted(set(range(len(grads))) - set(in_place) - set(fresh)):
             sums[j] = sums[j] + grads[j]   # a tensor the kernel cannot take: MindSpore's add
             owned[j] = 0
-
-
-def _data(array: np.ndarray) -> int:
-    return array.__array_interface__["data"][0]
 
 
 _SLOT = HostKernelSlot(SOURCE, HostAddKernel)

@@ -4,16 +4,21 @@
 ``core/native.py``. A :class:`HostKernelSlot` builds its kernel object on first use, only
 where a tensor's ``asnumpy()`` aliases its storage (``host_views``: CPU), keeps it for the
 process, says why there is none, and forgets it for tests that switch
-``MFC_NATIVE_KERNELS``.
+``MFC_NATIVE_KERNELS``. The functions below are the steps every host call shares: wait for
+queued kernels, the pointer array of a tensor list, and the block walk split over threads.
 """
 from __future__ import annotations
 
-from typing import Callable, Generic, List, Optional, TypeVar
+import ctypes
+from typing import Callable, Generic, List, Optional, Sequence, Tuple, TypeVar
 
 from ..core import native
-from .host_views import numpy_view_aliases_storage
+from .flat_state import synchronous_dispatch
+from .host_views import host_threads, numpy_view_aliases_storage
+from .main_params import wait_for_kernels
 
-__all__ = ["HostKernelSlot"]
+__all__ = ["HostKernelSlot", "wait_before_host_access", "pointer_array", "block_count",
+           "run_blocks"]
 
 K = TypeVar("K")
 
@@ -43,3 +48,34 @@ class HostKernelSlot(Generic[K]):
     def reset(self) -> None:
         self._kernel.clear()
         native.forget(self.source)
+
+
+def wait_before_host_access() -> None:
+    """With asynchronous dispatch, wait for the queued kernels (they may still write the
+    tensors a host call is about to read); synchronous dispatch (the trainer's CPU mode) has
+    nothing queued."""
+    if not synchronous_dispatch():
+        wait_for_kernels()
+
+
+def pointer_array(addresses: Sequence[int]):
+    """``addresses`` as a C ``void *[]`` for a host call."""
+    return (ctypes.c_void_p * len(addresses))(*addresses)
+
+
+def block_count(sizes: Sequence[int], block: int) -> int:
+    """Blocks of ``block`` elements when each tensor of ``sizes`` is cut on its own."""
+    return sum(-(-int(s) // block) for s in sizes)
+
+
+def run_blocks(run: Callable[[Tuple[int, int]], int], sizes: Sequence[int], block: int,
+               threaded_min: int, threads: Optional[int], what: str) -> None:
+    """``run((b_lo, b_hi))`` (a host call returning the elements it covered) over every block,
+    split over ``threads`` (default :func:`host_views.host_threads`) when the tensors hold at
+    least ``threaded_min`` elements; a count that is not every element is a bug in the
+    kernel's block walk (RuntimeError naming ``what``)."""
+    total = sum(int(s) for s in sizes)
+    threads = (threads or host_threads()) if total >= threaded_min else 1
+    done = sum(native.run_split(run, block_count(sizes, block), threads))
+    if done != total:
+        raise RuntimeError(f"{what} covered {done} of {total} elements")

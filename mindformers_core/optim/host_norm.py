@@ -18,11 +18,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..core import native
-from .flat_state import synchronous_dispatch
-from .host_kernels import HostKernelSlot
-from .host_views import host_address, host_threads
-from .main_params import wait_for_kernels
+from .host_kernels import (HostKernelSlot, block_count, pointer_array, run_blocks,
+                           wait_before_host_access)
+from .host_views import host_address
 
 __all__ = ["host_sq_norm", "reset_host_norm", "BLOCK", "SOURCE"]
 
@@ -31,6 +29,7 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_norm.c")
 BLOCK = 1 << 16
 #: below this many elements one thread reads everything
 THREADED_MIN_NUMEL = 1 << 21
+
 
 def _bind(lib):
     fn = lib.mfc_sq_sum_blocks
@@ -48,32 +47,27 @@ def host_sq_norm(tensors: Sequence, threads: Optional[int] = None) -> Optional[f
     """Sum of the squares of every element of ``tensors`` (float64 accumulation), or None
     where the host kernel does not take them. Empty tensors count 0."""
     fn = _SLOT.get()
-    tensors = [t for t in tensors if t is not None and int(t.size) > 0]
     if fn is None:
         return None
+    tensors = [t for t in tensors if t is not None and int(t.size) > 0]
     if not tensors:
         return 0.0
-    if not synchronous_dispatch():
-        wait_for_kernels()  # the gradients must be written before they are read
+    wait_before_host_access()
     addresses = [host_address(t) for t in tensors]
     if not all(addresses):
         return None
     n = len(tensors)
     sizes = [int(t.size) for t in tensors]
-    ptrs = (ctypes.c_void_p * n)(*addresses)
+    ptrs = pointer_array(addresses)
     numel = (ctypes.c_int64 * n)(*sizes)
-    blocks = sum(-(-s // BLOCK) for s in sizes)
-    partial = np.zeros(blocks, np.float64)
+    partial = np.zeros(block_count(sizes, BLOCK), np.float64)
     base = partial.ctypes.data
 
     def run(lo_hi):
         out = ctypes.cast(base + 8 * lo_hi[0], ctypes.POINTER(ctypes.c_double))
         return fn(n, ptrs, numel, BLOCK, lo_hi[0], lo_hi[1], out)
 
-    threads = (threads or host_threads()) if sum(sizes) >= THREADED_MIN_NUMEL else 1
-    done = sum(native.run_split(run, blocks, threads))
-    if done != sum(sizes):  # the block walk is the kernel's; a mismatch is a bug there
-        raise RuntimeError(f"host norm read {done} of {sum(sizes)} elements")
+    run_blocks(run, sizes, BLOCK, THREADED_MIN_NUMEL, threads, "host norm")
     return float(np.sum(partial))
 
 

@@ -15,7 +15,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor
 
 __all__ = ["scale_many_in_place", "scale_in_place", "aliased_view",
-           "numpy_view_aliases_storage", "host_address", "host_threads"]
+           "numpy_view_aliases_storage", "host_address", "array_address", "host_threads"]
 
 
 def scale_many_in_place(masters: Sequence[Parameter], factor: float) -> None:
@@ -100,6 +100,11 @@ def host_address(tensor) -> int:
     if tensor.dtype != ms.float32 or not tensor.is_contiguous():
         return 0
     return int(tensor.data_ptr() or 0)
+
+
+def array_address(array: np.ndarray) -> int:
+    """The address of a numpy array's first element."""
+    return array.__array_interface__["data"][0]
 
 
 def host_threads() -> int:

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from ..distributed.object_exchange import (CHUNK_WORDS, all_gather_objects, from_words,
-                                           join_count, split_count, to_words)
+from ..distributed.object_exchange import all_gather_objects
 from .checkpoint_plan import balanced_assignment
 
-__all__ = ["CHUNK_WORDS", "files_to_read", "to_words", "from_words", "split_count",
-           "join_count", "WorldFileSharing", "file_sharing"]
+__all__ = ["files_to_read", "WorldFileSharing", "file_sharing"]
+
 
 def files_to_read(nbytes: List[int], rank: int, world: int) -> List[int]:
     """The indices of the rank files (of ``nbytes[i]`` bytes) that ``rank`` reads."""

@@ -24,8 +24,8 @@ import time
 from typing import List, Optional
 
 from .evaluate import EvalResult, evaluate, reset_running_stats
-from .throughput import (PEAK_FLOPS, attention_widths, eta_seconds, flops_per_token, format_duration,
-                         format_param_counts, mfu, param_counts, rss_bytes)
+from .throughput import (PEAK_FLOPS, attention_widths, eta_seconds, flops_per_token,
+                         format_duration, format_param_counts, mfu, param_counts, rss_bytes)
 
 __all__ = ["RunProgress", "device_memory_bytes"]
 

@@ -95,8 +95,8 @@ def test_what_a_balanced_load_broadcasts_survives_its_int32_packing():
     import pickle
 
     import numpy as np
-    from mindformers_core.trainer.balanced_load import (from_words, join_count, split_count,
-                                                        to_words)
+    from mindformers_core.distributed.object_exchange import (from_words, join_count,
+                                                              split_count, to_words)
     for raw in (b"", b"a", b"abcd", pickle.dumps({3: [("k", np.arange(5, dtype=np.float32))]})):
         words = to_words(raw)
         assert words.dtype == np.int32 and words.size == (len(raw) + 3) // 4
