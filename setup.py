@@ -9,7 +9,7 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["mindformers_core", "mindformers_core.*"]),
     py_modules=["run_mindformer"],
-    # the host C kernels are compiled at first use (mindformers_core/core/native.py)
+    # the host C kernels are compiled at first use (mindformers_core/optim/host/native.py)
     package_data={"": ["*.c"]},
     install_requires=[
         "mindspore==2.10.0",

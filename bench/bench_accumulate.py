@@ -1,5 +1,5 @@
 """Gradient accumulation at the mid GPT's parameter shapes: the host kernel
-(``optim/host_accumulate.py``, one C call per micro-batch into one owned buffer) vs
+(``optim/host/accumulate.py``, one C call per micro-batch into one owned buffer) vs
 MindSpore's per-tensor adds (the fallback), alternating in one process (the order flips every
 round; ratios survive a busy machine, absolute times do not).
 
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     from bench.bench_peer import MODELS
     from mindformers_core.config.model import ModelConfig
     from mindformers_core.models import build_model
-    from mindformers_core.optim.host_accumulate import (GradientSum, host_add_kernel,
+    from mindformers_core.optim.host.accumulate import (GradientSum, host_add_kernel,
                                                         host_add_unavailable_reason)
     from mindformers_core.trainer.run import apply_pynative_synchronize
     apply_pynative_synchronize(True)

@@ -10,7 +10,7 @@ Importing this package never imports MindSpore (``run_mindformer.py --check`` st
 """
 from .checkpoint import CheckpointConfig
 from .dataset import DatasetConfig
-from .errors import ConfigError
+from ..errors import ConfigError
 from .lr_scheduler import LrSchedulerConfig
 from .model import ModelConfig
 from .optimizer import OPTIMIZER_KEYS, OPTIMIZER_TYPES, OptimizerConfig

@@ -15,13 +15,13 @@
 Upstream's spellings of "nothing": ``load_path: ""`` means no checkpoint to load and
 ``prefix: null`` the default prefix (both are normalised when loading; ``save_path: ""`` is
 the default directory). ``async_save`` writes the files in a background thread
-(trainer/async_checkpoint.py), still atomically.
+(checkpoint/async_writer.py), still atomically.
 
 Distributed (sharded) checkpoints, as upstream means the keys:
 
 * ``remove_redundancy``: False (upstream's default): every rank writes every piece it holds, so
   each rank file is self-contained; True: each piece is written once, by one of the ranks that
-  hold it, balanced over them (trainer/checkpoint_plan.py). Either loads, on any layout;
+  hold it, balanced over them (checkpoint/plan.py). Either loads, on any layout;
 * ``load_worker_number``: threads that read and verify the rank files at load (>= 1);
 * ``reshard_worker_num``: threads that merge the pieces into full tensors at load (>= 1);
 * ``save_global_layout_cache``: upstream caches the gathered layout between saves; here each
@@ -29,7 +29,7 @@ Distributed (sharded) checkpoints, as upstream means the keys:
   cache and both values write the same files;
 * ``load_balanced``: False: every rank reads every rank file; True: each rank file is read
   and verified by one rank, balanced by bytes, and shared with the others over the world group
-  (trainer/balanced_load.py; upstream reads each replica once and broadcasts it). The same
+  (checkpoint/balanced_load.py; upstream reads each replica once and broadcasts it). The same
   tensors either way.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .schema import Section, check_range
 
 DEFAULT_PREFIX = "mindformers_core"
@@ -81,6 +81,6 @@ class CheckpointConfig(Section):
             raise ConfigError(f"{path}.prefix", "must be a non-empty file name prefix without "
                                                 f"path separators or a leading dot, got "
                                                 f"{self.prefix!r}")
-        # distributed-checkpoint options (trainer/sharded_save.py, trainer/checkpoint_plan.py)
+        # distributed-checkpoint options (checkpoint/sharded_save.py, checkpoint/plan.py)
         for name in ("load_worker_number", "reshard_worker_num"):
             check_range(getattr(self, name), f"{path}.{name}", lo=1)

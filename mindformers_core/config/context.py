@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from ..core.memory_size import parse_memory_size
 from .schema import Section
 

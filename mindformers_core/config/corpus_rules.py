@@ -12,7 +12,7 @@ document-boundary (EOD) handling. Called by ``DatasetConfig.validate``.
 """
 from __future__ import annotations
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["check_corpus_fields", "BLEND_TYPES"]
 

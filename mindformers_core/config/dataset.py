@@ -33,7 +33,7 @@ evaluation of ``training.eval_interval``; 0 holds nothing out (``data/split.py``
 
 Upstream's layout nests the source in ``dataloader:`` (``type``, ``dataset_files``,
 ``column_names``, ``shuffle``, ``python_multiprocessing``) with the loader options beside it;
-both layouts load (config/dataset_layout.py) and ``to_dict()`` writes the user's layout back.
+both layouts load (config/compat/dataset_layout.py) and ``to_dict()`` writes the user's layout back.
 Loader options: ``drop_remainder`` (True: batches are always whole here), ``num_parallel_workers``
 and ``prefetch_size`` (>= 1; samples are read in-process, so they do not change the data),
 ``numa_enable`` and ``use_distribute_dataset`` (False only: not implemented).
@@ -44,9 +44,9 @@ from dataclasses import dataclass
 from typing import Any, List, Literal, Optional, Union
 
 from .corpus_rules import check_corpus_fields
-from .dataset_layout import nest_dataloader, split_dataloader
-from .errors import ConfigError
-from .noop import require_noop
+from .compat.dataset_layout import nest_dataloader, split_dataloader
+from ..errors import ConfigError
+from .compat.noop import require_noop
 from .schema import Section, check, check_range
 
 MARKOV_KEYS = ("markov_order", "markov_vocab_size", "markov_branching", "markov_concentration",

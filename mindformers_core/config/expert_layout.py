@@ -18,7 +18,7 @@ from typing import Optional
 
 from ..core.expert_rules import check_expert_count, check_expert_dp
 from ..core.memory_plan import DTYPE_BYTES
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["ExpertPlan", "check_expert_parallel", "expert_plan"]
 

@@ -16,9 +16,9 @@ from typing import Literal, Optional
 from .moe import validate_moe_routing
 from .model_pretrain import validate_pretrain_fields
 from .model_types import with_model_type_defaults
-from .noop import require_noop
+from .compat.noop import require_noop
 from .schema import Section, check, check_range
-from .upstream_names import check_upstream_only, join_model_section, split_model_section
+from .compat.upstream_names import check_upstream_only, join_model_section, split_model_section
 
 #: largest hidden / FFN width accepted (an error at --check, not an allocation at build time)
 MAX_WIDTH = 2 ** 20
@@ -87,7 +87,7 @@ class ModelConfig(Section):
     # ------------------------------------------------------------------ both naming schemes
     @classmethod
     def from_dict(cls, data, path: str):
-        """Upstream MindFormers names or this project's (config/upstream_names.py)."""
+        """Upstream MindFormers names or this project's (config/compat/upstream_names.py)."""
         canonical, spelling = split_model_section(cls.mapping_of(data, path), path,
                                                   cls.field_names())
         obj = super().from_dict(with_model_type_defaults(canonical, cls.model_type), path)

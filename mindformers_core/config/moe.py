@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .schema import check_range
 
 

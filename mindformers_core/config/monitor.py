@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Union
 
-from .errors import ConfigError
-from .noop import require_noop
+from ..errors import ConfigError
+from .compat.noop import require_noop
 from .schema import Section, check_range
 
 __all__ = ["MonitorConfig", "TrainStateConfig", "HealthCheckpointConfig", "TensorboardConfig",

@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
-from .errors import ConfigError
-from .parallel_noop import check_parallel_noop
+from ..errors import ConfigError
+from .compat.parallel_noop import check_parallel_noop
 from .pipeline import check_pipeline_fields
 from .schema import Section
 
@@ -76,7 +76,7 @@ class ParallelismConfig(Section):
     context_parallel: int = 1
     pipeline_parallel: int = 1
     data_parallel_shard: int = -1   # -1: shard optimizer state over all DP ranks; 1: replicate
-    # upstream keys of features that are off here (accepted values: config/parallel_noop.py)
+    # upstream keys of features that are off here (accepted values: config/compat/parallel_noop.py)
     # what is sharded over dp_shard ranks (config/shard_strategy.py; upstream's default is
     # optim_grads_params, this package's is ZeRO-1) and whether the reduced gradient is
     # divided by dp again (False)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import List, Literal, Optional, Union
 
 from ..core.optimizer_rules import OVERRIDE_FIELDS, OVERRIDE_RANGES, is_beta_pair
-from .errors import ConfigError
+from ..errors import ConfigError
 from .schema import Section, check_range
 
 __all__ = ["ParamOverrideConfig", "MupConfig", "check_betas"]

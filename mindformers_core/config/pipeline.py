@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Optional
 
 from ..core.pipeline_split import split_layers
-from .errors import ConfigError
-from .noop import require_noop
+from ..errors import ConfigError
+from .compat.noop import require_noop
 
 __all__ = ["check_pipeline_fields", "check_pipeline_vs_model", "check_pipeline_vs_plan"]
 

@@ -18,7 +18,7 @@ from typing import Any, Optional
 from ..core.recompute import (SELECT_MODES, check_mode, recompute_layers,
                               selected_modules)
 from ..errors import ConfigError, checked
-from .noop import require_noop
+from .compat.noop import require_noop
 from .schema import Section
 
 __all__ = ["RecomputeConfig"]

@@ -26,19 +26,19 @@ from typing import Any, Dict, Iterable, Optional, Union
 
 import yaml
 
-from .callbacks import CallbacksConfig
+from .compat.callbacks import CallbacksConfig
 from .checkpoint import CheckpointConfig
 from .context import ContextConfig, check_context_vs_training
 from .pipeline import check_pipeline_vs_model, check_pipeline_vs_plan
 from .dataset import DatasetConfig
-from .errors import ConfigError
+from ..errors import ConfigError
 from .logging import LoggingConfig
 from .lr_scheduler import LrSchedulerConfig
 from .model import ModelConfig
 from .monitor import MonitorConfig
-from .disabled_sections import LoraConfig, RecomputeCommConfig, SwapConfig
+from .compat.disabled_sections import LoraConfig, RecomputeCommConfig, SwapConfig
 from .optimizer import OptimizerConfig
-from .megatron_loader import check_loader_vs_model
+from .compat.megatron_loader import check_loader_vs_model
 from .expert_layout import ExpertPlan, check_expert_parallel, expert_plan
 from .parallelism import ParallelismConfig
 from .profiler import ProfilerConfig
@@ -47,7 +47,7 @@ from .tensor_parallel_rules import check_tensor_parallel
 from .schema import Section, type_name, unknown_key_error
 from .tokenizer import TokenizerConfig, check_text_sections
 from .training import TrainingConfig
-from .upstream_names import spelling_in_use
+from .compat.upstream_names import spelling_in_use
 from .strict_yaml import load_strict_yaml
 
 __all__ = ["RunConfig", "RunPlan", "load_config", "apply_overrides", "REQUIRED_SECTIONS"]
@@ -189,7 +189,7 @@ class RunConfig(Section):
         check_expert_parallel(self)   # experts vs expert_parallel, whatever the world size
         check_context_vs_training(self.context, self.training)
         check_text_sections(self)
-        for name in ("train_dataset", "eval_dataset"):   # config/megatron_loader.py
+        for name in ("train_dataset", "eval_dataset"):   # config/compat/megatron_loader.py
             if getattr(self, name) is not None:
                 check_loader_vs_model(getattr(self, name), self.model.seq_length, name)
         self._check_recompute_vs_jit()

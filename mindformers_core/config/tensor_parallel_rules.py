@@ -76,7 +76,7 @@ def tp_divisibility_problems(model_cfg, tp: int) -> Optional[tuple]:
 
 def check_tensor_parallel(cfg) -> None:
     """Every tensor-parallel rule of a RunConfig, as ConfigError naming the field."""
-    from .errors import ConfigError
+    from ..errors import ConfigError
     par = cfg.parallelism
     tp = par.tensor_parallel
     if tp == 1:

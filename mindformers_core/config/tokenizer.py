@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .schema import Section
 
 __all__ = ["TokenizerConfig", "run_tokenizer_config", "check_text_sections", "check_vocab_fits",

@@ -158,7 +158,7 @@ class Layout:
     cp: int = 1
     sequence_parallel: bool = False
     dp_shard: int = 1               # D: ranks the sharded state is split over (1..dp)
-    shard_strategy: str = "optim"   # what is sharded over D (config/parallel_noop.py names)
+    shard_strategy: str = "optim"   # what is sharded over D (config/compat/parallel_noop.py names)
 
     def __post_init__(self):
         for name in ("dp", "tp", "pp", "ep", "cp", "dp_shard"):

@@ -16,7 +16,7 @@ the names of Megatron's emerging-optimizers table); ``preset_schedule(name, ns_s
 preset over ``ns_steps`` iterations as Megatron does.
 
 It lives in ``core`` (pure Python) because the config layer checks the schedule at load and
-the optimizers run it; ``optim.ns_schedule`` re-exports it.
+the optimizers run it; ``core.ns_schedule`` re-exports it.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from ..config.dataset import DatasetConfig
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 from .eod import eod_loss_mask
 from .markov import SyntheticMarkov
 from .mindrecord import MindDataset

@@ -36,7 +36,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["INDEX_MAGIC", "DTYPE_CODES", "IndexInfo", "read_index", "write_indexed",
            "open_indexed_tokens", "indexed_prefix"]

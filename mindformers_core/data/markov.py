@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["SyntheticMarkov", "MAX_TABLE_ENTRIES", "entropy_nats"]
 

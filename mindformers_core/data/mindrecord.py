@@ -19,7 +19,7 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["MindDataset", "MINDRECORD_COLUMNS"]
 

@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["split_counts", "SampleRange", "split_source"]
 

@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["pydoc_documents", "tokenize_documents", "pydoc_token_stream"]
 

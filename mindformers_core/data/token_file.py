@@ -16,7 +16,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 from .token_meta import meta_path, read_token_meta
 
 __all__ = ["TokenFile", "open_token_array", "check_token_range", "check_zero_pattern"]

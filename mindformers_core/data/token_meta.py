@@ -18,7 +18,7 @@ import json
 import os
 from typing import Optional
 
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["META_FORMAT", "META_VERSION", "TOKEN_DTYPES", "meta_path", "write_token_meta",
            "read_token_meta"]

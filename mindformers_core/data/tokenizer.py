@@ -17,7 +17,7 @@ from typing import Iterable, Optional, Protocol, Sequence
 
 import numpy as np
 
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 from ..config.tokenizer import BYTE_VOCAB_SIZE, check_vocab_fits
 
 __all__ = ["Tokenizer", "ByteTokenizer", "HFTokenizer", "build_tokenizer", "check_vocab_fits",

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 
-from .env import env_rank, env_world_size, launched_by_msrun
+from ..launch_env import env_rank, env_world_size, launched_by_msrun
 
 _LAZY = {
     "Communicator": "comm", "CommStats": "comm", "init_distributed": "comm",

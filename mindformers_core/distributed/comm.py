@@ -30,7 +30,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from .env import env_rank, env_world_size, is_msrun_scheduler, launched_by_msrun  # noqa: F401
+from ..launch_env import env_rank, env_world_size, is_msrun_scheduler, launched_by_msrun  # noqa: F401
 
 __all__ = ["Communicator", "CommStats", "init_distributed", "get_communicator", "get_rank",
            "get_world_size", "is_distributed", "barrier"]

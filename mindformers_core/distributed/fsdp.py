@@ -45,7 +45,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 from ..config.shard_strategy import optimizer_shard_count, shards_grads, shards_params
 from ..optim.clip_grad import global_grad_norm
 from .collectives import GroupCommunicator

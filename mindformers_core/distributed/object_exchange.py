@@ -4,7 +4,7 @@ The object travels pickled as int32 words (MindSpore 2.10 CPU broadcasts int32 e
 in one call checked; uint8 has no kernel and int64 arrives wrong): its byte count first as two
 int32 (``2**30`` per unit of the first), then in chunks of :data:`CHUNK_WORDS` words, each rank
 broadcasting its own in rank order. Used by the balanced checkpoint load
-(trainer/balanced_load.py) and the pipeline checkpoint (pipeline_checkpoint.py).
+(checkpoint/balanced_load.py) and the pipeline checkpoint (pipeline_checkpoint.py).
 """
 from __future__ import annotations
 

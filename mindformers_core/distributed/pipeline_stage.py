@@ -138,8 +138,8 @@ class StageExecutor:
         if g_in is not None:
             self.outbox[(v, op.micro, "backward")] = g_in
         grads = [g if g.dtype == ms.float32 else g.astype(ms.float32) for g in grads]
-        if self.acc is None:   # on CPU one host add per micro-batch (optim/host_accumulate.py)
-            from ..optim.host_accumulate import GradientSum, host_add_kernel
+        if self.acc is None:   # on CPU one host add per micro-batch (optim/host/accumulate.py)
+            from ..optim.host.accumulate import GradientSum, host_add_kernel
             self.acc = GradientSum(host_add_kernel())
         self.acc.add(grads)
 

@@ -40,7 +40,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor
 
-from ..optim.host_views import scale_many_in_place
+from ..optim.host.views import scale_many_in_place
 from ..optim.main_params import MainParams, MasterSnapshot, is_low_precision
 from .comm import Communicator
 from .shard_layout import ShardLayout

@@ -73,9 +73,9 @@ from mindspore import Parameter, Tensor, mutable
 
 from ..core.optimizer_defaults import ADAMW_DEFAULTS as D
 from ..core.optimizer_rules import check_beta_count, check_beta_range, check_weight_decay
-from .flat_state import FlatAdamGroup, synchronous_dispatch, worth_packing
+from .host.flat_state import FlatAdamGroup, synchronous_dispatch, worth_packing
 from .fused_adam import FusedAdamGroup
-from .host_views import numpy_view_aliases_storage, scale_many_in_place
+from .host.views import numpy_view_aliases_storage, scale_many_in_place
 from .optimizer import Optimizer, state_dtype
 from .state_offload import HostStateOffload, cpu_offload_for
 from .update_rules import AdamRule

@@ -26,8 +26,8 @@ from typing import List, Optional, Sequence, Tuple
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from .host_accumulate import host_add_kernel
-from .host_norm import host_sq_norm
+from .host.accumulate import host_add_kernel
+from .host.norm import host_sq_norm
 from .ordered_sum import ordered_total, row_sq_sums
 
 __all__ = ["global_grad_norm", "clip_coefficient", "clip_by_norm", "clip_grad_by_global_norm",

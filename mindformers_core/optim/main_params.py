@@ -27,7 +27,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor
 
-from .host_views import aliased_view, numpy_view_aliases_storage, scale_many_in_place
+from .host.views import aliased_view, numpy_view_aliases_storage, scale_many_in_place
 
 __all__ = ["MainParams", "is_low_precision", "split_fp32_to_bf16_and_remainder",
            "merge_bf16_and_remainder", "fp32_to_bf16_bits", "scale_and_cast_blocked"]

@@ -20,8 +20,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
-from .host_adam import host_adam_kernel
-from .host_views import scale_in_place
+from .host.adam import host_adam_kernel
+from .host.views import scale_in_place
 
 __all__ = ["apply_decoupled_decay", "AdamRule", "LionRule", "lion_step", "muon_momentum",
            "apply_muon_delta"]

@@ -8,9 +8,9 @@
 
 ``CKPT`` is a checkpoint file (the index of a sharded one, or a single-process one) or a
 directory (its newest complete checkpoint). ``merge`` writes a single-process checkpoint
-(``trainer/checkpoint.py``: resumable on one process) or, with ``--weights-only``, the model
+(``checkpoint/store.py``: resumable on one process) or, with ``--weights-only``, the model
 weights under their parameter names as ``tools/convert_weights.py`` reads them. ``split``
-writes the sharded checkpoint (``trainer/sharded_checkpoint.py``) of the layout in
+writes the sharded checkpoint (``checkpoint/sharded.py``) of the layout in
 ``layout.json``::
 
     {"world": 2,
@@ -44,7 +44,7 @@ def parse_layout(spec: dict):
     """``(specs, [RankLayout])`` of a layout.json object (``ValueError`` naming the field)."""
     from ..distributed.groups import make_mesh
     from ..distributed.shard_spec import ShardSpec
-    from ..trainer.sharded_checkpoint import RankLayout
+    from ..checkpoint.sharded import RankLayout
     if not isinstance(spec, dict) or not isinstance(spec.get("world"), int) or spec["world"] < 1:
         raise ValueError("layout: 'world' must be a positive integer")
     world = spec["world"]
@@ -80,8 +80,8 @@ def layout_remove_redundancy(spec: dict) -> bool:
 
 def merge(src: str, output: str, weights_only: bool = False) -> str:
     """One file from the checkpoint at ``src`` (module docstring)."""
-    from ..trainer.checkpoint import FORMAT, resolve_checkpoint
-    from ..trainer.checkpoint_io import encode, run_metadata, write_atomic
+    from ..checkpoint.store import FORMAT, resolve_checkpoint
+    from ..checkpoint.file_io import encode, run_metadata, write_atomic
     data = resolve_checkpoint(src)
     directory, name = os.path.split(os.path.abspath(output))
     if weights_only:
@@ -96,8 +96,8 @@ def merge(src: str, output: str, weights_only: bool = False) -> str:
 
 def split(src: str, layout: dict, output_dir: str, prefix: Optional[str] = None) -> str:
     """The sharded checkpoint of ``layout`` from the checkpoint at ``src``; the index path."""
-    from ..trainer.checkpoint import checkpoint_name, resolve_checkpoint
-    from ..trainer.sharded_checkpoint import split_checkpoint
+    from ..checkpoint.store import checkpoint_name, resolve_checkpoint
+    from ..checkpoint.sharded import split_checkpoint
     specs, ranks = parse_layout(layout)
     remove_redundancy = layout_remove_redundancy(layout)
     data = resolve_checkpoint(src)
@@ -110,7 +110,7 @@ def split(src: str, layout: dict, output_dir: str, prefix: Optional[str] = None)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from ..trainer.checkpoint import CheckpointError
+    from ..checkpoint.store import CheckpointError
     parser = argparse.ArgumentParser(prog="convert_checkpoint", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("merge", help="a (sharded) checkpoint into one safetensors file")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["describe_data"]
 

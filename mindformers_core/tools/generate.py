@@ -33,8 +33,8 @@ def generate_text(cfg, checkpoint: str, prompt: str, max_new_tokens: int = 64,
     from ..data.tokenizer import build_tokenizer, check_vocab_fits
     from ..models import build_model
     from ..models.generation import generate
-    from ..trainer.checkpoint import CheckpointError, resolve_checkpoint
-    from ..trainer.weights import load_model_weights
+    from ..checkpoint.store import CheckpointError, resolve_checkpoint
+    from ..checkpoint.weights import load_model_weights
     if not os.path.exists(checkpoint):
         raise CheckpointError(f"--checkpoint {checkpoint}: no such file or directory (did the "
                               "run save one? checkpoint.enable_save: True)")
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     if args.max_new_tokens < 1:
         p.error("--max_new_tokens must be >= 1")
     from ..config import ConfigError
-    from ..trainer.checkpoint import CheckpointError
+    from ..checkpoint.store import CheckpointError
     try:
         cfg = load_run_config(args)
         import mindspore as ms

@@ -134,9 +134,9 @@ def _sq_norm(tensors) -> float:
 
 def load_model_weights(model, path: str) -> int:
     """Set ``model``'s parameters from a trainer checkpoint (file or directory); returns its
-    step. Raises ``trainer.checkpoint.CheckpointError`` when it does not match the model."""
+    step. Raises ``checkpoint.store.CheckpointError`` when it does not match the model."""
     from mindspore import Tensor
-    from ..trainer.checkpoint import CheckpointError, resolve_checkpoint
+    from ..checkpoint.store import CheckpointError, resolve_checkpoint
     data = resolve_checkpoint(path)
     saved = {k[len("model."):]: v for k, v in data.tensors.items() if k.startswith("model.")}
     for param in model.get_parameters():

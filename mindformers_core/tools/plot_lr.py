@@ -14,7 +14,7 @@ import sys
 import warnings
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 from ..core.lr import LRSchedule, build_lr_scheduler
 from .cli import add_run_config_arguments, load_run_config
 

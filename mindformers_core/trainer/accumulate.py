@@ -17,7 +17,7 @@ upstream's ``mean_j / N`` is biased (docs/differences.md, row 30). The auxiliary
 micro-batches of every rank).
 
 Gradients of bf16/fp16 parameters are cast to fp32 before they are summed; on CPU the sums of
-a micro-batch are one host call (``optim/host_accumulate.py``).
+a micro-batch are one host call (``optim/host/accumulate.py``).
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def accumulate_gradients(grad_fn: Callable, batches: Sequence[dict], total_token
     gradients (a monitor; it costs a host sync per micro-batch).
     """
     import mindspore as ms
-    from ..optim.host_accumulate import GradientSum, host_add_kernel
+    from ..optim.host.accumulate import GradientSum, host_add_kernel
 
     if total_tokens <= 0:
         raise ValueError("the optimizer step has no loss tokens (every loss_mask is 0); "

@@ -27,7 +27,7 @@ def default_grad_reducer(cfg):
     there; pipeline parallel when ``parallelism.pipeline_parallel > 1``, tensor parallel when
     ``parallelism.tensor_parallel > 1``), the identity in a plain process (no communication
     init)."""
-    from ..distributed.env import launched_by_msrun
+    from ..launch_env import launched_by_msrun
     if launched_by_msrun() and cfg.parallelism.pipeline_parallel > 1:
         from ..distributed.pipeline_parallel import setup_pipeline_parallel
         return setup_pipeline_parallel(cfg)

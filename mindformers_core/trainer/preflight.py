@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from typing import Iterable, Optional
 
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["estimate_checkpoint_bytes", "check_writable_dir", "check_free_space",
            "preflight_run_dirs", "OPTIMIZER_STATE_FACTOR"]

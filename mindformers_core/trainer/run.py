@@ -20,7 +20,7 @@ def run_training(cfg, output_dir: str, stream=None, overwrite: bool = False,
     """
     import mindspore as ms
     from ..errors import ConfigError
-    from .checkpoint import CheckpointError
+    from ..checkpoint.store import CheckpointError
     from .context import apply_context
     from .signals import StopRequest
     from .trainer import Trainer

@@ -21,9 +21,9 @@ import secrets
 import time
 from typing import List, Optional
 
-from ..config.errors import ConfigError
-from .checkpoint import checkpoint_run_id, list_checkpoints
-from .sharded_checkpoint import shard_files_of
+from ..errors import ConfigError
+from ..checkpoint.store import checkpoint_run_id, list_checkpoints
+from ..checkpoint.sharded import shard_files_of
 
 __all__ = ["new_run_id", "metrics_run_id", "claim_run_dir", "move_aside", "RUN_FILES",
            "SUPERSEDED_DIR"]

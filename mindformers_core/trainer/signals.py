@@ -38,7 +38,7 @@ def route_sigint_to_a_thread() -> bool:
     global _ROUTED
     if _ROUTED:
         return True
-    from ..distributed.env import is_msrun_scheduler
+    from ..launch_env import is_msrun_scheduler
     if threading.current_thread() is not threading.main_thread() \
             or not hasattr(signal, "pthread_sigmask") or is_msrun_scheduler():
         return False
@@ -93,7 +93,7 @@ class StopRequest:
         self._record(signum)
 
     def __enter__(self) -> "StopRequest":
-        from ..distributed.env import is_msrun_scheduler
+        from ..launch_env import is_msrun_scheduler
         # Signal handlers can only be installed from the main thread.
         if threading.current_thread() is threading.main_thread() and not is_msrun_scheduler():
             for sig in self.SIGNALS:

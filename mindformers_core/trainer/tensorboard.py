@@ -36,7 +36,7 @@ class TensorBoardWriter:
         try:
             from tensorboardX import SummaryWriter
         except ModuleNotFoundError:
-            from ..config.errors import ConfigError
+            from ..errors import ConfigError
             raise ConfigError("logging.tensorboard", "needs the 'tensorboardX' package: "
                                                      "pip install -e .[tensorboard]") from None
         self.logdir = logdir

@@ -33,34 +33,34 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from ..config.checkpoint import CheckpointConfig
-from ..config.errors import ConfigError
+from ..errors import ConfigError
 from ..core.memory_plan import plan_memory
 from ..core.memory_verdict import format_memory_plan
-from ..optim.host_adam import host_adam_notice
+from ..optim.host.adam import host_adam_notice
 from .accumulate import accumulate_gradients, count_loss_tokens, make_grad_fn
-from .checkpoint import (CheckpointData, CheckpointError, checkpoint_name, list_checkpoints,
+from ..checkpoint.store import (CheckpointData, CheckpointError, checkpoint_name, list_checkpoints,
                          prune_checkpoints, resolve_checkpoint, save_checkpoint)
 from .config_diff import config_changes
 from .grad_reducer import default_grad_reducer, grad_norm_rule
 from .metrics import MetricsWriter, StepMetrics
-from .async_checkpoint import AsyncCheckpointWriter, snapshot
+from ..checkpoint.async_writer import AsyncCheckpointWriter, snapshot
 from .monitor import TrainStateMonitor
 from .payload import jsonable, tensor_to_numpy
 from .moe_metrics import log_due, moe_step_stats
 from .preflight import estimate_checkpoint_bytes, preflight_run_dirs
 from .profiler import StepProfiler
 from .rampup import build_batch_ramp
-from .resume_checks import (check_train_payload, lr_jump_warning,
+from ..checkpoint.resume_checks import (check_train_payload, lr_jump_warning,
                             optimizer_tensor_names)
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .protocols import (DataParallelReducer, ExpertBiasModel, MaxLogitsModel, MoEStatsModel,
                         ModelParallelReducer, PipelineReducer, QKClipOptimizer,
                         QKStatsReducer, ShardedGradReducer)
 from .run_dir import claim_run_dir, new_run_id
-from .sharded_save import load_options, reshard_for_model, save_sharded, uses_sharded_checkpoint
+from ..checkpoint.sharded_save import load_options, reshard_for_model, save_sharded, uses_sharded_checkpoint
 from .signals import StopRequest
 from .step_decision import NONFINITE, OVERFLOW, SKIP_LIMIT, THRESHOLD, decide_step
-from .train_state import TrainState
+from ..checkpoint.train_state import TrainState
 
 __all__ = ["Trainer", "SKIP_WARNING", "SKIP_LIMIT_ERROR", "NONFINITE_ERROR"]
 
@@ -253,7 +253,7 @@ class Trainer:
         return data
 
     def _load_model(self, data: CheckpointData) -> None:
-        from .weights import load_model_weights
+        from ..checkpoint.weights import load_model_weights
         load_model_weights(self.model, data)
 
     def _load_rest(self, data: CheckpointData) -> None:
@@ -356,7 +356,7 @@ class Trainer:
             self.log(f"saved checkpoint {path}")
             return path
         if self.ckpt_cfg.async_save:
-            self.async_writer.submit(write)   # trainer/async_checkpoint.py
+            self.async_writer.submit(write)   # checkpoint/async_writer.py
             return os.path.join(self.save_dir, checkpoint_name(self.ckpt_cfg.prefix, step))
         return write()
 

@@ -1,5 +1,5 @@
 """Upstream's `train_dataset.dataloader: {type: BlendedMegatronDatasetDataLoader, ...}` onto
-this project's `type: IndexedDataset` (config/megatron_loader.py): the mapping, every refusal,
+this project's `type: IndexedDataset` (config/compat/megatron_loader.py): the mapping, every refusal,
 the written-back layout, and the batches of a tiny .bin/.idx corpus against the native config."""
 import numpy as np
 import pytest

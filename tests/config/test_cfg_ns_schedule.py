@@ -1,7 +1,7 @@
 """normalize_ns_schedule: both forms and upstream MindFormers' messages."""
 import pytest
 
-from mindformers_core.optim.ns_schedule import (NS_COEFFICIENT_PRESETS, normalize_ns_schedule,
+from mindformers_core.core.ns_schedule import (NS_COEFFICIENT_PRESETS, normalize_ns_schedule,
                                                 preset_schedule)
 
 ABC = (3.4445, -4.7750, 2.0315)

@@ -1,4 +1,4 @@
-"""`model:` in both naming schemes (config/upstream_names.py) and upstream-only model keys."""
+"""`model:` in both naming schemes (config/compat/upstream_names.py) and upstream-only model keys."""
 import os
 
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from mindformers_core.config import ConfigError
 from mindformers_core.config.model import ModelConfig
 from mindformers_core.config.run_config import load_config
-from mindformers_core.config.upstream_names import MODEL_ALIASES, UPSTREAM_ONLY
+from mindformers_core.config.compat.upstream_names import MODEL_ALIASES, UPSTREAM_ONLY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 UPSTREAM = os.path.join(ROOT, "tests", "fixtures", "upstream_yaml")

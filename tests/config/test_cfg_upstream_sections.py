@@ -3,12 +3,12 @@ layout, parallelism / checkpoint no-op keys, monitor, profiler, context, callbac
 import pytest
 
 from mindformers_core.config import ConfigError
-from mindformers_core.config.callbacks import CallbacksConfig
+from mindformers_core.config.compat.callbacks import CallbacksConfig
 from mindformers_core.config.checkpoint import CheckpointConfig
 from mindformers_core.config.context import ContextConfig, parse_memory_size
 from mindformers_core.config.dataset import DatasetConfig
 from mindformers_core.config.monitor import MonitorConfig, norm_patterns
-from mindformers_core.config.disabled_sections import LoraConfig, RecomputeCommConfig, SwapConfig
+from mindformers_core.config.compat.disabled_sections import LoraConfig, RecomputeCommConfig, SwapConfig
 from mindformers_core.config.run_config import load_config
 from mindformers_core.config.parallelism import ParallelismConfig
 from mindformers_core.config.profiler import ProfilerConfig

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from mindformers_core.config import ConfigError, load_config
-from mindformers_core.config.errors import MAX_MESSAGE_CHARS, truncate_message
+from mindformers_core.errors import MAX_MESSAGE_CHARS, truncate_message
 from mindformers_core.config.yaml_io import MAX_EXPANDED_NODES, load_yaml_text
 
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from mindformers_core.config import load_config
-from mindformers_core.config.errors import ConfigError
+from mindformers_core.errors import ConfigError
 from mindformers_core.core.expert_rules import (EXPERTS_MESSAGE, check_expert_count,
                                                 check_expert_dp, experts_per_rank)
 

@@ -194,9 +194,9 @@ def test_upstream_deepseek_v3_config_trains_3_steps_on_cpu(tmp_path):
 
 def test_migration_doc_lists_every_upstream_key():
     """docs/migrating_from_mindformers.md names every alias and upstream-only key."""
-    from mindformers_core.config.parallel_noop import SHARD_STRATEGIES
+    from mindformers_core.config.compat.parallel_noop import SHARD_STRATEGIES
     from mindformers_core.config.parallelism import ParallelismConfig
-    from mindformers_core.config.upstream_names import MODEL_ALIASES, UPSTREAM_ONLY
+    from mindformers_core.config.compat.upstream_names import MODEL_ALIASES, UPSTREAM_ONLY
     with open(os.path.join(ROOT, "docs", "migrating_from_mindformers.md"), encoding="utf-8") as fh:
         doc = fh.read()
     keys = list(MODEL_ALIASES) + list(MODEL_ALIASES.values()) + list(UPSTREAM_ONLY)

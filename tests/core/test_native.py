@@ -1,4 +1,4 @@
-"""core/native.py: compile once, cache, load; every way it declines says why."""
+"""optim/host/native.py: compile once, cache, load; every way it declines says why."""
 import os
 import shutil
 import subprocess
@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from mindformers_core.core import native
+from mindformers_core.optim.host import native
 
 needs_cc = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None,
                               reason="no C compiler on this machine")
@@ -79,7 +79,7 @@ def test_switched_off_by_the_environment(source, monkeypatch, value):
 def test_ranks_building_at_once_all_load_a_whole_library(source, tmp_path):
     """msrun workers start together: each builds to a temporary name and renames it."""
     code = textwrap.dedent(f"""
-        from mindformers_core.core import native
+        from mindformers_core.optim.host import native
         lib = native.load({source!r})
         print(lib.mfc_twice(5) if lib is not None else native.unavailable_reason({source!r}))
     """)

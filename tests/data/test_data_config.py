@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mindformers_core.config.dataset import DatasetConfig
-from mindformers_core.config.errors import ConfigError
+from mindformers_core.errors import ConfigError
 from mindformers_core.config.model import ModelConfig
 from mindformers_core.data import build_dataset
 

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from mindformers_core.config.errors import ConfigError
+from mindformers_core.errors import ConfigError
 from mindformers_core.data import SyntheticMarkov
 
 

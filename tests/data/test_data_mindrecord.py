@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from mindformers_core.config.errors import ConfigError
+from mindformers_core.errors import ConfigError
 from mindformers_core.config.model import ModelConfig
 from mindformers_core.data import MindDataset, TokenFile, build_dataset
 from mindformers_core.tools import make_token_data as mtd

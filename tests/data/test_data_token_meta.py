@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from mindformers_core.config.errors import ConfigError
+from mindformers_core.errors import ConfigError
 from mindformers_core.config.model import ModelConfig
 from mindformers_core.data import MindDataset, TokenFile, build_dataset
 from mindformers_core.data.token_meta import meta_path, read_token_meta, write_token_meta

@@ -44,7 +44,7 @@ CASES = {
     "muon_sharded_allgather": ("muon", "mla", -1, "allgather"),
     "muon_sharded_deredundency": ("muon", "mla", -1, "allgather_deredundency"),
     # each rank sums its rows as micro-batches of one (the name's suffix): the all-reduce
-    # takes the accumulated sums (on CPU the host kernel's buffer, optim/host_accumulate.py)
+    # takes the accumulated sums (on CPU the host kernel's buffer, optim/host/accumulate.py)
     "adamw_replicated_accumulated": ("adamw", "gpt", 1, None),
 }
 ACCUMULATED_SUFFIX = "_accumulated"
@@ -136,7 +136,7 @@ def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> di
     from mindformers_core.optim.clip_grad import clip_by_norm, global_grad_norm
     from mindformers_core.trainer.accumulate import (accumulate_gradients, count_loss_tokens,
                                                      make_grad_fn)
-    from mindformers_core.optim.host_accumulate import host_add_kernel
+    from mindformers_core.optim.host.accumulate import host_add_kernel
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     cfg = case_config(name)

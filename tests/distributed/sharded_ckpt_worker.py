@@ -40,8 +40,8 @@ def main(out_dir: str, stop_at: int, single_ckpt: str) -> None:
     Trainer(trainer_config(run_d, [f"checkpoint.load_path={step}", "checkpoint.load_balanced=True",
                                    "checkpoint.load_worker_number=2",
                                    "checkpoint.remove_redundancy=True"]), run_d).train()
-    from mindformers_core.trainer.checkpoint import CheckpointError
-    from mindformers_core.trainer.sharded_checkpoint import rank_file_name
+    from mindformers_core.checkpoint.store import CheckpointError
+    from mindformers_core.checkpoint.sharded import rank_file_name
     run_c = os.path.join(out_dir, "c")
     trainer = Trainer(trainer_config(run_c, ["training.stop_at_step=2"]), run_c)
     if trainer.rank == 1:
@@ -59,9 +59,9 @@ def main(out_dir: str, stop_at: int, single_ckpt: str) -> None:
 
 
 def damaged_balanced_load(src: str, run_e: str, name: str, rank: int) -> None:
-    from mindformers_core.trainer.balanced_load import WorldFileSharing
-    from mindformers_core.trainer.checkpoint import CheckpointError, load_checkpoint
-    from mindformers_core.trainer.sharded_checkpoint import rank_file_name
+    from mindformers_core.checkpoint.balanced_load import WorldFileSharing
+    from mindformers_core.checkpoint.store import CheckpointError, load_checkpoint
+    from mindformers_core.checkpoint.sharded import rank_file_name
     sharing = WorldFileSharing(rank, 2)
     files = [rank_file_name(name, r, 2) for r in range(2)]
     if rank == 0:

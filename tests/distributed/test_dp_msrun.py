@@ -92,7 +92,7 @@ def test_two_ranks_equal_one_rank_with_the_same_global_batch(dp_results, referen
 def test_ranks_all_reduce_the_host_kernel_sums(dp_results):
     """Each rank of ``adamw_replicated_accumulated`` summed 2 micro-batches; where this
     process has the host add kernel the ranks had it too, so the all-reduce took its sums."""
-    from mindformers_core.optim.host_accumulate import host_add_kernel
+    from mindformers_core.optim.host.accumulate import host_add_kernel
     for rank in (0, 1):
         meta = dp_results["results"]["adamw_replicated_accumulated", rank][1]
         assert meta["host_add_kernel"] == (host_add_kernel() is not None)
@@ -165,7 +165,7 @@ def test_rank_killed_mid_run_fails_fast_and_is_named(killed_run):
 
 
 def test_dp_trainer_run_matches_one_process_and_resumes(killed_run, dp_results, uninterrupted):
-    from mindformers_core.trainer.checkpoint import load_checkpoint
+    from mindformers_core.checkpoint.store import load_checkpoint
     ref = {row["step"]: row for row in uninterrupted["metrics"]}
     assert sorted(ref) == list(range(1, TRAINER_STEPS + 1))
     before = [r for r in read_metrics(killed_run["out"]) if r["step"] < KILL_AT]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mindformers_core.config import load_config
-from mindformers_core.config.errors import ConfigError
+from mindformers_core.errors import ConfigError
 from mindformers_core.config.parallelism import ParallelismConfig
 from mindformers_core.config.shard_strategy import (check_shard_strategy, optimizer_shard_count,
                                                     shards_grads, shards_params)

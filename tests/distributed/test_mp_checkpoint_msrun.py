@@ -75,8 +75,8 @@ def two_workers(tmp_path_factory, single):
 
 @pytest.mark.parametrize("name", CASES)
 def test_each_rank_wrote_its_shards_and_they_merge_to_full_tensors(two_workers, single, name):
-    from mindformers_core.trainer.checkpoint import load_checkpoint
-    from mindformers_core.trainer.sharded_checkpoint import shard_files_of
+    from mindformers_core.checkpoint.store import load_checkpoint
+    from mindformers_core.checkpoint.sharded import shard_files_of
     index = checkpoint_at(str(two_workers / name), SAVE_AT)
     assert [os.path.basename(f)[-30:] for f in shard_files_of(index)] == [
         "rank00000-of-00002.safetensors", "rank00001-of-00002.safetensors"]
@@ -110,7 +110,7 @@ def test_one_process_checkpoint_resumes_under_each_layout(two_workers, single, n
 
 def test_convert_merge_of_the_tp_checkpoint(two_workers, tmp_path):
     from mindformers_core.tools.convert_checkpoint import main
-    from mindformers_core.trainer.checkpoint import load_checkpoint
+    from mindformers_core.checkpoint.store import load_checkpoint
     index = checkpoint_at(str(two_workers / "tp"), SAVE_AT)
     merged = str(tmp_path / "one.safetensors")
     assert main(["merge", "--input", index, "--output", merged]) == 0

@@ -81,7 +81,7 @@ def test_model_parallel_above_one_is_not_implemented(monkeypatch, name):
 
 
 def test_world_size_comes_from_msrun_in_workers_and_scheduler(monkeypatch):
-    from mindformers_core.distributed.env import (env_rank, env_world_size, is_msrun_scheduler,
+    from mindformers_core.launch_env import (env_rank, env_world_size, is_msrun_scheduler,
                                                   launched_by_msrun)
     assert (launched_by_msrun(), env_world_size(), env_rank()) == (False, 1, 0)
     msrun_world(monkeypatch, 2)

@@ -79,7 +79,7 @@ def test_interleaved_case_ran_muon_qk_clip_on_both_stages(pp_runs, references):
 
 
 def test_pp2_checkpoint_resumes_on_one_process(pp_runs, references, tmp_path):
-    from mindformers_core.trainer.checkpoint import load_checkpoint
+    from mindformers_core.checkpoint.store import load_checkpoint
     extra = resume_extra(os.path.join(pp_runs["out"], RESUME_CASE))
     ckpt = extra[0].split("=", 1)[1]
     data = load_checkpoint(ckpt)

@@ -70,9 +70,9 @@ def two_workers(tmp_path_factory, single):
 
 
 def test_each_rank_wrote_its_part_and_rank0_the_index(two_workers, single):
-    from mindformers_core.trainer.checkpoint import list_checkpoints, load_checkpoint
-    from mindformers_core.trainer.checkpoint_io import read_header
-    from mindformers_core.trainer.sharded_checkpoint import INDEX_FORMAT, shard_files_of
+    from mindformers_core.checkpoint.store import list_checkpoints, load_checkpoint
+    from mindformers_core.checkpoint.file_io import read_header
+    from mindformers_core.checkpoint.sharded import INDEX_FORMAT, shard_files_of
     ckpt = two_workers / "a" / "checkpoint"
     index = str(ckpt / f"mindformers_core_step{STOP_AT:08d}.safetensors")
     assert [p for _, p in list_checkpoints(str(ckpt))][-1] == index
@@ -108,7 +108,7 @@ def test_two_worker_checkpoint_resumes_on_one_process(two_workers, single, tmp_p
 
 
 def test_one_process_checkpoint_resumes_on_two_workers(two_workers, single):
-    from mindformers_core.trainer.checkpoint import load_checkpoint
+    from mindformers_core.checkpoint.store import load_checkpoint
     assert_steps_match(read_metrics(two_workers / "b"), single["metrics"],
                        range(STOP_AT + 1, STEPS + 1))
     final = two_workers / "b" / "checkpoint" / f"mindformers_core_step{STEPS:08d}.safetensors"
@@ -120,14 +120,14 @@ def test_one_process_checkpoint_resumes_on_two_workers(two_workers, single):
 
 def pieces_of(path):
     """``{(key, offset)}`` of the pieces a rank file holds."""
-    from mindformers_core.trainer.checkpoint_io import read_header
+    from mindformers_core.checkpoint.file_io import read_header
     pieces = json.loads(read_header(path, os.path.getsize(path))["__metadata__"]["pieces"])
     return {(k, tuple(p["offset"])) for k, p in pieces.items()}
 
 
 def test_balanced_load_and_deduplicated_save_on_two_workers(two_workers, single):
-    from mindformers_core.trainer.checkpoint import load_checkpoint
-    from mindformers_core.trainer.sharded_checkpoint import shard_files_of
+    from mindformers_core.checkpoint.store import load_checkpoint
+    from mindformers_core.checkpoint.sharded import shard_files_of
     assert_steps_match(read_metrics(two_workers / "d"), single["metrics"],
                        range(STOP_AT + 1, STEPS + 1))
     final = two_workers / "d" / "checkpoint" / f"mindformers_core_step{STEPS:08d}.safetensors"

@@ -3,7 +3,7 @@ import warnings
 
 import pytest
 
-from mindformers_core.config.errors import ConfigError
+from mindformers_core.errors import ConfigError
 from mindformers_core.core.lr import build_lr_scheduler, scheduler_fields
 
 

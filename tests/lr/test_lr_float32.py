@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from mindformers_core.config.errors import ConfigError
+from mindformers_core.errors import ConfigError
 from mindformers_core.core.lr import build_lr_scheduler
 from mindformers_core.core.lr.float32 import F32_MAX, f32, f32_const, f32_exact
 

@@ -2,7 +2,7 @@
 YAML-built LearningRateWiseLayer, and restart safety with an explicit resume."""
 import pytest
 
-from mindformers_core.config.errors import ConfigError
+from mindformers_core.errors import ConfigError
 from mindformers_core.config.yaml_io import load_yaml_text
 from mindformers_core.core.lr import build_lr_scheduler, group_lrs
 

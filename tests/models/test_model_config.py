@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from mindformers_core.config.errors import ConfigError
+from mindformers_core.errors import ConfigError
 from mindformers_core.config.model import ModelConfig
 from mindformers_core.config.yaml_io import load_yaml_text
 

@@ -3,7 +3,7 @@ differences of that reference, inference exclusion, optimizer routing / QK-Clip 
 import numpy as np
 import pytest
 
-from mindformers_core.config.errors import ConfigError
+from mindformers_core.errors import ConfigError
 from mindformers_core.config.model import ModelConfig
 from mindformers_core.models.build import build_model
 from mindformers_core.optim.muon_routing import muon_routing

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from mindformers_core.config.errors import ConfigError
+from mindformers_core.errors import ConfigError
 from mindformers_core.config.model import ModelConfig
 from mindformers_core.models import yarn
 from mindformers_core.models.build import build_model

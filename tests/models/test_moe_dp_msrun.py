@@ -27,7 +27,7 @@ def _rows(out):
 
 def test_two_ranks_route_and_update_the_bias_like_one_process(tmp_path):
     from mindformers_core.trainer import Trainer
-    from mindformers_core.trainer.checkpoint import list_checkpoints, load_checkpoint
+    from mindformers_core.checkpoint.store import list_checkpoints, load_checkpoint
     one, two = tmp_path / "one", tmp_path / "two"
     ref = Trainer(moe_dp_config(str(one)), str(one), stream=io.StringIO())
     ref.train()

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import mindspore as ms
 
-from mindformers_core.config.errors import ConfigError
+from mindformers_core.errors import ConfigError
 from mindformers_core.models import router as rt
 from model_test_utils import tiny_dsv3
 import moe_numpy_reference as ref

@@ -1,13 +1,13 @@
-"""Packed small tensors (optim/flat_state.py): the same bits as per-tensor kernels, also after
+"""Packed small tensors (optim/host/flat_state.py): the same bits as per-tensor kernels, also after
 a member's data is replaced (checkpoint load), and the packed Parameters share one buffer."""
 import numpy as np
 import pytest
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
-from mindformers_core.optim import flat_state
+from mindformers_core.optim.host import flat_state
 from mindformers_core.optim.adamw import AdamW
-from mindformers_core.optim.flat_state import FlatAdamGroup, FlatGroupBuffers, worth_packing
+from mindformers_core.optim.host.flat_state import FlatAdamGroup, FlatGroupBuffers, worth_packing
 
 SHAPES = [(40, 8), (7,), (64, 64), (33,), (16, 16)]   # (64, 64) launched alone below
 

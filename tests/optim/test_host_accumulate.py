@@ -1,4 +1,4 @@
-"""The host accumulation kernel (optim/host_accumulate.py): bit-identical to MindSpore's
+"""The host accumulation kernel (optim/host/accumulate.py): bit-identical to MindSpore's
 per-tensor adds and to numpy's fp32 adds, never writes autodiff's gradients, returns sums in
 one owned buffer that the rest of the step (norm, clip, host Adam) reads, and falls back to
 MindSpore's adds per tensor or entirely."""
@@ -7,8 +7,8 @@ import pytest
 import mindspore as ms
 
 from mindformers_core.optim.clip_grad import clip_by_norm
-from mindformers_core.optim.host_adam import host_adam_kernel
-from mindformers_core.optim import host_accumulate as ha
+from mindformers_core.optim.host.adam import host_adam_kernel
+from mindformers_core.optim.host import accumulate as ha
 from mindformers_core.trainer.accumulate import (accumulate_gradients, count_loss_tokens,
                                                  make_grad_fn)
 from tests.trainer.tiny_lm import TinyLM

@@ -1,13 +1,13 @@
-"""The host Adam kernel (optim/host_adam.py, host_adam.c) against an op-by-op fp32 numpy
+"""The host Adam kernel (optim/host/adam.py, host_adam.c) against an op-by-op fp32 numpy
 reference, against the ops.Adam paths it replaces, and its fallbacks."""
 import numpy as np
 import pytest
 import mindspore as ms
 from mindspore import Parameter, Tensor
 
-from mindformers_core.optim import host_adam
+from mindformers_core.optim.host import adam as host_adam
 from mindformers_core.optim.adamw import AdamW
-from mindformers_core.optim.host_adam import host_adam_kernel, host_adam_unavailable_reason
+from mindformers_core.optim.host.adam import host_adam_kernel, host_adam_unavailable_reason
 from mindformers_core.models.build import build_model
 from mindformers_core.optim.muon import Muon
 

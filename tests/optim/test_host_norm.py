@@ -1,4 +1,4 @@
-"""The host sum of squares (optim/host_norm.py, host_norm.c) behind global_grad_norm."""
+"""The host sum of squares (optim/host/norm.py, host_norm.c) behind global_grad_norm."""
 import math
 
 import numpy as np
@@ -6,9 +6,9 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor
 
-from mindformers_core.optim import host_norm
+from mindformers_core.optim.host import norm as host_norm
 from mindformers_core.optim.clip_grad import global_grad_norm
-from mindformers_core.optim.host_norm import host_sq_norm
+from mindformers_core.optim.host.norm import host_sq_norm
 
 SHAPES = [(3, 5), (host_norm.BLOCK * 2 + 3,), (1,), (0,), (129, 257)]
 

@@ -156,7 +156,7 @@ def test_bf16_moments_round_trip_bit_for_bit():
 
 def test_numpy_fast_paths_equal_mindspore_fallback(monkeypatch):
     """In-place numpy decay/writeback (CPU buffer views) == set_data/Cast fallback, bitwise."""
-    from mindformers_core.optim import host_views as base
+    from mindformers_core.optim.host import views as base
     rng = np.random.default_rng(7)
     init = rng.standard_normal((16, 8)).astype(np.float32)
     grads = [Tensor(rng.standard_normal((16, 8)).astype(np.float32)) for _ in range(4)]
@@ -243,7 +243,7 @@ def test_blocked_threaded_step_equals_mindspore_fallback(monkeypatch):
     """A group that runs the compiled graph and the threaded blocked epilogue (tiny blocks)
     gives the same bits as the set_data/Cast fallback for fp32, bf16 and fp16 params."""
     from mindformers_core.optim import main_params as mp
-    from mindformers_core.optim import host_views as base
+    from mindformers_core.optim.host import views as base
     rng = np.random.default_rng(8)
     init = rng.standard_normal((3, 40, 8)).astype(np.float32)
     grads = [[Tensor(rng.standard_normal((40, 8)).astype(np.float32)) for _ in range(3)]
@@ -273,7 +273,7 @@ def test_fallback_graph_survives_decay_first_step(monkeypatch):
     """Without aliased views (device memory) the graph decays in place; a step with
     lr*wd = 1 (decay first, masters replaced by set_data) must not leave a graph bound to
     stale buffers: later steps still match the plain reference path."""
-    from mindformers_core.optim import host_views as base
+    from mindformers_core.optim.host import views as base
     monkeypatch.setattr(base, "_ALIASES", {"fp32": False, "low": False})
     rng = np.random.default_rng(21)
     init = rng.standard_normal((2, 16, 8)).astype(np.float32)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn
 
-from mindformers_core.config.errors import ConfigError
+from mindformers_core.errors import ConfigError
 from mindformers_core.optim.mup import get_mup_config_overrides, mup_width_mult
 from mindformers_core.optim.param_groups import get_param_groups
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn
 
-from mindformers_core.config.errors import ConfigError
+from mindformers_core.errors import ConfigError
 from mindformers_core.optim.param_groups import (
     ParamKey, ParamPredicate, ParamWithNamePredicate, check_config_overrides_consistency,
     format_param_group_table, get_param_groups, get_standard_config_overrides, param_group_map)

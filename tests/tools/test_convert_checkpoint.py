@@ -9,9 +9,9 @@ import pytest
 from safetensors.numpy import load_file
 
 from mindformers_core.tools.convert_checkpoint import main, parse_layout
-from mindformers_core.trainer.checkpoint import (FORMAT, load_checkpoint, save_checkpoint)
-from mindformers_core.trainer.checkpoint_io import read_header
-from mindformers_core.trainer.sharded_checkpoint import (INDEX_FORMAT, rank_file_name,
+from mindformers_core.checkpoint.store import (FORMAT, load_checkpoint, save_checkpoint)
+from mindformers_core.checkpoint.file_io import read_header
+from mindformers_core.checkpoint.sharded import (INDEX_FORMAT, rank_file_name,
                                                          shard_files_of)
 from tests.trainer.test_sharded_checkpoint import STAGES, full_data
 

@@ -174,7 +174,7 @@ def test_load_model_weights_from_a_trainer_checkpoint(tmp_path, capsys):
     from mindformers_core.config import load_config
     from mindformers_core.models import build_model
     from mindformers_core.tools.noise_scale import load_model_weights, main
-    from mindformers_core.trainer.checkpoint import CheckpointError, save_checkpoint
+    from mindformers_core.checkpoint.store import CheckpointError, save_checkpoint
     text = ("training: {steps: 10, local_batch_size: 2, global_batch_size: 4}\n"
             "optimizer: {type: AdamW}\n"
             "lr_scheduler: {type: ConstantWarmUpLR, learning_rate: 1.e-3}\n"

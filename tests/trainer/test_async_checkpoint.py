@@ -13,8 +13,8 @@ import pytest
 
 from mindformers_core.config import load_config
 from mindformers_core.trainer import Trainer
-from mindformers_core.trainer.async_checkpoint import AsyncCheckpointWriter
-from mindformers_core.trainer.checkpoint import list_checkpoints, load_checkpoint, \
+from mindformers_core.checkpoint.async_writer import AsyncCheckpointWriter
+from mindformers_core.checkpoint.store import list_checkpoints, load_checkpoint, \
     resolve_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -9,7 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from mindformers_core.trainer.checkpoint import (CheckpointError, list_checkpoints,
+from mindformers_core.checkpoint.store import (CheckpointError, list_checkpoints,
                                                  load_checkpoint, prune_checkpoints,
                                                  resolve_checkpoint, save_checkpoint)
 
@@ -110,7 +110,7 @@ def test_sigkill_during_write_leaves_previous_checkpoint_loadable(tmp_path):
         import os, signal, sys
         sys.path.insert(0, {ROOT!r})
         import numpy as np
-        from mindformers_core.trainer.checkpoint import save_checkpoint
+        from mindformers_core.checkpoint.store import save_checkpoint
         t = {{"model.w": np.ones((256, 256), np.float32)}}
         save_checkpoint({str(tmp_path)!r}, "run", 1, t, {{"s": 1}}, {{}})
         def die_half_way(fh, data):

@@ -10,7 +10,7 @@ import pytest
 
 from mindformers_core.config import load_config
 from mindformers_core.trainer import Trainer, run_training
-from mindformers_core.trainer.checkpoint import (CheckpointError, load_checkpoint,
+from mindformers_core.checkpoint.store import (CheckpointError, load_checkpoint,
                                                  save_checkpoint)
 from tests.trainer.tiny_run import tiny_run_cfg
 

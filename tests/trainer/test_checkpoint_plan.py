@@ -1,11 +1,11 @@
-"""Which rank writes which piece (trainer/checkpoint_plan.py), against hand-worked layouts."""
+"""Which rank writes which piece (checkpoint/plan.py), against hand-worked layouts."""
 import pytest
 
 from mindformers_core.distributed.groups import make_mesh
-from mindformers_core.trainer.checkpoint_plan import (ZERO_REPLICA, axis_sizes,
+from mindformers_core.checkpoint.plan import (ZERO_REPLICA, axis_sizes,
                                                       balanced_assignment, pieces_to_write,
                                                       replica_member, replicated_axes)
-from mindformers_core.trainer.sharded_checkpoint import Piece
+from mindformers_core.checkpoint.sharded import Piece
 
 REP = Piece((4,), (0,), (4,))
 TP = Piece((4, 2), (2, 0), (2, 2), 0, "tp", 1, 2)
@@ -82,7 +82,7 @@ def test_axis_sizes_of_a_whole_layout():
 
 
 def test_balanced_load_divides_the_rank_files_over_the_ranks_by_bytes():
-    from mindformers_core.trainer.balanced_load import file_sharing, files_to_read
+    from mindformers_core.checkpoint.balanced_load import file_sharing, files_to_read
     nbytes = [100, 10, 60, 50, 0]
     parts = [files_to_read(nbytes, r, 2) for r in range(2)]
     # 100 -> 0, 60 -> 1, 50 -> 1 (60 < 100), 10 -> 0 (100 < 110), 0 -> 0 (110 = 110, lower)

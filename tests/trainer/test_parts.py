@@ -9,7 +9,7 @@ from mindformers_core.trainer.config_diff import config_changes, flatten_config
 from mindformers_core.trainer.metrics import (MetricsWriter, StepMetrics, format_step_line,
                                               truncate_jsonl)
 from mindformers_core.trainer.rampup import build_batch_ramp
-from mindformers_core.trainer.train_state import TrainState
+from mindformers_core.checkpoint.train_state import TrainState
 
 
 def test_batch_ramp_follows_megatron_rule():

@@ -9,7 +9,7 @@ import pytest
 
 from mindformers_core.config import ConfigError
 from mindformers_core.trainer import Trainer
-from mindformers_core.trainer.checkpoint import (CheckpointError, list_checkpoints,
+from mindformers_core.checkpoint.store import (CheckpointError, list_checkpoints,
                                                  load_checkpoint, save_checkpoint)
 from mindformers_core.trainer.preflight import (check_free_space, estimate_checkpoint_bytes,
                                                 preflight_run_dirs)

@@ -10,7 +10,7 @@ import pytest
 
 from mindformers_core.config import ConfigError
 from mindformers_core.trainer import Trainer
-from mindformers_core.trainer.checkpoint import (checkpoint_run_id, list_checkpoints,
+from mindformers_core.checkpoint.store import (checkpoint_run_id, list_checkpoints,
                                                  load_checkpoint, prune_checkpoints,
                                                  save_checkpoint)
 from mindformers_core.trainer.run_dir import SUPERSEDED_DIR, metrics_run_id

@@ -14,14 +14,14 @@ import pytest
 from mindformers_core.distributed.groups import make_mesh
 from mindformers_core.distributed.shard_layout import shard_rows
 from mindformers_core.distributed.shard_spec import ShardSpec, shard
-from mindformers_core.trainer.checkpoint import (CheckpointError, checkpoint_name,
+from mindformers_core.checkpoint.store import (CheckpointError, checkpoint_name,
                                                  list_checkpoints, load_checkpoint,
                                                  prune_checkpoints, save_checkpoint)
-from mindformers_core.trainer.checkpoint_io import CheckpointData, encode, write_atomic
-from mindformers_core.trainer.sharded_checkpoint import (
+from mindformers_core.checkpoint.file_io import CheckpointData, encode, write_atomic
+from mindformers_core.checkpoint.sharded import (
     SHARD_FORMAT, RankLayout, ZeroRows, describe_pieces, rank_file_name, reshard, save_index,
     save_rank_file, shard_files_of, split_checkpoint, write_rank, zero_rows_of)
-from mindformers_core.trainer.checkpoint_plan import axis_sizes
+from mindformers_core.checkpoint.plan import axis_sizes
 
 NAME = checkpoint_name("ck", 7)
 SHAPES = {"embedding.word_embeddings.weight": (8, 4), "layers.0.linear_qkv.weight": (12, 4),
@@ -164,7 +164,7 @@ def test_layout_to_layout_tp2_to_ep2_fsdp_and_zero(tmp_path):
 
 def rank_file_pieces(index):
     """{rank file: {key: (offset, shape)}} as written."""
-    from mindformers_core.trainer.checkpoint_io import read_header
+    from mindformers_core.checkpoint.file_io import read_header
     out = {}
     for path in shard_files_of(index):
         meta = read_header(path, os.path.getsize(path))["__metadata__"]
@@ -223,7 +223,7 @@ def test_replicas_that_differ_are_refused(tmp_path):
 
 
 def test_negative_zero_in_one_replica_is_a_difference():
-    from mindformers_core.trainer.sharded_checkpoint import Piece, merge_pieces
+    from mindformers_core.checkpoint.sharded import Piece, merge_pieces
     piece = Piece((2,), (0,), (2,))
     a, b = np.array([0.0, 1.0], np.float32), np.array([-0.0, 1.0], np.float32)
     merged, _ = merge_pieces([("k", piece, a, "f0"), ("k", piece, a.copy(), "f1")], "w")
@@ -359,8 +359,8 @@ def test_index_needs_every_rank_file_on_its_disk(tmp_path):
 
 
 def test_index_file_list_must_match_its_world(tmp_path):
-    from mindformers_core.trainer.checkpoint_io import run_metadata
-    from mindformers_core.trainer.sharded_checkpoint import INDEX_FORMAT
+    from mindformers_core.checkpoint.file_io import run_metadata
+    from mindformers_core.checkpoint.sharded import INDEX_FORMAT
     meta = run_metadata(INDEX_FORMAT, 7, {}, {}, {}, "run-a")
     meta.update(world="3", files=json.dumps([{"name": "a"}, {"name": "b"}]))
     path = write_atomic(str(tmp_path), NAME, encode({}, meta))

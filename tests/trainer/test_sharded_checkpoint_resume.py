@@ -9,11 +9,11 @@ import os
 import pytest
 
 from mindformers_core.trainer import Trainer, run_training
-from mindformers_core.trainer.checkpoint import (FORMAT, checkpoint_name, list_checkpoints,
+from mindformers_core.checkpoint.store import (FORMAT, checkpoint_name, list_checkpoints,
                                                  load_checkpoint)
-from mindformers_core.trainer.checkpoint_io import read_header
+from mindformers_core.checkpoint.file_io import read_header
 from mindformers_core.distributed.shard_spec import ShardSpec
-from mindformers_core.trainer.sharded_checkpoint import (RankLayout, rank_file_name,
+from mindformers_core.checkpoint.sharded import (RankLayout, rank_file_name,
                                                          split_checkpoint)
 from tests.trainer.tiny_run import tiny_run_cfg
 

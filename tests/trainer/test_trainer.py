@@ -10,7 +10,7 @@ import pytest
 
 from mindformers_core.config import load_config
 from mindformers_core.trainer import Trainer, run_training
-from mindformers_core.trainer.checkpoint import list_checkpoints, load_checkpoint
+from mindformers_core.checkpoint.store import list_checkpoints, load_checkpoint
 
 
 def tiny_cfg(out, steps=20, **sections):

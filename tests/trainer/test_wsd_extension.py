@@ -6,7 +6,7 @@ import json
 import os
 
 from mindformers_core.trainer import Trainer
-from mindformers_core.trainer.checkpoint import list_checkpoints
+from mindformers_core.checkpoint.store import list_checkpoints
 from tests.trainer.tiny_run import tiny_run_cfg
 
 

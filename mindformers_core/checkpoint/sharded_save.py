@@ -26,10 +26,10 @@ from typing import Dict, Optional, Protocol, Tuple, runtime_checkable
 
 from ..distributed.groups import AXES, Mesh
 from ..distributed.shard_spec import ShardSpec
-from .checkpoint import checkpoint_name, prune_checkpoints
+from .store import checkpoint_name, prune_checkpoints
 from .balanced_load import file_sharing
-from .checkpoint_io import CheckpointData, CheckpointError
-from .sharded_checkpoint import ZeroRows, param_of, reshard, save_index, write_rank
+from .file_io import CheckpointData, CheckpointError
+from .sharded import ZeroRows, param_of, reshard, save_index, write_rank
 
 __all__ = ["ShardedModel", "RowShardedOptimizer", "MeshReducer", "model_specs", "rank_coords",
            "axis_sizes_of", "uses_sharded_checkpoint", "save_sharded", "load_options",

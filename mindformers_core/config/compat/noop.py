@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from .errors import ConfigError
+from ...errors import ConfigError
 
 __all__ = ["require_noop", "not_implemented"]
 

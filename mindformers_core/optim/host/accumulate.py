@@ -8,7 +8,7 @@ with MindSpore's adds vs 3.6-20 ms here (0.8-5 ms saved), 4 micro-batches 14-59 
 (5-20 ms saved; from the third micro-batch the sums are added in place). On CPU a tensor's
 ``data_ptr()`` is the address of its host storage (``host_views.py`` probes that
 ``asnumpy()`` aliases it), so the C kernel in ``host_accumulate.c`` (built by
-``core/native.py``) adds every tensor of a micro-batch in one call.
+``optim/host/native.py``) adds every tensor of a micro-batch in one call.
 
 The gradients autodiff returns are only read, never written (a gradient may be shared or
 cached by autodiff). At the second micro-batch ONE flat fp32 numpy buffer is allocated for
@@ -31,8 +31,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 import mindspore as ms
 
-from .host_kernels import HostKernelSlot, pointer_array, wait_before_host_access
-from .host_views import array_address, host_address
+from .kernels import HostKernelSlot, pointer_array, wait_before_host_access
+from .views import array_address, host_address
 
 __all__ = ["HostAddKernel", "GradientSum", "host_add_kernel", "host_add_unavailable_reason",
            "reset_host_add_kernel", "SOURCE"]

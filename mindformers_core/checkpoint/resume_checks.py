@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .checkpoint import CheckpointData, CheckpointError
+from .store import CheckpointData, CheckpointError
 from .train_state import TrainState
 
 __all__ = ["check_train_payload", "check_weight", "optimizer_tensor_names", "lr_jump_warning",

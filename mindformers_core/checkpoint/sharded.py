@@ -64,8 +64,8 @@ from typing import (Dict, Iterable, List, Mapping, Optional, Protocol, Sequence,
 import numpy as np
 
 from ..distributed.shard_spec import ShardSpec, local_shape, local_slice, shard, unshard
-from .checkpoint_plan import ZERO_REPLICA, axis_sizes, pieces_to_write
-from .checkpoint_io import (CheckpointData, CheckpointError, checkpoint_data, encode, parse_json,
+from .plan import ZERO_REPLICA, axis_sizes, pieces_to_write
+from .file_io import (CheckpointData, CheckpointError, checkpoint_data, encode, parse_json,
                             read_header, read_verified, run_metadata, write_atomic)
 
 __all__ = ["SHARD_FORMAT", "INDEX_FORMAT", "Piece", "ZeroRows", "param_of", "describe_pieces",

@@ -35,10 +35,10 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .checkpoint_io import (TMP_MARK, CheckpointData, CheckpointError, checkpoint_data, encode,
+from .file_io import (TMP_MARK, CheckpointData, CheckpointError, checkpoint_data, encode,
                             read_header, read_verified, run_metadata,
                             write_atomic)
-from .sharded_checkpoint import INDEX_FORMAT, FileSharing, load_sharded, shard_files_of
+from .sharded import INDEX_FORMAT, FileSharing, load_sharded, shard_files_of
 
 __all__ = [
     "CheckpointError", "CheckpointData", "checkpoint_name", "list_checkpoints",

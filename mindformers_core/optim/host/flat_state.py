@@ -37,8 +37,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter
 
-from .host_views import array_address
-from .main_params import wait_for_kernels
+from .views import array_address
+from ..main_params import wait_for_kernels
 
 __all__ = ["FlatGroupBuffers", "FlatAdamGroup", "PACK_MAX_NUMEL", "worth_packing",
            "synchronous_dispatch"]

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .errors import ConfigError
+from ...errors import ConfigError
 from .noop import require_noop
-from .shard_strategy import SHARD_STRATEGIES, check_shard_strategy
+from ..shard_strategy import SHARD_STRATEGIES, check_shard_strategy
 
 __all__ = ["check_parallel_noop", "SHARD_STRATEGIES"]
 

@@ -4,7 +4,7 @@ On CPU each eager ``ops.Adam`` launch costs ~90 us of dispatch and the decoupled
 second pass over the masters (``flat_state.py`` and ``adamw.py`` have the numbers), so a
 10M-parameter GPT step took 2.1x torch's fused AdamW. ``asnumpy()`` of a CPU tensor is a view
 of its storage (``host_views.py``), so the C kernel in ``host_adam.c`` (built by
-``core/native.py``) takes the pointers of every master, moment and gradient of the group and
+``optim/host/native.py``) takes the pointers of every master, moment and gradient of the group and
 updates them in place in one pass, the decay included: per element the arithmetic and fp32
 rounding of MindSpore's CPU Adam kernel followed by the decay multiply (tested bit for bit
 against an op-by-op fp32 reference, and within 1 ulp of the ``ops.Adam`` path, whose kernel
@@ -22,8 +22,8 @@ import ctypes
 import os
 from typing import Optional, Sequence
 
-from .host_kernels import HostKernelSlot, pointer_array, run_blocks, wait_before_host_access
-from .host_views import host_address, numpy_view_aliases_storage
+from .kernels import HostKernelSlot, pointer_array, run_blocks, wait_before_host_access
+from .views import host_address, numpy_view_aliases_storage
 
 __all__ = ["HostAdamKernel", "host_adam_kernel", "host_adam_unavailable_reason",
            "host_adam_notice", "reset_host_adam_kernel", "BLOCK", "SOURCE"]

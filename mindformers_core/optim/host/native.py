@@ -1,9 +1,9 @@
 """Host C kernels: compiled from the package's own C sources at first use, cached, loaded.
 
 On CPU, MindSpore's ``Parameter.asnumpy()`` is a view of the Parameter's storage
-(``optim/host_views.py``), so a C function handed those pointers updates the tensors in place
+(``optim/host/views.py``), so a C function handed those pointers updates the tensors in place
 with no MindSpore launch. That is how a multi-tensor optimizer step runs in one call instead
-of one ~90 us eager launch per tensor (``optim/host_adam.py`` has the numbers). Device memory
+of one ~90 us eager launch per tensor (``optim/host/adam.py`` has the numbers). Device memory
 is not aliased, so on Ascend these kernels are never used and MindSpore's own kernels run.
 
 A source is compiled with the system C compiler (``$CC``, else ``cc``) into a shared library

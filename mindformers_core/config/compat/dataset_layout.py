@@ -2,7 +2,7 @@
 
     dataloader.type           -> type   (MindDataset, or this project's TokenFile /
                                          SyntheticMarkov; BlendedMegatronDatasetDataLoader ->
-                                         IndexedDataset, its keys in config/megatron_loader.py;
+                                         IndexedDataset, its keys in config/compat/megatron_loader.py;
                                          upstream's other loaders are errors)
     dataloader.dataset_files  -> data_path (a path, or a list: several MindRecord files)
     dataloader.dataset_dir    -> data_path
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from .errors import ConfigError
+from ...errors import ConfigError
 from .megatron_loader import (MEGATRON_LOADER, MEGATRON_LOADER_KEYS, MOVED_FIELDS,
                               nest_megatron, split_megatron)
 from .noop import require_noop
-from .schema import convert_value, type_name, unknown_key_error
+from ..schema import convert_value, type_name, unknown_key_error
 
 __all__ = ["split_dataloader", "nest_dataloader", "MINDRECORD_COLUMNS"]
 

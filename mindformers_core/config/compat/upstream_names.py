@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Optional, Tuple
 
-from .errors import ConfigError
+from ...errors import ConfigError
 from .noop import require_noop
-from .schema import convert_value, unknown_key_error
+from ..schema import convert_value, unknown_key_error
 
 __all__ = ["MODEL_ALIASES", "UPSTREAM_ONLY", "ModelSpelling", "split_model_section",
            "join_model_section", "check_upstream_only", "ARCHITECTURES", "spelling_in_use"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .checkpoint import CheckpointData, CheckpointError
+from .store import CheckpointData, CheckpointError
 from .resume_checks import check_weight
 
 __all__ = ["load_model_weights"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from ..distributed.object_exchange import all_gather_objects
-from .checkpoint_plan import balanced_assignment
+from .plan import balanced_assignment
 
 __all__ = ["files_to_read", "WorldFileSharing", "file_sharing"]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .noop import require_noop
-from .schema import Section, check_range
+from ..schema import Section, check_range
 
 __all__ = ["RecomputeCommConfig", "SwapConfig", "LoraConfig"]
 

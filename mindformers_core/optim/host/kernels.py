@@ -1,7 +1,7 @@
 """The process-wide kernel object of one host C source (CPU), shared by the host kernels.
 
 ``host_adam``, ``host_norm`` and ``host_accumulate`` each wrap one C source built by
-``core/native.py``. A :class:`HostKernelSlot` builds its kernel object on first use, only
+``optim/host/native.py``. A :class:`HostKernelSlot` builds its kernel object on first use, only
 where a tensor's ``asnumpy()`` aliases its storage (``host_views``: CPU), keeps it for the
 process, says why there is none, and forgets it for tests that switch
 ``MFC_NATIVE_KERNELS``. The functions below are the steps every host call shares: wait for
@@ -12,10 +12,10 @@ from __future__ import annotations
 import ctypes
 from typing import Callable, Generic, List, Optional, Sequence, Tuple, TypeVar
 
-from ..core import native
+from . import native
 from .flat_state import synchronous_dispatch
-from .host_views import host_threads, numpy_view_aliases_storage
-from .main_params import wait_for_kernels
+from .views import host_threads, numpy_view_aliases_storage
+from ..main_params import wait_for_kernels
 
 __all__ = ["HostKernelSlot", "wait_before_host_access", "pointer_array", "block_count",
            "run_blocks"]

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-from .errors import ConfigError
+from ...errors import ConfigError
 from .noop import not_implemented, require_noop
-from .schema import convert_value, type_name, unknown_key_error
+from ..schema import convert_value, type_name, unknown_key_error
 
 __all__ = ["MEGATRON_LOADER", "MEGATRON_LOADER_KEYS", "split_megatron", "nest_megatron",
            "check_loader_vs_model"]

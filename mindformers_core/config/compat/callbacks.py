@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
-from .errors import ConfigError
+from ...errors import ConfigError
 from .noop import require_noop
-from .schema import Section, closest, type_name
+from ..schema import Section, closest, type_name
 
 __all__ = ["CallbacksConfig", "CallbackConfig", "KNOWN_CALLBACKS"]
 

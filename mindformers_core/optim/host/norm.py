@@ -18,9 +18,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .host_kernels import (HostKernelSlot, block_count, pointer_array, run_blocks,
+from .kernels import (HostKernelSlot, block_count, pointer_array, run_blocks,
                            wait_before_host_access)
-from .host_views import host_address
+from .views import host_address
 
 __all__ = ["host_sq_norm", "reset_host_norm", "BLOCK", "SOURCE"]
 
