@@ -64,12 +64,12 @@ def worker(out_dir: str, steps: int, overrides) -> None:
         return grads
     trainer.grad_hooks.append(record)
     trainer.train()
-    plan = plan_memory(cfg, trainer.grad_reducer.world_size)
+    plan = plan_memory(cfg, trainer.parallel.world_size)
     out = {"parameters": sum(int(p.nbytes) for p in trainer.optimizer.parameters),
            "gradients": seen["gradients"],
            "optimizer state": int(optimizer_state_bytes(trainer.optimizer)),
            "plan": {k: int(plan.items[k]) for k in ITEMS},
-           "peak_rss": peak_rss_bytes(), "world": trainer.grad_reducer.world_size}
+           "peak_rss": peak_rss_bytes(), "world": trainer.parallel.world_size}
     write_json(os.path.join(out_dir, f"rank{trainer.rank}.json"), out, indent=None)
 
 

@@ -38,7 +38,7 @@ MODEL = "configs/muon_deepseek_v3_tiny.yaml"
 def rank_row(tp: int, rank: int, strategy: str) -> dict:
     from mindformers_core.config import load_config
     from mindformers_core.distributed.collectives import GroupCommunicator
-    from mindformers_core.distributed.groups import make_mesh
+    from mindformers_core.core.parallel_dims import make_mesh
     from mindformers_core.distributed.shard_layout import ns_flops
     from mindformers_core.distributed.shard_spec import local_shape
     from mindformers_core.distributed.tp_sharding import TensorParallelSharding

@@ -155,8 +155,8 @@ def instrumented_run(cfg_dict: dict, warmup: int, measured: int) -> dict:
         orig_step = trainer.train_step
         trainer.fetch_micro_batches = timer.wrap("data", trainer.fetch_micro_batches)
         trainer._grad_fn = timer.wrap("fwd_bwd", trainer._grad_fn)
-        # the trainer chose its norm rule at construction (trainer/grad_reducer.py)
-        trainer._grad_norm = timer.wrap_norm_with_probe(trainer._grad_norm)
+        # the run's layout computes the norm (distributed/setup.py ParallelRun.grad_norm)
+        trainer.parallel.grad_norm = timer.wrap_norm_with_probe(trainer.parallel.grad_norm)
         opt = trainer.optimizer
         opt.step = timer.wrap("optimizer", opt.step)
         if hasattr(opt, "post_step"):

@@ -27,8 +27,11 @@ def is_msrun_scheduler() -> bool:
 
 
 def env_world_size() -> int:
-    """Total workers of the job as msrun declares them; 1 outside msrun."""
-    if launched_by_msrun():
+    """Total workers of the job as msrun declares them. Outside msrun, ``MS_WORKER_NUM`` when
+    it is set (``MS_WORKER_NUM=8 python run_mindformer.py ... --check`` checks the config for an
+    8-worker launch), else 1. A process that really runs alone still trains with world 1: the
+    trainer's plan takes the communicator's world size."""
+    if launched_by_msrun() or os.environ.get("MS_WORKER_NUM", "").strip().isdigit():
         return int(os.environ["MS_WORKER_NUM"])
     return 1
 

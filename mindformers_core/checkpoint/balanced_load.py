@@ -28,13 +28,12 @@ def files_to_read(nbytes: List[int], rank: int, world: int) -> List[int]:
 
 
 class WorldFileSharing:
-    """What the ranks of a run read, shared over the world group (``FileSharing``)."""
+    """What the ranks of a run read, shared over the world group (``FileSharing``) of the
+    run's communicator (a ``GroupCommunicator``, distributed/setup.py)."""
 
-    def __init__(self, rank: int, world_size: int):
-        from ..distributed.collectives import GroupCommunicator
-        from ..distributed.groups import make_mesh
-        self.rank, self.world_size = int(rank), int(world_size)
-        self._comm = GroupCommunicator(make_mesh(self.world_size), self.rank)
+    def __init__(self, comm):
+        self.rank, self.world_size = int(comm.rank), int(comm.mesh.world)
+        self._comm = comm
 
     def files_to_read(self, nbytes: List[int]) -> List[int]:
         return files_to_read(nbytes, self.rank, self.world_size)
@@ -44,6 +43,7 @@ class WorldFileSharing:
         return all_gather_objects(self._comm, part, self.rank, self.world_size)
 
 
-def file_sharing(load_balanced: bool, rank: int, world_size: int) -> Optional[WorldFileSharing]:
-    """The sharing of a balanced load, or None (every rank reads every file)."""
-    return WorldFileSharing(rank, world_size) if load_balanced and world_size > 1 else None
+def file_sharing(load_balanced: bool, comm=None) -> Optional[WorldFileSharing]:
+    """The sharing of a balanced load over ``comm`` (the run's communicator; None on one
+    process), or None (every rank reads every file)."""
+    return WorldFileSharing(comm) if load_balanced and comm is not None else None

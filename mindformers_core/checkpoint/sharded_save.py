@@ -7,14 +7,14 @@ writes its own pieces without gathering anything; one all-reduce (the reducer's
 ``broadcast_flag``) then tells every rank that all rank files are complete, or that one
 failed, and only then rank 0 writes the index (and prunes). Resuming reads either format as
 full tensors and :func:`reshard_for_model` cuts them to this rank's layout; the trainer calls
-it once the model is cut (``apply_tensor_parallel``, ``apply_fsdp``, ``setup_expert_parallel``),
+it once the model is cut (``ParallelRun.parallelize``: TP slices, FSDP, the EP cut),
 so ``shard_specs()`` is the final layout and either format gives the same start. Optimizer
 slots follow their parameter's spec with local shapes: a tp shard (with ZeRO-1 rows of it
 under dp > 1), an expert's whole state on its rank, an FSDP parameter's rows.
 
-A rank's index along each group, and each group's size, come from the reducer's ``mesh``
-(``distributed/groups.py``: the tensor-parallel, expert-parallel and FSDP reducers have one)
-when it has one, else data parallel only: ``{"dp": rank}`` of ``world_size``. With
+A rank's index along each group, and each group's size, come from the run's layout
+(``trainer.parallel``: ``coords()`` / ``axis_sizes()`` of its ParallelDims,
+core/parallel_dims.py), the same for every layout. With
 ``checkpoint.remove_redundancy`` each rank writes only its balanced share of the pieces it
 holds with other ranks (``checkpoint_plan.py``); by default it writes all of them. Resuming
 reads the rank files with ``checkpoint.load_worker_number`` threads and merges the tensors with
@@ -24,16 +24,14 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Protocol, Tuple, runtime_checkable
 
-from ..distributed.groups import AXES, Mesh
 from ..distributed.shard_spec import ShardSpec
 from .store import checkpoint_name, prune_checkpoints
 from .balanced_load import file_sharing
 from .file_io import CheckpointData, CheckpointError
 from .sharded import ZeroRows, param_of, reshard, save_index, write_rank
 
-__all__ = ["ShardedModel", "RowShardedOptimizer", "MeshReducer", "model_specs", "rank_coords",
-           "axis_sizes_of", "uses_sharded_checkpoint", "save_sharded", "load_options",
-           "reshard_for_model"]
+__all__ = ["ShardedModel", "RowShardedOptimizer", "model_specs", "uses_sharded_checkpoint",
+           "save_sharded", "load_options", "reshard_for_model"]
 
 
 @runtime_checkable
@@ -53,31 +51,8 @@ class RowShardedOptimizer(Protocol):
     def shard_state_dict(self): ...
 
 
-@runtime_checkable
-class MeshReducer(Protocol):
-    """A gradient reducer that knows the device mesh of the run."""
-    rank: int
-
-    @property
-    def mesh(self) -> Mesh: ...
-
-
 def model_specs(model) -> Dict[str, ShardSpec]:
     return dict(model.shard_specs()) if isinstance(model, ShardedModel) else {}
-
-
-def rank_coords(reducer) -> Dict[str, int]:
-    """This rank's index along every group."""
-    if isinstance(reducer, MeshReducer):
-        return dict(reducer.mesh.coords(reducer.rank))
-    return {"dp": int(reducer.rank), "world": int(reducer.rank)}
-
-
-def axis_sizes_of(reducer) -> Dict[str, int]:
-    """The size of every group of :func:`rank_coords`."""
-    if isinstance(reducer, MeshReducer):
-        return {axis: reducer.mesh.size(axis) for axis in AXES}
-    return {"dp": int(reducer.world_size), "world": int(reducer.world_size)}
 
 
 def uses_sharded_checkpoint(model, optimizer, save_optim: bool = True) -> bool:
@@ -99,21 +74,22 @@ def save_sharded(trainer, write_hook=None) -> Optional[str]:
         else:
             sd = opt.state_dict()
     tensors, dtypes, state = trainer.checkpoint_payload(optimizer_state=sd)
-    step, world, rank = trainer.state.step, trainer.grad_reducer.world_size, trainer.rank
+    layout = trainer.parallel   # trainer.protocols.RunLayout
+    step, world, rank = trainer.state.step, layout.world_size, trainer.rank
     name = checkpoint_name(ck.prefix, step)
     error = None
     try:
         write_rank(trainer.save_dir, name, step, rank, world,
                    {k: v for k, v in tensors.items() if param_of(k) is not None},
-                   model_specs(trainer.model), rank_coords(trainer.grad_reducer), zero, dtypes,
-                   trainer.run_id, write_hook, axis_sizes_of(trainer.grad_reducer),
+                   model_specs(trainer.model), layout.coords(), zero, dtypes,
+                   trainer.run_id, write_hook, layout.axis_sizes(),
                    ck.remove_redundancy)
     except CheckpointError as exc:
         error = exc
     except ValueError as exc:   # a local shape that contradicts its ShardSpec
         error = CheckpointError(f"cannot save checkpoint {name}: {exc}")
     # the barrier: after it every rank file is complete, or every rank knows one is not
-    if trainer.grad_reducer.broadcast_flag(error is not None):
+    if layout.broadcast_flag(error is not None):
         raise error or CheckpointError(f"another rank could not write its part of checkpoint "
                                        f"{name}; the previous checkpoints are kept")
     if rank != 0:
@@ -127,16 +103,17 @@ def save_sharded(trainer, write_hook=None) -> Optional[str]:
     return path
 
 
-def load_options(ck, rank: int, world_size: int) -> dict:
-    """``resolve_checkpoint``'s keyword arguments from the ``checkpoint:`` section."""
+def load_options(ck, comm=None) -> dict:
+    """``resolve_checkpoint``'s keyword arguments from the ``checkpoint:`` section (``comm``:
+    the run's GroupCommunicator, None on one process)."""
     return {"read_workers": ck.load_worker_number, "merge_workers": ck.reshard_worker_num,
-            "sharing": file_sharing(ck.load_balanced, rank, world_size)}
+            "sharing": file_sharing(ck.load_balanced, comm)}
 
 
-def reshard_for_model(data: CheckpointData, model, reducer) -> CheckpointData:
+def reshard_for_model(data: CheckpointData, model, layout) -> CheckpointData:
     """The checkpoint's tensors as this rank's model holds them (a model without
-    ``shard_specs`` takes them as they are)."""
+    ``shard_specs`` takes them as they are); ``layout``: the run's (``coords()``)."""
     if not isinstance(model, ShardedModel):
         return data
-    return reshard(data, model.shard_specs(), rank_coords(reducer),
+    return reshard(data, model.shard_specs(), layout.coords(),
                    [p.name for p in model.get_parameters()])

@@ -2,11 +2,11 @@
 
 Fields: ``tensor_parallel`` (1; above 1 needs ``sequence_parallel: true``, upstream's rule, and
 the model sizes it splits: config/tensor_parallel_rules.py), ``sequence_parallel`` (False),
-``context_parallel`` (1; not implemented, so a larger value on a world where it would fit is a
-ConfigError), ``pipeline_parallel`` (1; above 1 see config/pipeline.py),
+``context_parallel`` (1), ``pipeline_parallel`` (1; above 1 see config/pipeline.py),
 ``data_parallel_shard`` (-1 default) and ``expert_parallel`` (1; the routed experts split over
 that many data-parallel ranks, docs/expert_parallel.md; its rules against the model and the
-world are config/expert_layout.py's). ``data_parallel`` is not a field: it is derived from
+world are config/expert_layout.py's). Which combinations of them run is decided in one place,
+config/layout.py (``check_layout``). ``data_parallel`` is not a field: it is derived from
 the launcher's world size,
 
     dp = world_size // (tensor_parallel * pipeline_parallel * context_parallel)
@@ -20,9 +20,9 @@ masters and moments) is sharded, ZeRO-1 style (upstream derivation):
                  = max(dp // data_parallel_shard, 1)  otherwise
     dp_shard     = dp // dp_replicate
 
-so -1 shards over every DP rank, 1 replicates the state on every rank, and a value above dp is
-clamped to dp (as upstream). Unlike upstream, a shard size that does not divide dp is an error
-(upstream silently shards over another number of ranks, e.g. dp 6 with shard 4 gives 6).
+so -1 shards over every DP rank and 1 replicates the state on every rank. Unlike upstream, a
+shard size above dp, or one that does not divide dp, is an error (upstream silently shards over
+another number of ranks: a value above dp is clamped to dp, and dp 6 with shard 4 gives 6).
 """
 from __future__ import annotations
 
@@ -38,8 +38,6 @@ __all__ = ["ParallelismConfig", "resolve_dp_shard", "DATA_PARALLEL_KEY_MESSAGE",
            "MODEL_PARALLEL_FIELDS"]
 
 MODEL_PARALLEL_FIELDS = ("tensor_parallel", "pipeline_parallel", "context_parallel")
-#: model-parallel sizes that must stay 1 (tensor parallel is implemented)
-UNIMPLEMENTED_PARALLEL_FIELDS = ("context_parallel",)
 
 #: upstream's text for a `data_parallel` key, and what to do instead
 DATA_PARALLEL_KEY_MESSAGE = (
@@ -63,6 +61,11 @@ def resolve_dp_shard(data_parallel_shard: int, dp: int,
                                 f"ranks) or >= 1, got {data_parallel_shard}")
     if data_parallel_shard < 0:
         return 1, dp
+    if data_parallel_shard > dp:
+        raise ConfigError(path, f"data_parallel_shard({data_parallel_shard}) is larger than "
+                                f"data_parallel({dp}): the optimizer state can be sharded over "
+                                f"at most the {dp} data-parallel ranks (-1 for all of them, 1 "
+                                f"to replicate)")
     if 1 < data_parallel_shard < dp and dp % data_parallel_shard != 0:
         raise ConfigError(path, f"data_parallel_shard({data_parallel_shard}) must divide "
                                 f"data_parallel({dp}) (or be -1 for all ranks, 1 to replicate)")
@@ -121,7 +124,6 @@ class ParallelismConfig(Section):
             value = getattr(self, name)
             if value < 1:
                 raise ConfigError(f"{path}.{name}", f"must be >= 1, got {value}")
-        self._check_model_parallel(path)
         check_parallel_noop(self, path, self._env_data_parallel())
         check_pipeline_fields(self, path)   # pipeline parallel (config/pipeline.py)
         if self.data_parallel_shard == 0 or self.data_parallel_shard < -1:
@@ -140,22 +142,6 @@ class ParallelismConfig(Section):
         if mp > ws or ws % mp != 0:
             return None
         return ws // mp
-
-    def _check_model_parallel(self, path: str) -> None:
-        """Context parallelism is not implemented: a size above 1 is an error.
-        Where the sizes do not even fit the launcher's world, ``RunConfig.plan()`` reports
-        upstream's world-size message instead (it names the world size)."""
-        if self._env_data_parallel() is None:
-            return
-        for name in UNIMPLEMENTED_PARALLEL_FIELDS:
-            value = getattr(self, name)
-            if value > 1:
-                raise ConfigError(f"{path}.{name}",
-                                  f"must be 1, got {value}: context parallelism is not "
-                                  f"implemented (data, tensor, pipeline and expert parallelism "
-                                  f"are); the data-parallel size is the number of workers / "
-                                  f"(tensor_parallel * pipeline_parallel), and "
-                                  f"data_parallel_shard shards the optimizer state")
 
     def dp_shard(self, dp: int) -> Tuple[int, int]:
         """``(dp_replicate, dp_shard)`` for ``dp`` data-parallel ranks."""

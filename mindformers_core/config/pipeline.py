@@ -10,8 +10,8 @@ that raises ValueError with upstream's message; here it becomes a ConfigError na
   layer-range string per stage, tiling ``model.num_layers``;
 * the micro-batches of a step are the accumulation count (``pipeline_parallel_microbatch_size``
   is overwritten with it, as upstream); interleaved needs a multiple of ``pipeline_parallel``;
-* pipeline parallel runs alone: ``world_size == pipeline_parallel`` (data parallel 1), and
-  without evaluation during the run (``training.eval_interval``).
+* no evaluation during the run (``training.eval_interval``); which layouts pipeline parallel
+  composes with is config/layout.py's.
 """
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def check_pipeline_vs_model(par, model, training=None, path: str = "parallelism"
     if par.pipeline_parallel > 1 and training is not None and training.eval_interval:
         raise ConfigError("training.eval_interval",
                           f"evaluation during a pipeline-parallel run (pipeline_parallel "
-                          f"{par.pipeline_parallel}) is not implemented; set it to null")
+                          f"{par.pipeline_parallel}) is not implemented; set it to null "
+                          f"(or parallelism.pipeline_parallel: 1)")
     if par.pipeline_parallel == 1 and par.pipeline_parallel_layers_per_stage in (None, "auto"):
         return
     try:
@@ -69,13 +70,10 @@ def check_pipeline_vs_plan(par, world_size: int, num_micro: Optional[int],
     pp = par.pipeline_parallel
     if pp == 1:
         return
-    if world_size != pp:
-        raise ConfigError(f"{path}.pipeline_parallel",
-                          f"pipeline_parallel({pp}) runs with data_parallel 1 here: world_size"
-                          f"({world_size}) must equal pipeline_parallel (pipeline x data or "
-                          f"tensor parallel layouts are not implemented)")
     if num_micro is not None and par.pipeline_parallel_interleave_num > 1 and num_micro % pp:
         raise ConfigError("training.global_batch_size",
                           f"number of microbatches ({num_micro}) is not divisible by "
                           f"pipeline-model-parallel-size ({pp}) when using interleaved schedule "
-                          f"(the micro-batches are global_batch_size // local_batch_size)")
+                          f"(the micro-batches are global_batch_size // local_batch_size; "
+                          f"parallelism.pipeline_parallel_interleave_num "
+                          f"{par.pipeline_parallel_interleave_num})")

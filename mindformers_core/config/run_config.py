@@ -31,6 +31,7 @@ from .checkpoint import CheckpointConfig
 from .context import ContextConfig, check_context_vs_training
 from .pipeline import check_pipeline_vs_model, check_pipeline_vs_plan
 from .dataset import DatasetConfig
+from ..core.parallel_dims import ParallelDims, make_mesh
 from ..errors import ConfigError
 from .logging import LoggingConfig
 from .lr_scheduler import LrSchedulerConfig
@@ -40,6 +41,7 @@ from .compat.disabled_sections import LoraConfig, RecomputeCommConfig, SwapConfi
 from .optimizer import OptimizerConfig
 from .compat.megatron_loader import check_loader_vs_model
 from .expert_layout import ExpertPlan, check_expert_parallel, expert_plan
+from .layout import check_layout
 from .parallelism import ParallelismConfig
 from .profiler import ProfilerConfig
 from .recompute import RecomputeConfig
@@ -81,6 +83,8 @@ class RunPlan:
     experts: Optional[ExpertPlan] = None
     tensor_parallel: int = 1
     sequence_parallel: bool = False
+    #: the run's ParallelDims (core/parallel_dims.py), checked by config/layout.py
+    dims: Optional[ParallelDims] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -113,6 +117,8 @@ class RunPlan:
             f"(= {self.local_batch_size} x {self.data_parallel} x {self.num_accumulation_steps})",
             f"tokens per step  : {self.tokens_per_step} (seq_length {self.seq_length})",
         ]
+        if self.dims is not None and self.dims.world > 1:
+            lines.append(f"parallel layout  : {self.dims.describe()}")
         if self.experts is not None:
             lines.append(self.experts.format())
         return "\n".join(lines)
@@ -262,12 +268,31 @@ class RunConfig(Section):
                                              f"context_parallel({cp}).")
         return dp
 
-    def plan(self, world_size: Optional[int] = None) -> RunPlan:
-        """Derived values; raises ConfigError when they do not work out."""
+    def parallel_dims(self, world_size: Optional[int] = None) -> ParallelDims:
+        """The run's :class:`~mindformers_core.core.parallel_dims.ParallelDims` on
+        ``world_size`` ranks (the launcher's by default), checked by ``config.layout``'s
+        ``check_layout``: the one place the layout of a run is derived."""
         from ..launch_env import env_world_size
         ws = env_world_size() if world_size is None else int(world_size)
-        dp = self.data_parallel(ws)
-        self.parallelism.dp_shard(dp)  # raises ConfigError for a shard size that does not fit
+        dp = self.data_parallel(ws)   # upstream's world-size messages
+        par = self.parallelism
+        _, shard = par.dp_shard(dp)   # raises ConfigError for a shard size that does not fit
+        check_expert_parallel(self, dp)
+        try:
+            dims = make_mesh(ws, tp=par.tensor_parallel, cp=par.context_parallel,
+                             pp=par.pipeline_parallel, ep=par.expert_parallel,
+                             vpp=par.pipeline_parallel_interleave_num, dp_shard=shard,
+                             sequence_parallel=bool(par.sequence_parallel),
+                             shard_strategy=par.data_parallel_shard_strategy)
+        except ValueError as err:
+            raise ConfigError("parallelism", str(err)) from None
+        check_layout(dims, self.model, par)
+        return dims
+
+    def plan(self, world_size: Optional[int] = None) -> RunPlan:
+        """Derived values; raises ConfigError when they do not work out."""
+        dims = self.parallel_dims(world_size)
+        ws, dp = dims.world, dims.dp
         experts = expert_plan(self, dp)   # expert_parallel vs n_routed_experts and dp
         tr = self.training
         base_units = dp * tr.local_batch_size
@@ -302,6 +327,7 @@ class RunConfig(Section):
             tensor_parallel=self.parallelism.tensor_parallel,
             sequence_parallel=bool(self.parallelism.sequence_parallel
                                    and self.parallelism.tensor_parallel > 1),
+            dims=dims,
         )
 
     def to_dict(self) -> Dict[str, Any]:

@@ -85,17 +85,20 @@ def check_tensor_parallel(cfg) -> None:
         check_sequence_parallel(tp, par.sequence_parallel)
     except ValueError as err:
         raise ConfigError("parallelism.sequence_parallel", str(err)) from None
+    # every refusal of a layout names the parallelism field it collides with (config/layout.py)
+    layout = f" (parallelism.tensor_parallel: {tp})"
     problem = tp_divisibility_problems(cfg.model, tp)
     if problem is not None:
-        raise ConfigError(f"model.{problem[0]}", problem[1])
+        raise ConfigError(f"model.{problem[0]}", problem[1] + layout)
     try:
         check_sequence_tokens(cfg.training.local_batch_size, cfg.model.seq_length, tp)
     except ValueError as err:
-        raise ConfigError("training.local_batch_size", str(err)) from None
+        raise ConfigError("training.local_batch_size", str(err) + layout) from None
     if cfg.model_jit_mode() == "model":
         raise ConfigError("training.jit", f"model compiles the whole forward as one graph, which "
                                           f"cannot hold the tensor-parallel collectives "
-                                          f"(tensor_parallel {tp}); use layer or none")
+                                          f"(tensor_parallel {tp}); use layer or none"
+                                          + layout)
     if cfg.recompute_layers():
         raise ConfigError("recompute.mode", f"recompute is not implemented with "
                                             f"parallelism.tensor_parallel > 1 ({tp}); turn "

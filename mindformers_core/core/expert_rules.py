@@ -1,5 +1,5 @@
 """The rules of expert parallelism (pure; upstream's messages). The config layer wraps them as
-``ConfigError("parallelism.expert_parallel", message)``; ``distributed.groups.make_mesh``
+``ConfigError("parallelism.expert_parallel", message)``; ``core.parallel_dims.make_mesh``
 raises the same text.
 
 * the routed experts are split into equal whole-expert blocks, one per EP rank:

@@ -174,6 +174,14 @@ class Layout:
                              f"({self.dp * self.tp * self.cp}): experts are spread over the "
                              "data/tensor/context-parallel ranks of a stage")
 
+    @classmethod
+    def from_dims(cls, dims) -> "Layout":
+        """The planner's view of a run's :class:`~.parallel_dims.ParallelDims` (the planner
+        also takes layouts no run has, for what-if questions: tools/memory_report.py)."""
+        return cls(dp=dims.dp, tp=dims.tp, pp=dims.pp, ep=dims.ep, cp=dims.cp,
+                   sequence_parallel=dims.sequence_parallel, dp_shard=dims.dp_shard,
+                   shard_strategy=dims.shard_strategy)
+
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
@@ -227,14 +235,9 @@ class OptimizerState:
 # from a RunConfig
 # ----------------------------------------------------------------------------------------------
 def layout_from_config(cfg, world_size: int) -> Layout:
-    """The layout the config asks for on ``world_size`` ranks (config/parallelism.py)."""
-    par = cfg.parallelism
-    dp = cfg.data_parallel(world_size)
-    _, shard = par.dp_shard(dp)
-    return Layout(dp=dp, tp=par.tensor_parallel, pp=par.pipeline_parallel,
-                  ep=par.expert_parallel, cp=par.context_parallel,
-                  sequence_parallel=par.sequence_parallel, dp_shard=shard,
-                  shard_strategy=par.data_parallel_shard_strategy)
+    """The layout the config asks for on ``world_size`` ranks: the run's ParallelDims
+    (``cfg.parallel_dims``, core/parallel_dims.py) as the planner's :class:`Layout`."""
+    return Layout.from_dims(cfg.parallel_dims(world_size))
 
 
 def settings_from_config(cfg, layout: Layout, backend: Optional[str] = None) \

@@ -1,25 +1,24 @@
-"""Data parallelism over msrun: environment, communication, gradient reduction, ZeRO-1.
+"""Parallel training over msrun: the run's layout, its communicator, and one module per kind.
 
-Importing this package does not import MindSpore (``env`` re-exports the leaf
-``mindformers_core.launch_env``, which the config layer reads for the world size); the other
-modules load on first use:
+Importing this package does not import MindSpore; the modules load on first use:
 
-    comm          init_distributed() (communication init only under msrun with > 1 worker),
-                  Communicator (world-group AllReduce / AllGather / Broadcast, byte counters),
-                  get_rank(), get_world_size(), barrier()
-    grad_reduce   DataParallelGradReducer: the trainer's grad_reducer (token-weighted SUM)
-    zero          ZeroSharding(comm, num_shards) for build_optimizer(..., shard_layout=...):
-                  ZeRO-1 state sharding at construction (never a class swap afterwards)
-    zero_muon     ZeRO rows as a Muon exchange level (ZeroRowsLevel, ZeroMuonMixin)
-    shard_exchange  ShardedMuonExchange: Muon's comm_strategy (allgather /
-                  allgather_deredundency) over sharding levels (SpecLevel: ShardSpec splits)
-    tp_sharding   TensorParallelSharding(model.shard_specs(), comm) for build_optimizer:
-                  optimizers on tensor-parallel shards (ZeRO-1 over dp on top)
-    fsdp          data_parallel_shard_strategy optim_grads / optim_grads_params: apply_fsdp
-                  (the trainer's hook), FSDPGradReducer, per-layer gathered units
-    fsdp_layout   which parameters FSDP splits (dim-0 ShardSpecs over "dp"; pure)
-    shard_layout  dim-0 shard layout, NS cost and owner assignment (pure)
-    setup         setup_data_parallel(cfg): communicator + reducer for a run
+    setup           setup_parallel(cfg) -> ParallelRun: the one object the trainer calls for
+                    every layout (parallelize the model, shard the optimizer, reduce, norm)
+    comm            init_distributed() (communication init only under msrun with > 1 worker),
+                    Communicator (world-group AllReduce / AllGather / Broadcast, byte counters)
+    collectives     GroupCommunicator: collectives over the named groups of the run's
+                    ParallelDims (core/parallel_dims.py), native or emulated by capability
+    grad_reduce     data parallel: token-weighted SUM of gradients (bucketed)
+    zero / zero_muon  ZeRO-1 state sharding at optimizer construction; ZeRO rows for Muon
+    tp_reduce / tp_sharding / tp_layout   tensor parallel (+sequence parallel): the reduction,
+                    the optimizers over TP shards, the layout of the parameters
+    fsdp / fsdp_layout   data_parallel_shard_strategy optim_grads / optim_grads_params
+    ep_reduce       expert parallel: expert gradients over the edp group
+    pipeline_*      pipeline parallel: stage split, schedules, stage executor, checkpoints
+    shard_spec / shard_layout / shard_exchange   the shared layout math: how a parameter is
+                    split, dim-0 shard layouts, Muon's comm_strategy exchange
+
+Which combinations run is config/layout.py's ``check_layout``.
 """
 from __future__ import annotations
 
@@ -34,7 +33,7 @@ _LAZY = {
     "DataParallelGradReducer": "grad_reduce", "plan_buckets": "grad_reduce",
     "optimizer_state_bytes": "zero", "ZeroSharding": "zero",
     "ShardLayout": "shard_layout", "assign_owners": "shard_layout", "ns_cost": "shard_layout",
-    "ns_flops": "shard_layout", "setup_data_parallel": "setup",
+    "ns_flops": "shard_layout", "setup_parallel": "setup", "ParallelRun": "setup",
     "TensorParallelSharding": "tp_sharding", "ShardedMuonExchange": "shard_exchange",
 }
 

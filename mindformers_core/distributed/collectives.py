@@ -46,7 +46,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from .comm import CommStats
-from .groups import AXES, Mesh, group_name
+from ..core.parallel_dims import AXES, Mesh, group_name
 
 __all__ = ["CAPABILITIES", "OPS", "is_native", "detect_backend", "GroupCommunicator",
            "logical_bytes"]
@@ -98,7 +98,7 @@ class GroupCommunicator:
     """Collectives over this rank's groups of ``mesh``; numpy or Tensor in, same kind out.
 
     Every group this rank belongs to is created at construction, in the order of
-    :data:`~mindformers_core.distributed.groups.AXES`, under a name derived from its members
+    :data:`~mindformers_core.core.parallel_dims.AXES`, under a name derived from its members
     (identical on every member). A group equal to the world uses the world group. ``group`` in
     every method is an axis name; ranks (``src``, ``dst``) are global ranks.
     """

@@ -1,10 +1,11 @@
 """Expert parallelism in a run: the reducer that keeps expert gradients on their experts' ranks.
 
-``models.expert_parallel.setup_expert_parallel(cfg, model, reducer)`` (``parallelism.
-expert_parallel`` = ep > 1) builds the mesh (:func:`expert_mesh`: EP carved out of DP) and its
-``GroupCommunicator``, cuts the model's routed experts to this rank's ``E / ep`` (recording
-each expert weight's ShardSpec, split dim 0, group ``ep``, for ``model.shard_specs()``) and
-wraps the data-parallel reducer in :class:`ExpertParallelReducer`.
+The run's layout (distributed/setup.py ``ParallelRun.parallelize``, ``parallelism.
+expert_parallel`` = ep > 1; ``comm`` the run's ``GroupCommunicator``, core/parallel_dims.py
+folds ep over the ranks of a stage) has the model cut its routed experts to this rank's
+``E / ep`` (``model.apply_expert_parallel``: each expert weight's ShardSpec, split dim 0,
+group ``ep``, goes into ``model.shard_specs()``) and wraps the data-parallel reducer in
+:class:`ExpertParallelReducer`.
 
 Gradients. Rank r's expert gradient already sums the tokens of every rank of its ``ep`` group
 (the dispatch's backward brings them back), so an expert gradient is reduced only over the
@@ -34,17 +35,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .collectives import GroupCommunicator
-from .groups import make_mesh
 from .shard_spec import ShardSpec, global_sq_norm, replicated
 
-__all__ = ["ExpertParallelReducer", "expert_mesh"]
-
-
-def expert_mesh(cfg, world_size: int):
-    """The mesh of a run (upstream's messages for sizes that do not fit)."""
-    par = cfg.parallelism
-    return make_mesh(world_size, tp=par.tensor_parallel, cp=par.context_parallel,
-                     pp=par.pipeline_parallel, ep=par.expert_parallel)
+__all__ = ["ExpertParallelReducer"]
 
 
 class ExpertParallelReducer:
@@ -70,6 +63,7 @@ class ExpertParallelReducer:
     # -- which gradient is which ---------------------------------------------------------------
     def bind_parameters(self, params: Sequence) -> None:
         self._specs = [self.specs.get(p.name) or replicated(p.shape) for p in params]
+        self.inner.bind_parameters(params)
 
     def _bound(self, grads) -> List[ShardSpec]:
         if self._specs is None or len(self._specs) != len(grads):
@@ -143,3 +137,6 @@ class ExpertParallelReducer:
 
     def reduce_max(self, values: np.ndarray) -> np.ndarray:
         return self.inner.reduce_max(values)
+
+    def combine_qk_stats(self, stats):
+        return self.inner.combine_qk_stats(stats)

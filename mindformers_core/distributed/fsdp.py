@@ -51,7 +51,6 @@ from ..optim.clip_grad import global_grad_norm
 from .collectives import GroupCommunicator
 from .fsdp_layout import FSDP_GROUP, fsdp_specs
 from .grad_reduce import DataParallelGradReducer
-from .groups import make_mesh
 from .shard_spec import ShardSpec, global_sq_norm, replicated, shard
 from .zero import ZeroSharding
 
@@ -209,6 +208,12 @@ class FSDPGradReducer:
     def reduce_max(self, values: np.ndarray) -> np.ndarray:
         return self.base.reduce_max(values)
 
+    def combine_qk_stats(self, stats):
+        return self.base.combine_qk_stats(stats)
+
+    def bind_parameters(self, params: Sequence) -> None:
+        """Bound by :class:`FSDPSharding` when it builds the optimizer."""
+
     # -- the optimizer -----------------------------------------------------------------------------
     def optimizer_sharding(self, cfg) -> FSDPSharding:  # noqa: ARG002 - reducer interface
         split = set(self.specs) if shards_grads(self.strategy) else set()
@@ -287,11 +292,12 @@ def _refuse(cfg) -> None:
                           f"optim_grads_params; set it to 0 or use optim_grads")
 
 
-def apply_fsdp(cfg, reducer, model):
+def apply_fsdp(cfg, reducer, model, comm: GroupCommunicator):
     """``(reducer, model)`` of this run: unchanged unless the strategy shards gradients or
     parameters or ``disable_gradient_division`` is False (over more than one rank); then the
     :class:`FSDPGradReducer`, and under ``optim_grads_params`` the model's split parameters
-    replaced by this rank's shards and its forward by :class:`FSDPRunner`."""
+    replaced by this rank's shards and its forward by :class:`FSDPRunner`. ``comm``: the
+    run's communicator (distributed/setup.py)."""
     par = cfg.parallelism
     strategy = par.data_parallel_shard_strategy
     world = reducer.world_size
@@ -303,7 +309,6 @@ def apply_fsdp(cfg, reducer, model):
         return reducer, model
     if shards_params(strategy) and split_on:
         _refuse(cfg)
-    comm = GroupCommunicator(make_mesh(world), reducer.rank)
     trainable = [(p.name, tuple(p.shape)) for p in model.trainable_params()]
     specs = fsdp_specs(trainable, num_shards) if split_on else {}
     if shards_params(strategy) and specs:

@@ -156,3 +156,15 @@ class DataParallelGradReducer:
         """Element-wise MAX over ranks (QK-Clip's tracked max attention logits)."""
         return self.comm.all_reduce_max(np.asarray(values))
 
+    def bind_parameters(self, params: Sequence) -> None:
+        """Nothing to learn: every gradient is whole and replicated."""
+
+    def grad_norm(self, grads: Sequence) -> float:
+        """The L2 norm of the reduced (replicated) gradients: the same on every rank."""
+        from ..optim.clip_grad import global_grad_norm
+        return float(global_grad_norm(grads))
+
+    def combine_qk_stats(self, stats):
+        """Every replica clipped the same heads: this rank's report is the step's."""
+        return stats
+

@@ -33,12 +33,10 @@ import numpy as np
 
 from ..core.pipeline_split import EMBEDDING, StageSplit
 from .collectives import GroupCommunicator
-from .groups import make_mesh
 from .pipeline_schedule import Transfer, p2p_program, schedule
 from .pipeline_stage import StageExecutor, StageRunner
 
-__all__ = ["PipelineParallel", "setup_pipeline_parallel", "stage_split_for",
-           "micro_batch_tensors"]
+__all__ = ["PipelineParallel", "stage_split_for", "micro_batch_tensors"]
 
 MICROBATCH_MESSAGE = ("pipeline_parallel_microbatch_size {old} is overwritten with the "
                       "accumulation count {new} (global_batch_size // (data_parallel * "
@@ -134,7 +132,10 @@ class PipelineParallel:
         out = self.comm.all_reduce(np.array([1.0 if flag else 0.0], np.float32), "world")
         return bool(out[0] > 0)
 
-    def global_grad_norm(self, grads: Sequence) -> float:
+    def bind_parameters(self, params: Sequence) -> None:
+        """Nothing to learn here: :meth:`forward_backward` receives the parameters."""
+
+    def grad_norm(self, grads: Sequence) -> float:
         """sqrt of the sum over stages of this stage's squared norm (each parameter once)."""
         from ..optim.clip_grad import global_grad_norm
         own = [g for p, g in zip(self._params, grads)
@@ -235,13 +236,3 @@ def micro_batch_tensors(batches: Sequence[dict]) -> List[dict]:
     import mindspore as ms
     return [{k: ms.Tensor(np.asarray(b[k], dtype=np.float32 if k == "loss_mask" else np.int32))
              for k in ("input_ids", "labels", "loss_mask")} for b in batches]
-
-
-def setup_pipeline_parallel(cfg) -> PipelineParallel:
-    """The pipeline reducer of this msrun worker (communication initialised here)."""
-    from .comm import init_distributed
-    base = init_distributed()
-    par = cfg.parallelism
-    mesh = make_mesh(base.world_size, tp=par.tensor_parallel, cp=par.context_parallel,
-                     pp=par.pipeline_parallel)
-    return PipelineParallel(cfg, GroupCommunicator(mesh, base.rank))

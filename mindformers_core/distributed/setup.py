@@ -1,41 +1,206 @@
-"""One call for a run: the communicator and the trainer's gradient reducer, which also says
-how the optimizer is built sharded (ZeRO-1 per ``parallelism.data_parallel_shard``, QK-Clip
-MAX reduction) and, under tensor parallelism, how the model is sharded.
+"""The run setup: one ``ParallelDims``, one communicator, one :class:`ParallelRun` per process.
 
-    reducer = setup_parallel(cfg)            # world 1 outside msrun: no communication init
-    trainer = Trainer(cfg, out, grad_reducer=reducer)
-    # Trainer, when it builds its model and optimizer:
-    #     model = apply_tensor_parallel(model, reducer.model_parallel_comm)   (tensor
-    #     reducer.bind_model(model)                                  parallel only)
-    #     build_optimizer(cfg.optimizer, model, shard_layout=reducer.optimizer_sharding(cfg))
+    run = setup_parallel(cfg)        # initialises communication only under msrun
+    trainer = Trainer(cfg, out)      # builds its model, then:
+    model = run.parallelize(model)   # TP/SP slices -> FSDP units -> EP cut (one owner of the order)
+    run.attach(model)                # pipeline: keep this stage's parameters (after a load)
+    build_optimizer(..., shard_layout=run.optimizer_sharding())
+    run.bind_optimizer(optimizer)
 
-``parallelism.tensor_parallel`` 1: ``grad_reduce.DataParallelGradReducer`` over the world.
-Above 1: the mesh (``groups.make_mesh``: tp fastest, then dp) and its ``GroupCommunicator`` are
-built once, and ``tp_reduce.TensorParallelGradReducer`` runs data parallelism over the dp group.
+The layout is the config plan's (``RunConfig.parallel_dims``: ``config/layout.py`` accepted it
+and named its builders, ``parallel_steps``), built once here with this process's world; the
+:class:`~.collectives.GroupCommunicator` over its groups is created once and handed to every
+builder. What each builder does lives in its own module (``tp_reduce`` / ``models.tp_model``,
+``fsdp``, ``ep_reduce`` / ``models.expert_parallel``, ``pipeline_parallel``); the trainer sees
+only :class:`ParallelRun`'s methods, the same for every layout.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import (Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple,
+                    runtime_checkable)
 
+import numpy as np
+
+from ..core.parallel_dims import ParallelDims
 from .comm import Communicator, init_distributed
 from .grad_reduce import DataParallelGradReducer
 
-__all__ = ["setup_parallel", "setup_data_parallel"]
+__all__ = ["ParallelRun", "GradReduction", "setup_parallel"]
 
 
-def setup_parallel(cfg=None, comm: Optional[Communicator] = None):
-    """The reducer of this process for ``cfg`` (initialises communication only under msrun)."""
+@runtime_checkable
+class GradReduction(Protocol):
+    """What :class:`ParallelRun` calls on the reduction the builders leave (data parallel,
+    tensor parallel, FSDP, expert parallel or a pipeline stage): one interface for all."""
+    world_size: int
+    rank: int
+
+    def global_token_count(self, local_tokens: float) -> float: ...
+
+    def reduce(self, grads: Sequence, loss_sum: float,
+               n_tokens: float) -> Tuple[List, float, float]: ...
+
+    def mean_over_ranks(self, value: float) -> float: ...
+
+    def broadcast_flag(self, flag: bool) -> bool: ...
+
+    def sync_moe_stats(self, model) -> None: ...
+
+    def bind_parameters(self, params: Sequence) -> None: ...
+
+    def grad_norm(self, grads: Sequence) -> float: ...
+
+    def combine_qk_stats(self, stats) -> Any: ...
+
+
+class ParallelRun:
+    """This process's part of a run's layout (module docstring): the one object the trainer
+    asks how to shard the model and the optimizer, how to run a step's forward and backward,
+    how to reduce its gradients and what their global norm is."""
+
+    def __init__(self, cfg, dims: ParallelDims, comm: Communicator, group_comm=None):
+        from ..config.layout import parallel_steps
+        self.cfg, self.dims, self.comm = cfg, dims, comm
+        self.world_size, self.rank = comm.world_size, comm.rank
+        self.steps: List[str] = parallel_steps(dims)
+        self.group_comm = group_comm
+        self.pipeline = None
+        self._tensor = None
+        self._expert = None   # the expert-parallel reduction, once parallelize() built it
+        if "pipeline" in self.steps:
+            from .pipeline_parallel import PipelineParallel
+            self.pipeline = self.reducer = PipelineParallel(cfg, group_comm)
+        elif "tensor" in self.steps:
+            from .tp_reduce import TensorParallelGradReducer
+            self._tensor = self.reducer = TensorParallelGradReducer(group_comm)
+        else:
+            self.reducer = DataParallelGradReducer(comm)
+        coords = dims.coords(self.rank)
+        #: the data shard this rank reads: its index among the data-parallel replicas
+        self.data_rank = coords["dp"]
+
+    # -- layout ----------------------------------------------------------------------------------
+    def coords(self) -> Dict[str, int]:
+        """This rank's index along every axis (checkpoint layouts)."""
+        return dict(self.dims.coords(self.rank))
+
+    def axis_sizes(self) -> Dict[str, int]:
+        from ..core.parallel_dims import AXES
+        return {axis: self.dims.size(axis) for axis in AXES}
+
+    # -- the model -------------------------------------------------------------------------------
+    def parallelize(self, model):
+        """This rank's model, cut by every builder of the layout, in their one order: TP/SP
+        slices, the FSDP strategy, the EP cut. (The pipeline keeps its stage in ``attach``,
+        after any checkpoint load.)"""
+        if "tensor" in self.steps:   # the model cuts itself (models/tp_model.py)
+            model = model.apply_tensor_parallel(self.group_comm)
+            self._tensor.bind_model(model)
+        if "fsdp" in self.steps:
+            from .fsdp import apply_fsdp
+            self.reducer, model = apply_fsdp(self.cfg, self.reducer, model, self.group_comm)
+        if "expert" in self.steps:   # the model keeps its experts (models/expert_parallel.py)
+            from .ep_reduce import ExpertParallelReducer
+            specs = model.apply_expert_parallel(self.group_comm)
+            self.reducer = self._expert = ExpertParallelReducer(self.reducer, self.group_comm,
+                                                                specs)
+        return model
+
+    def attach(self, model) -> None:
+        """Keep this stage's parameters (pipeline; after any checkpoint load)."""
+        if self.pipeline is not None:
+            self.pipeline.attach(model)
+
+    def parameter_sizes(self, model) -> Dict[str, int]:
+        """name -> element count of the whole model's parameters (every stage's)."""
+        if self.pipeline is not None:
+            return self.pipeline.parameter_sizes()
+        return {p.name: int(np.prod(p.shape)) for p in model.get_parameters()}
+
+    def describe(self, num_micro: int) -> Optional[str]:
+        """The run log's layout lines beyond the plan's (the pipeline stage), or None."""
+        return self.pipeline.describe(num_micro) if self.pipeline is not None else None
+
+    # -- the optimizer ---------------------------------------------------------------------------
+    def optimizer_sharding(self):
+        """What ``build_optimizer(..., shard_layout=...)`` takes (None: plain)."""
+        if self.pipeline is not None or self.world_size == 1:
+            return None
+        return self.reducer.optimizer_sharding(self.cfg)
+
+    def bind_optimizer(self, optimizer) -> None:
+        """The optimizer's parameter order: the gradients of :meth:`reduce` and
+        :meth:`grad_norm` come aligned with it."""
+        self.reducer.bind_parameters(optimizer.parameters)
+
+    @property
+    def collective_checkpoint(self) -> bool:
+        """Whether a whole-model checkpoint is gathered from every rank (pipeline stages)."""
+        return self.pipeline is not None
+
+    def gather_checkpoint(self, tensors: dict, state: dict) -> Tuple[dict, dict]:
+        if self.pipeline is None:
+            return tensors, state
+        return self.pipeline.gather_checkpoint(tensors, state)
+
+    # -- one step --------------------------------------------------------------------------------
+    def global_token_count(self, local_tokens: float) -> float:
+        return self.reducer.global_token_count(local_tokens)
+
+    def forward_backward(self, accumulate: Callable, params: Sequence, batches: Sequence[dict],
+                         total_tokens: float, loss_scale: float = 1.0) -> Tuple[List, float, float]:
+        """(fp32 gradients aligned with ``params``, this rank's loss sum, mean aux loss):
+        this stage's schedule under pipeline parallel, else ``accumulate(batches,
+        total_tokens, loss_scale, data_parallel)`` (the trainer's token-weighted micro-batch
+        accumulation, trainer/accumulate.py)."""
+        if self.pipeline is not None:
+            return self.pipeline.forward_backward(params, batches, total_tokens, loss_scale)
+        return accumulate(batches, total_tokens, loss_scale, self.dims.dp)
+
+    def combine_mtp_loss(self, mtp_loss: Optional[float]) -> Optional[float]:
+        """The step's logged MTP loss (the pipeline's last stage's, the mean over replicas)."""
+        if self.pipeline is not None:
+            mtp_loss = self.pipeline.combine_mtp_loss(mtp_loss)
+        return None if mtp_loss is None else self.reducer.mean_over_ranks(mtp_loss)
+
+    def reduce(self, grads: Sequence, loss_sum: float, n_tokens: float):
+        return self.reducer.reduce(grads, loss_sum, n_tokens)
+
+    def step_aux(self, aux: float) -> float:
+        """The logged aux loss: under expert parallel the mean over every rank's micro-batches
+        (each rank routed its own tokens); elsewhere this rank's."""
+        return self._expert.mean_over_ranks(aux) if self._expert is not None else aux
+
+    def mean_over_ranks(self, value: float) -> float:
+        return self.reducer.mean_over_ranks(value)
+
+    def sync_moe_stats(self, model) -> None:
+        """The step's expert loads summed over the ranks that routed other tokens."""
+        if self.world_size > 1:
+            self.reducer.sync_moe_stats(model)
+
+    def grad_norm(self, grads: Sequence) -> float:
+        """The global L2 norm of the reduced gradients (aligned with the bound optimizer's
+        parameters), the same on every rank: shards counted over their group, each parameter
+        once."""
+        return float(self.reducer.grad_norm(grads))
+
+    def combine_qk_stats(self, stats):
+        """One QK-Clip report for the step (pipeline stages and tp ranks clip other heads)."""
+        return self.reducer.combine_qk_stats(stats)
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        """True on every rank when any rank raised ``flag`` (a stop request, a failed save)."""
+        return self.reducer.broadcast_flag(flag)
+
+
+def setup_parallel(cfg, comm: Optional[Communicator] = None) -> ParallelRun:
+    """This process's :class:`ParallelRun` for ``cfg`` (communication initialised only under
+    msrun; one process gets the identity layout)."""
     comm = comm or init_distributed()
-    tp = 1 if cfg is None else int(cfg.parallelism.tensor_parallel)
-    if tp == 1 or comm.world_size == 1:
-        return DataParallelGradReducer(comm)
-    from .collectives import GroupCommunicator
-    from .groups import make_mesh
-    from .tp_reduce import TensorParallelGradReducer
-    mesh = make_mesh(comm.world_size, tp=tp)
-    return TensorParallelGradReducer(GroupCommunicator(mesh, comm.rank))
-
-
-def setup_data_parallel(comm: Optional[Communicator] = None) -> DataParallelGradReducer:
-    """The data-parallel reducer over the world (tensor_parallel 1)."""
-    return setup_parallel(None, comm)
+    dims = cfg.parallel_dims(comm.world_size)
+    group_comm = None
+    if comm.world_size > 1:
+        from .collectives import GroupCommunicator
+        group_comm = GroupCommunicator(dims, comm.rank)
+    return ParallelRun(cfg, dims, comm, group_comm)

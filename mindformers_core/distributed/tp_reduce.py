@@ -69,6 +69,7 @@ class TensorParallelGradReducer:
         self.data_parallel_rank = self.dp_comm.rank
         self.data = DataParallelGradReducer(self.dp_comm)
         self._model = None
+        self._specs = None
 
     @property
     def mesh(self):
@@ -126,13 +127,22 @@ class TensorParallelGradReducer:
         """What ``models.tp_model.apply_tensor_parallel`` shards the model over."""
         return self.comm
 
-    def grad_norm_fn(self, model, params) -> Callable[[Sequence], float]:
-        """``norm(grads)`` for gradients aligned with ``params`` (module docstring)."""
+    def bind_parameters(self, params: Sequence) -> None:
+        """The optimizer's parameters: the layouts :meth:`grad_norm` reads, in their order."""
+        if self._model is None:
+            raise RuntimeError("TensorParallelGradReducer.bind_parameters needs the sharded "
+                               "model: call bind_model(model) first")
+        layout = self._model.shard_specs()
+        self._specs = [layout.get(p.name) for p in params]
+
+    def grad_norm(self, grads: Sequence) -> float:
+        """The global norm of gradients aligned with the bound parameters (module docstring)."""
         from ..optim.clip_grad import global_grad_norm
-        layout = model.shard_specs()
-        specs = [layout.get(p.name) for p in params]
+        if self._specs is None or len(self._specs) != len(grads):
+            raise RuntimeError("TensorParallelGradReducer.grad_norm: bind_parameters("
+                               "optimizer.parameters) must be called first")
 
         def group_sum(group: str, x: float) -> float:
             return float(self.comm.all_reduce(np.array([x], np.float32), group)[0])
 
-        return lambda grads: tp_grad_norm(grads, specs, group_sum, global_grad_norm)
+        return tp_grad_norm(grads, self._specs, group_sum, global_grad_norm)

@@ -1,6 +1,6 @@
 """Split a model's routed experts over the expert-parallel group (``parallelism.expert_parallel``).
 
-Megatron's layout: EP is carved out of data parallelism (``distributed.groups``), so the ``ep``
+Megatron's layout: EP is carved out of data parallelism (``core.parallel_dims``), so the ``ep``
 ranks of a group see different data, hold the same dense weights (replicated, reduced over dp
 as without EP) and each hold ``E / ep`` whole experts of every MoE layer: rank ``r`` of the
 group keeps experts ``[r * E/ep, (r + 1) * E/ep)`` of ``experts.weight1`` [E, H, 2F] and
@@ -22,12 +22,11 @@ import mindspore as ms
 from mindspore import Tensor
 
 from ..distributed.collectives import GroupCommunicator
-from ..distributed.ep_reduce import ExpertParallelReducer, expert_mesh
 from ..distributed.shard_spec import ShardSpec, shard
 from .ep_dispatch import AllToAll
 from .moe import GroupedExperts
 
-__all__ = ["expert_spec", "shard_experts", "setup_expert_parallel"]
+__all__ = ["expert_spec", "shard_experts"]
 
 
 def expert_spec(full_shape, ep: int) -> ShardSpec:
@@ -64,13 +63,3 @@ def shard_experts(model, comm) -> Dict[str, ShardSpec]:
         experts.exchange = AllToAll(comm, "ep")
         moe.expert_parallel = ep
     return out
-
-
-def setup_expert_parallel(cfg, model, reducer):
-    """``(model, reducer)`` of a run with ``parallelism.expert_parallel`` > 1: the model's
-    experts cut to this rank's, the data-parallel reducer wrapped in
-    ``distributed.ep_reduce.ExpertParallelReducer``; both unchanged for expert_parallel 1."""
-    if cfg.parallelism.expert_parallel == 1:
-        return model, reducer
-    comm = GroupCommunicator(expert_mesh(cfg, reducer.world_size), reducer.rank)
-    return model, ExpertParallelReducer(reducer, comm, shard_experts(model, comm))

@@ -241,6 +241,21 @@ class GPTModel(nn.Cell):
         (``distributed/fsdp.py``)."""
         self._runner = runner
 
+    # ----------------------------------------------------------------- parallel layout
+    # The model owns its shard plan: the run's layout (distributed/setup.py) asks the model to
+    # cut itself, so distributed/ never imports a model.
+    def apply_tensor_parallel(self, comm):
+        """Keep this rank's tensor-parallel (+sequence-parallel) slices over ``comm``'s ``tp``
+        group (models/tp_model.py); returns the model."""
+        from .tp_model import apply_tensor_parallel
+        return apply_tensor_parallel(self, comm)
+
+    def apply_expert_parallel(self, comm) -> Dict[str, object]:
+        """Keep this rank's routed experts over ``comm``'s ``ep`` group
+        (models/expert_parallel.py); returns their specs (name -> ShardSpec)."""
+        from .expert_parallel import shard_experts
+        return shard_experts(self, comm)
+
     def set_shard_specs(self, specs) -> None:
         """Record the layouts of parameters whose data was replaced by their shards."""
         self._shard_specs.update(specs)

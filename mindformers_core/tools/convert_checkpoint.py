@@ -42,7 +42,7 @@ __all__ = ["parse_layout", "layout_remove_redundancy", "merge", "split", "main"]
 
 def parse_layout(spec: dict):
     """``(specs, [RankLayout])`` of a layout.json object (``ValueError`` naming the field)."""
-    from ..distributed.groups import make_mesh
+    from ..core.parallel_dims import make_mesh
     from ..distributed.shard_spec import ShardSpec
     from ..checkpoint.sharded import RankLayout
     if not isinstance(spec, dict) or not isinstance(spec.get("world"), int) or spec["world"] < 1:

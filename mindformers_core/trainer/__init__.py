@@ -1,4 +1,4 @@
-"""Training loop, train state, checkpoints and metrics.
+"""Training loop and metrics (checkpoints: mindformers_core/checkpoint/).
 
 ``Trainer(cfg, output_dir).train()`` runs a config; ``run_training(cfg, output_dir)`` does the
 same for the CLI and returns an exit code.
@@ -10,7 +10,7 @@ import importlib
 
 __all__ = ["Trainer", "run_training", "CheckpointError"]
 
-_HOME = {"Trainer": ".trainer", "run_training": ".run", "CheckpointError": ".checkpoint"}
+_HOME = {"Trainer": ".trainer", "run_training": ".run", "CheckpointError": "..checkpoint.store"}
 
 
 def __getattr__(name):

@@ -38,11 +38,6 @@ class MoEModel(Protocol):
     def moe_layers(self) -> Dict[int, Any]: ...
 
 
-@runtime_checkable
-class MoELoadReducer(Protocol):
-    def sync_moe_stats(self, model) -> None: ...
-
-
 def load_imbalance(load) -> float:
     """max / mean of a tokens-per-expert vector (0 when it is all zeros)."""
     load = np.asarray(load, np.float64)
@@ -124,14 +119,13 @@ def layer_stats(moe) -> MoELayerStats:
                          ep_rank_load(load, ep) if ep > 1 else None)
 
 
-def moe_step_stats(model, grad_reducer, due: bool) -> Optional[MoEStepStats]:
+def moe_step_stats(model, layout, due: bool) -> Optional[MoEStepStats]:
     """Sum the step's expert loads over the DP ranks, then (when ``due``) read the statistics;
     None for a model without MoE layers or when not due. Call once per step, after the
     micro-batches' forward passes and before the expert-bias update."""
     if not isinstance(model, MoEModel) or not model.moe_layers():
         return None
-    if isinstance(grad_reducer, MoELoadReducer):
-        grad_reducer.sync_moe_stats(model)
+    layout.sync_moe_stats(model)   # trainer.protocols.RunLayout
     if not due:
         return None
     return MoEStepStats({i: layer_stats(m) for i, m in model.moe_layers().items()})

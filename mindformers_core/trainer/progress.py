@@ -80,7 +80,7 @@ class RunProgress:
     def group_counts(self) -> dict:
         groups = getattr(self.t.optimizer, "param_groups", [])
         # a pipeline rank's optimizer holds its stage's parameters only
-        tag = "" if self.t.pipeline is None else " (this stage)"
+        tag = " (this stage)" if self.t.parallel.dims.pp > 1 else ""
         return {str(g.get("name", i)) + tag: sum(int(p.size) for p in g["params"])
                 for i, g in enumerate(groups)}
 
@@ -96,7 +96,7 @@ class RunProgress:
 
     def _evaluate(self, step: int) -> EvalResult:
         result = evaluate(self.t.model, self.held_out, self.eval_steps,
-                          self.t.plan.local_batch_size, self.t.grad_reducer, step)
+                          self.t.plan.local_batch_size, self.t.parallel, step)
         self.evals.append(result)
         self.t.log(f"eval at step {step}: held-out loss {result.loss:.4f}, perplexity "
                    f"{result.perplexity:.3f} ({result.tokens} tokens)")
@@ -122,7 +122,7 @@ class RunProgress:
             ex["eval_loss"] = (self.evals[-1].loss, f"eval_loss: {self.evals[-1].loss:.4f}")
         # tokens/s counts every rank's tokens, so the peak is that of every device
         util = mfu(m.tokens_per_s, self.flops_per_token, self.peak_flops,
-                   self.t.grad_reducer.world_size)
+                   self.t.parallel.world_size)
         ex["mfu"] = (util, f"mfu: {100 * util:.2f}%")
         rss = rss_bytes()
         if rss is not None:

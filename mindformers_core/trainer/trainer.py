@@ -7,7 +7,8 @@ docs/differences.md):
    when ``rampup_batch_size`` is set), their loss tokens counted first (and summed over ranks);
 2. forward + backward per micro-batch with ``loss_sum_j / T + aux_j / N`` (``accumulate.py``),
    times the loss scale under fp16 / static loss scaling; fp32 gradients summed;
-3. ``grad_reducer.reduce`` (identity on one process; DP all-reduce when distributed);
+3. ``parallel.reduce`` (identity on one process; the layout's reduction under msrun:
+   distributed/setup.py ``ParallelRun``);
 4. unscale; global L2 norm in fp32 (the logged, pre-clip norm);
 5. skip when the norm is non-finite (``use_skip_step_on_nan``, upstream messages; a dynamic
    loss scaler skips on overflow by itself), or above ``optimizer.grad_norm_skip_threshold``;
@@ -41,7 +42,6 @@ from .accumulate import accumulate_gradients, count_loss_tokens, make_grad_fn
 from ..checkpoint.store import (CheckpointData, CheckpointError, checkpoint_name, list_checkpoints,
                          prune_checkpoints, resolve_checkpoint, save_checkpoint)
 from .config_diff import config_changes
-from .grad_reducer import default_grad_reducer, grad_norm_rule
 from .metrics import MetricsWriter, StepMetrics
 from ..checkpoint.async_writer import AsyncCheckpointWriter, snapshot
 from .monitor import TrainStateMonitor
@@ -53,9 +53,7 @@ from .rampup import build_batch_ramp
 from ..checkpoint.resume_checks import (check_train_payload, lr_jump_warning,
                             optimizer_tensor_names)
 from .rng import capture_rng_state, restore_rng_state, seed_everything
-from .protocols import (DataParallelReducer, ExpertBiasModel, MaxLogitsModel, MoEStatsModel,
-                        ModelParallelReducer, PipelineReducer, QKClipOptimizer,
-                        QKStatsReducer, ShardedGradReducer)
+from .protocols import ExpertBiasModel, MaxLogitsModel, MoEStatsModel, QKClipOptimizer
 from .run_dir import claim_run_dir, new_run_id
 from ..checkpoint.sharded_save import load_options, reshard_for_model, save_sharded, uses_sharded_checkpoint
 from .signals import StopRequest
@@ -81,15 +79,15 @@ THRESHOLD_WARNING = ("[SkipStep] Global gradient norm %.6g exceeds optimizer.gra
 class Trainer:
     """``Trainer(cfg, output_dir).train()``.
 
-    ``model``, ``optimizer``, ``dataset``, ``lr_scheduler``, ``plan`` and ``grad_reducer`` default
-    to the ones the config builds; passing them in is for tests and for the distributed package
-    (which passes its all-reduce ``grad_reducer``). ``grad_hooks``: callables
+    ``model``, ``optimizer``, ``dataset``, ``lr_scheduler``, ``plan`` and ``parallel`` default
+    to the ones the config builds (``parallel``: ``distributed.setup.setup_parallel(cfg)``, this
+    process's part of the layout); passing them in is for tests. ``grad_hooks``: callables
     ``hook(step, grads) -> grads`` run on the reduced, unscaled gradients before the norm
     (fault injection in tests, gradient monitors).
     """
 
     def __init__(self, cfg, output_dir: Optional[str] = None, *, model=None, optimizer=None,
-                 dataset=None, lr_scheduler=None, grad_reducer=None, stream=None,
+                 dataset=None, lr_scheduler=None, parallel=None, stream=None,
                  eval_dataset=None, plan=None,
                  world_size: Optional[int] = None, rank: Optional[int] = None,
                  pynative_synchronize: Optional[bool] = None, overwrite: bool = False):
@@ -98,13 +96,15 @@ class Trainer:
                                    if pynative_synchronize is None else pynative_synchronize)
         self.cfg = cfg
         self.output_dir = output_dir
-        # under msrun: the data-parallel all-reduce (distributed package); else the identity
-        self.grad_reducer = grad_reducer or default_grad_reducer(cfg)
-        ws = self.grad_reducer.world_size if world_size is None else world_size
-        self.rank = self.grad_reducer.rank if rank is None else rank
-        # tensor parallel: the reducer shards the model; tp ranks of one replica read one shard
-        mp = self.grad_reducer if isinstance(self.grad_reducer, ModelParallelReducer) else None
-        self.data_rank = mp.data_parallel_rank if mp is not None else self.rank
+        # this process's part of the layout (distributed/setup.py): one object for every
+        # layout, single process included (communication is initialised only under msrun)
+        if parallel is None:
+            from ..distributed.setup import setup_parallel
+            parallel = setup_parallel(cfg)
+        self.parallel = parallel
+        ws = self.parallel.world_size if world_size is None else world_size
+        self.rank = self.parallel.rank if rank is None else rank
+        self.data_rank = self.parallel.data_rank
         self.plan = cfg.plan(ws) if plan is None else plan
         tr = cfg.training
         self.ckpt_cfg: CheckpointConfig = cfg.checkpoint
@@ -139,40 +139,26 @@ class Trainer:
                                 jit=cfg.model_jit_mode())
             model.set_recompute(cfg.recompute_layers(),   # recompute: (config/recompute.py)
                                 cfg.recompute_modules())
-            if mp is not None:   # this rank's tensor-parallel shards of the seeded model
-                from ..models.tp_model import apply_tensor_parallel
-                model = apply_tensor_parallel(model, mp.model_parallel_comm)
+            # this rank's part of the seeded model: every builder of the layout, in the one
+            # order parallelize() owns (TP/SP slices, FSDP units, the EP cut)
+            model = self.parallel.parallelize(model)
         self.model = model
-        if mp is not None:   # its shard_specs() lay out the optimizer (distributed/tp_reduce.py)
-            mp.bind_model(model)
-        # pipeline parallel (distributed/pipeline_parallel.py): this rank trains one stage
-        self.pipeline = self.grad_reducer if isinstance(self.grad_reducer, PipelineReducer) \
-            else None
-        if isinstance(self.grad_reducer, DataParallelReducer):   # [FSDP hook] shards the model
-            from ..distributed.fsdp import apply_fsdp            # per data_parallel_shard_strategy
-            self.grad_reducer, self.model = apply_fsdp(cfg, self.grad_reducer, self.model)
-        # [expert parallel hook] this rank's experts only (models/expert_parallel.py)
-        from ..models.expert_parallel import setup_expert_parallel
-        self.model, self.grad_reducer = setup_expert_parallel(cfg, self.model, self.grad_reducer)
         if loaded is not None:   # [sharded checkpoint hook] after every cut (tp, fsdp, ep):
-            loaded = reshard_for_model(loaded, self.model, self.grad_reducer)  # this rank's
+            loaded = reshard_for_model(loaded, self.model, self.parallel)   # this rank's
             self._load_model(loaded)                                           # shards
-        if self.pipeline is not None:   # after the load: frees the other stages' weights
-            self.pipeline.attach(self.model)
+        self.parallel.attach(self.model)   # pipeline: frees the other stages' weights
         if lr_scheduler is None:
             lr_scheduler = cfg.build_lr_scheduler()
         self.lr_scheduler = lr_scheduler
-        # data parallel: built sharded (ZeRO-1 per parallelism.data_parallel_shard, QK-Clip MAX)
+        # built sharded (ZeRO-1 per parallelism.data_parallel_shard, TP shards, QK-Clip MAX)
         # before any optimizer state is loaded; an optimizer passed in is used as it is (its
-        # caller builds it with shard_layout=grad_reducer.optimizer_sharding(cfg))
-        dp = self.grad_reducer if isinstance(self.grad_reducer, DataParallelReducer) else None
+        # caller builds it with shard_layout=parallel.optimizer_sharding())
         if optimizer is None:
             from ..optim import build_optimizer
             optimizer = build_optimizer(cfg.optimizer, self.model, lr_scheduler=lr_scheduler,
-                                        shard_layout=dp.optimizer_sharding(cfg) if dp else None)
+                                        shard_layout=self.parallel.optimizer_sharding())
         self.optimizer = optimizer
-        if isinstance(self.grad_reducer, ShardedGradReducer):   # [expert parallel hook]
-            self.grad_reducer.bind_parameters(self.optimizer.parameters)
+        self.parallel.bind_optimizer(self.optimizer)
         self.monitor = TrainStateMonitor(cfg.monitor.train_state,
                                          [p.name for p in self.optimizer.parameters])
         self.profiler = StepProfiler(cfg.profiler, output_dir, self.rank)
@@ -187,16 +173,13 @@ class Trainer:
         tokenizer = load_run_tokenizer(cfg)
         if dataset is None:
             from ..data.run_data import build_run_datasets
-            data_rank = self.data_rank if self.pipeline is None else self.pipeline.data_rank
-            dataset, eval_dataset = build_run_datasets(cfg, data_rank, self.plan.data_parallel,
-                                                       tokenizer)
+            dataset, eval_dataset = build_run_datasets(cfg, self.data_rank,
+                                                       self.plan.data_parallel, tokenizer)
         self.dataset = dataset
         from .progress import RunProgress
         self.progress = RunProgress(self, eval_dataset, tokenizer)
         self.entropy_floor = getattr(dataset, "entropy_floor", None)
         self._grad_fn = make_grad_fn(self.model, self.optimizer.parameters)
-        self._grad_norm = grad_norm_rule(self.pipeline, mp, self.grad_reducer, self.model,
-                                         self.optimizer.parameters)
         self.resumed_from: Optional[str] = None
         if loaded is not None:
             self._load_rest(loaded)
@@ -205,9 +188,7 @@ class Trainer:
     def parameter_sizes(self) -> Dict[str, int]:
         """name -> element count of the model's parameters (a pipeline rank: every stage's,
         though it holds only its own)."""
-        if self.pipeline is not None:
-            return self.pipeline.parameter_sizes()
-        return {p.name: int(np.prod(p.shape)) for p in self.model.get_parameters()}
+        return self.parallel.parameter_sizes(self.model)
 
     def log(self, text: str) -> None:
         self.writer.message(text)
@@ -245,7 +226,7 @@ class Trainer:
         if not path:
             return None
         data = resolve_checkpoint(path, log=self.log, **load_options(   # [checkpoint: load_*]
-            self.ckpt_cfg, self.rank, self.grad_reducer.world_size))
+            self.ckpt_cfg, self.parallel.group_comm))
         changes = config_changes(data.config, self.cfg.to_dict())
         if changes:
             self.log(f"resuming from {data.path} with a changed config ({len(changes)} "
@@ -336,12 +317,12 @@ class Trainer:
             return save_sharded(self, write_hook)   # every rank its part (sharded_save.py)
         # a sharded optimizer's state_dict is a collective: every rank gathers, rank 0 writes
         collective = (getattr(self.optimizer, "collective_state_dict", False)
-                      and not self.ckpt_cfg.no_save_optim) or self.pipeline is not None
+                      and not self.ckpt_cfg.no_save_optim) or self.parallel.collective_checkpoint
         if self.rank != 0 and not collective:
             return None
         tensors, dtypes, state = self.checkpoint_payload()
-        if self.pipeline is not None:   # every stage's weights and optimizer state on rank 0
-            tensors, state = self.pipeline.gather_checkpoint(tensors, state)
+        # pipeline: every stage's weights and optimizer state on rank 0
+        tensors, state = self.parallel.gather_checkpoint(tensors, state)
         if self.rank != 0:
             return None
         step, config = self.state.step, self.cfg.to_dict()
@@ -386,36 +367,33 @@ class Trainer:
         global_batch = num_micro * self.plan.local_batch_size * self.plan.data_parallel
         batches = self.fetch_micro_batches(num_micro)
         local_tokens = count_loss_tokens(batches)
-        total_tokens = self.grad_reducer.global_token_count(local_tokens)
+        total_tokens = self.parallel.global_token_count(local_tokens)
         scale = float(self.loss_scaler.scale) if self.loss_scaler is not None else 1.0
 
         on_micro = (lambda *a: self.monitor.on_micro_batch(*a, loss_scale=scale)
                     ) if self.monitor.watches_micro_batches else None
-        if self.pipeline is not None:   # this stage's schedule (distributed/pipeline_parallel.py)
-            grads, loss_sum, aux = self.pipeline.forward_backward(
-                self.optimizer.parameters, batches, total_tokens, scale)
-        else:
-            grads, loss_sum, aux = accumulate_gradients(
-                self._grad_fn, batches, total_tokens, scale,
-                data_parallel=self.plan.data_parallel, on_micro=on_micro)
+        def accumulate(micro, tokens, loss_scale, data_parallel):
+            return accumulate_gradients(self._grad_fn, micro, tokens, loss_scale,
+                                        data_parallel=data_parallel, on_micro=on_micro)
+        # a pipeline stage runs its schedule (distributed/pipeline_parallel.py), else the
+        # token-weighted accumulation of this rank's micro-batches
+        grads, loss_sum, aux = self.parallel.forward_backward(
+            accumulate, self.optimizer.parameters, batches, total_tokens, scale)
         self.monitor.on_device_step(loss_sum, local_tokens, grads, loss_scale=scale)
         mtp_loss = step_mtp_loss(self.model)   # inside aux; logged on its own
-        if self.pipeline is not None:   # computed on the last stage
-            mtp_loss = self.pipeline.combine_mtp_loss(mtp_loss)
+        # logged: the global batch's value (the pipeline's last stage's, mean over replicas)
         aux = aux - mtp_loss if mtp_loss is not None else aux
-        if mtp_loss is not None:   # logged: the global batch's value (mean over DP ranks)
-            mtp_loss = self.grad_reducer.mean_over_ranks(mtp_loss)
-        grads, loss_sum, _ = self.grad_reducer.reduce(grads, loss_sum, local_tokens)
-        if isinstance(self.grad_reducer, ShardedGradReducer):   # [expert parallel hook]
-            aux = self.grad_reducer.mean_over_ranks(aux)         # the global mean aux loss
-        moe_stats = moe_step_stats(self.model, self.grad_reducer,   # DP-summed expert loads
+        mtp_loss = self.parallel.combine_mtp_loss(mtp_loss)
+        grads, loss_sum, _ = self.parallel.reduce(grads, loss_sum, local_tokens)
+        aux = self.parallel.step_aux(aux)
+        moe_stats = moe_step_stats(self.model, self.parallel,   # DP-summed expert loads
                                    log_due(step_number, self.writer.log_interval, self.total_steps))
         if scale != 1.0:
             inv = ms.Tensor(np.float32(1.0 / scale))
             grads = [g * inv for g in grads]
         for hook in self.grad_hooks:
             grads = hook(step_number, grads)
-        norm = float(self._grad_norm(grads))
+        norm = self.parallel.grad_norm(grads)
         finite = math.isfinite(norm)
 
         clipped = False
@@ -460,12 +438,9 @@ class Trainer:
                 num_zeros = int(sum(int((g == 0).sum().asnumpy()) for g in grads))
             self.optimizer.set_group_lrs(lrs)
             self.optimizer.step(grads)
-            qk_stats = self.optimizer.last_qk_clip \
-                if isinstance(self.optimizer, QKClipOptimizer) else None
-            if isinstance(self.grad_reducer, QKStatsReducer) and \
-                    isinstance(self.optimizer, QKClipOptimizer):
+            if isinstance(self.optimizer, QKClipOptimizer):
                 # every stage's / tp rank's QK-Clip in one report
-                qk_stats = self.grad_reducer.combine_qk_stats(qk_stats)
+                qk_stats = self.parallel.combine_qk_stats(self.optimizer.last_qk_clip)
             if isinstance(self.model, ExpertBiasModel):
                 # expert loads were summed over micro-batches and DP ranks once this step
                 # (moe_step_stats, after the gradient reduction)
@@ -529,8 +504,9 @@ class Trainer:
         if self.state.step == 0:
             self.log(self.plan.format() if hasattr(self.plan, "format") else str(self.plan))
             self.log(format_memory_plan(plan_memory(self.cfg, self.plan.world_size)))
-            if self.pipeline is not None:
-                self.log(self.pipeline.describe(self.num_micro_batches()))
+            layout = self.parallel.describe(self.num_micro_batches())
+            if layout is not None:
+                self.log(layout)
             if self.mup_width_mult is not None:
                 self.log(f"muP              : width_mult {self.mup_width_mult:g} (hidden_size "
                          f"{self.cfg.model.hidden_size} / base "
@@ -547,7 +523,7 @@ class Trainer:
             own = StopRequest(log=self.log) if stop_request is None else None
             with (own if own is not None else contextlib.nullcontext(stop_request)) as stop:
                 while self.state.step < end:
-                    if stop.requested and self.grad_reducer.world_size == 1:
+                    if stop.requested and self.parallel.world_size == 1:
                         reason = "interrupted"     # signalled before this step started
                         break
                     self.profiler.before_step(self.state.step + 1)
@@ -559,7 +535,7 @@ class Trainer:
                     if self._should_save(self.state.step, end):
                         self.save()
                         last_saved = self.state.step
-                    if self.grad_reducer.broadcast_flag(stop.requested):
+                    if self.parallel.broadcast_flag(stop.requested):
                         reason = "interrupted"
                         break
                 if reason == "finished" and end < self.total_steps:

@@ -48,7 +48,7 @@ def test_expert_count_rules():
 
 
 def test_dp_rule_is_the_mesh_message():
-    from mindformers_core.distributed.groups import make_mesh
+    from mindformers_core.core.parallel_dims import make_mesh
     check_expert_dp(4, 2)
     with pytest.raises(ValueError, match=r"^data_parallel\(2\) must be divisible by "
                                          r"expert_parallel\(4\)\.$"):

@@ -34,7 +34,7 @@ def main(out_dir, cases, global_batch=4):
         specs = trainer.model.shard_specs()
         from mindformers_core.models.expert_parallel import shard_experts
         try:   # a model is split once
-            shard_experts(trainer.model, trainer.grad_reducer.comm)
+            shard_experts(trainer.model, trainer.parallel.group_comm)
             again = None
         except ValueError as exc:
             again = str(exc)

@@ -82,7 +82,7 @@ def main(out_dir: str, rounds: int) -> None:
     import mindspore as ms
     from mindformers_core.distributed.collectives import GroupCommunicator
     from mindformers_core.distributed.comm import init_distributed
-    from mindformers_core.distributed.groups import make_mesh
+    from mindformers_core.core.parallel_dims import make_mesh
 
     ms.runtime.launch_blocking()
     world = init_distributed()

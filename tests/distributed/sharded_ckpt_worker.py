@@ -55,14 +55,15 @@ def main(out_dir: str, stop_at: int, single_ckpt: str) -> None:
     with open(os.path.join(run_c, f"error.rank{trainer.rank}.txt"), "w") as fh:
         fh.write(message)
     damaged_balanced_load(os.path.join(run_a, "checkpoint"), os.path.join(out_dir, "e"),
-                          f"mindformers_core_step{stop_at:08d}.safetensors", trainer.rank)
+                          f"mindformers_core_step{stop_at:08d}.safetensors", trainer.rank,
+                          trainer.parallel.group_comm)
 
 
-def damaged_balanced_load(src: str, run_e: str, name: str, rank: int) -> None:
+def damaged_balanced_load(src: str, run_e: str, name: str, rank: int, comm) -> None:
     from mindformers_core.checkpoint.balanced_load import WorldFileSharing
     from mindformers_core.checkpoint.store import CheckpointError, load_checkpoint
     from mindformers_core.checkpoint.sharded import rank_file_name
-    sharing = WorldFileSharing(rank, 2)
+    sharing = WorldFileSharing(comm)
     files = [rank_file_name(name, r, 2) for r in range(2)]
     if rank == 0:
         os.makedirs(run_e)

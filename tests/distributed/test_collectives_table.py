@@ -4,7 +4,7 @@ import pytest
 
 from mindformers_core.distributed.collectives import (CAPABILITIES, OPS, GroupCommunicator,
                                                       is_native, logical_bytes)
-from mindformers_core.distributed.groups import make_mesh
+from mindformers_core.core.parallel_dims import make_mesh
 
 
 def test_cpu_has_sum_everywhere_and_gather_broadcast_on_the_world_only():

@@ -9,7 +9,7 @@ from mindformers_core.distributed.collectives import GroupCommunicator
 from mindformers_core.distributed.comm import Communicator
 from mindformers_core.distributed.ep_reduce import ExpertParallelReducer
 from mindformers_core.distributed.grad_reduce import DataParallelGradReducer
-from mindformers_core.distributed.groups import make_mesh
+from mindformers_core.core.parallel_dims import make_mesh
 from mindformers_core.distributed.shard_spec import ShardSpec
 from mindformers_core.optim.clip_grad import global_grad_norm
 

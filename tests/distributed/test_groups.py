@@ -3,7 +3,7 @@ import itertools
 
 import pytest
 
-from mindformers_core.distributed.groups import Mesh, group_name, make_mesh
+from mindformers_core.core.parallel_dims import Mesh, group_name, make_mesh
 
 SAME = {"tp": ("cp", "dp", "pp"), "cp": ("tp", "dp", "pp"), "dp": ("tp", "cp", "pp"),
         "pp": ("tp", "cp", "dp"), "ep": ("tp", "cp", "pp", "edp"),

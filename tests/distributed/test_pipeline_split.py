@@ -189,24 +189,23 @@ def test_stage_payload_merge_refuses_a_placeholder_or_a_missing_entry():
 
 
 def test_pipeline_parallel_is_the_trainers_reducer_and_keeps_only_its_stage(monkeypatch):
-    """PipelineParallel satisfies the trainer's PipelineReducer protocol (else the trainer
-    would not run the pipeline), and attach() leaves the rank its stage's parameter bytes while
+    """PipelineParallel satisfies the reduction protocol the run's layout calls, and attach() leaves the rank its stage's parameter bytes while
     the parameter counts still describe the whole model."""
     import os
     import numpy as np
     from mindformers_core.distributed.collectives import GroupCommunicator
-    from mindformers_core.distributed.groups import make_mesh
+    from mindformers_core.core.parallel_dims import make_mesh
     from mindformers_core.distributed.pipeline_parallel import PipelineParallel
     from mindformers_core.distributed.pipeline_release import held_parameter_bytes
     from mindformers_core.models import build_model
-    from mindformers_core.trainer.protocols import PipelineReducer
+    from mindformers_core.distributed.setup import GradReduction
     msrun_world(monkeypatch, 2)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     cfg = load_config(os.path.join(root, "configs", "markov_check.yaml"), overrides=[
         "parallelism.pipeline_parallel=2", "training.global_batch_size=4",
         "training.local_batch_size=1", "model.hidden_size=32", "model.num_layers=4"])
     pp = PipelineParallel(cfg, GroupCommunicator(make_mesh(2, pp=2), 1))
-    assert isinstance(pp, PipelineReducer)
+    assert isinstance(pp, GradReduction)
     assert (pp.stage, pp.data_rank, pp.mean_over_ranks(2.5)) == (1, 0, 2.5)
     model = build_model(cfg.model, seed=1)
     whole = {p.name: int(np.prod(p.shape)) for p in model.get_parameters()}

@@ -3,7 +3,7 @@ against numpy on the full tensors."""
 import numpy as np
 import pytest
 
-from mindformers_core.distributed.groups import make_mesh
+from mindformers_core.core.parallel_dims import make_mesh
 from mindformers_core.distributed.shard_spec import (ShardSpec, global_sq_norm, local_shape,
                                                       local_slice, replicated, shard, unshard)
 

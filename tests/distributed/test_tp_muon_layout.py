@@ -10,7 +10,7 @@ import pytest
 from mindspore import Parameter, Tensor
 
 from mindformers_core.distributed.collectives import GroupCommunicator
-from mindformers_core.distributed.groups import make_mesh
+from mindformers_core.core.parallel_dims import make_mesh
 from mindformers_core.distributed.shard_exchange import ShardedMuonExchange, SpecLevel
 from mindformers_core.distributed.shard_spec import ShardSpec, local_shape, shard, unshard
 from mindformers_core.distributed.group_view import GroupView
@@ -212,10 +212,10 @@ def test_tp_reducer_builds_muon_and_adamw_through_tensor_parallel_sharding(world
     from mindformers_core.optim.adamw import AdamW
     from mindformers_core.optim.build import build_optimizer
     from tp_case import TP, dsv3_config, dsv3_muon
-    from mindformers_core.trainer.protocols import ModelParallelReducer, QKStatsReducer
+    from mindformers_core.distributed.setup import GradReduction
     reducer = TensorParallelGradReducer(tp2_comm(1))
-    # what the trainer checks before it shards the model / combines the QK-Clip report
-    assert isinstance(reducer, ModelParallelReducer) and isinstance(reducer, QKStatsReducer)
+    # what the run's layout calls on it (shards the model, combines the QK-Clip report)
+    assert isinstance(reducer, GradReduction)
     assert reducer.mean_over_ranks(0.5) == 0.5         # one dp replica
     cfg = dsv3_muon("allgather_deredundency")(str(tmp_path), TP)
     with pytest.raises(RuntimeError, match=r"^TensorParallelGradReducer\.optimizer_sharding "

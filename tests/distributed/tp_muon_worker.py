@@ -20,7 +20,7 @@ def main(out_dir, cases):
     import mindspore as ms
     from mindformers_core.distributed.collectives import GroupCommunicator
     from mindformers_core.distributed.comm import init_distributed
-    from mindformers_core.distributed.groups import make_mesh
+    from mindformers_core.core.parallel_dims import make_mesh
     import tp_muon_case as C
 
     ms.runtime.launch_blocking()

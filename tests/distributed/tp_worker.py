@@ -43,7 +43,7 @@ def grad_case(out, name, reducer):
     full = build_model(cfg.model, seed=7, jit="none")
     from mindformers_core.models.tp_model import apply_tensor_parallel
     model = apply_tensor_parallel(build_model(cfg.model, seed=7, jit="none"),
-                                  reducer.model_parallel_comm)
+                                  reducer.group_comm)
     rng = np.random.default_rng(3)
     b, s = 2, cfg.model.seq_length
     ids = ms.Tensor(rng.integers(0, cfg.model.vocab_size, (b, s)).astype(np.int32))
@@ -63,7 +63,7 @@ def grad_case(out, name, reducer):
                          "grads": {p.name: g.asnumpy() for p, g in zip(params, grads)},
                          "max_logits": m.get_max_attention_logits()}
     specs = model.shard_specs()
-    index = reducer.comm.mesh.local_rank("tp", reducer.rank)
+    index = reducer.group_comm.mesh.local_rank("tp", reducer.rank)
     errors = {}
     for pname, want in out_json["full"]["grads"].items():
         if pname in specs:
@@ -94,7 +94,7 @@ def train_case(out, name):
     muon = isinstance(opt, Muon)     # under tp: the shard_exchange.ShardedMuonExchange
     with open(os.path.join(out, f"train.{name}.rank{trainer.rank}.json"), "w") as fh:
         json.dump({"bytes": param_bytes(trainer.model), "data_rank": trainer.data_rank,
-                   "world": trainer.grad_reducer.world_size,
+                   "world": trainer.parallel.world_size,
                    "state_bytes": optimizer_state_bytes(opt),
                    "optimizer": type(opt).__name__,
                    "full_shapes": {p.name: list(opt.full_shape(i))

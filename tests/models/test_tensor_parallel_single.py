@@ -5,7 +5,7 @@ import mindspore as ms
 import pytest
 
 from mindformers_core.distributed.collectives import GroupCommunicator
-from mindformers_core.distributed.groups import make_mesh
+from mindformers_core.core.parallel_dims import make_mesh
 from mindformers_core.distributed.shard_spec import local_shape
 from mindformers_core.models.tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
                                                      column_spec, row_spec)

@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from mindformers_core.distributed.groups import make_mesh
+from mindformers_core.core.parallel_dims import make_mesh
 from mindformers_core.distributed.shard_layout import shard_rows
 from mindformers_core.distributed.shard_spec import ShardSpec, shard
 from mindformers_core.checkpoint.store import (CheckpointError, checkpoint_name,
