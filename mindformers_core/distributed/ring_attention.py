@@ -9,7 +9,8 @@ query row with an online softmax (running max m, normaliser l, unnormalised cont
 Milakov & Gimelshein 2018):
 
     s = q_a k_b^T * scale (float32; -inf above the diagonal of a ``causal`` block)
-    m' = max(m, rowmax s);  l' = l e^(m - m') + rowsum e^(s - m');  acc' = acc e^(m - m') + e^(s - m') v_b
+    m' = max(m, rowmax s);  l' = l e^(m - m') + rowsum e^(s - m')
+    acc' = acc e^(m - m') + e^(s - m') v_b
     context = acc / l,  lse = m + log l
 
 which is ``models/layers.causal_attention`` on the full sequence, restricted to this rank's
@@ -42,7 +43,8 @@ from mindspore import Tensor, nn, ops
 from . import cp_layout
 from .collectives import GroupCommunicator
 
-__all__ = ["RingShift", "RingAttention", "RingAttentionCore", "ring_forward", "ring_backward"]
+__all__ = ["RingShift", "RingAttention", "RingAttentionCore", "ring_forward", "ring_backward",
+           "diagonal_bias"]
 
 _BMM = ops.BatchMatMul()
 _BMM_TB = ops.BatchMatMul(transpose_b=True)
