@@ -5,7 +5,8 @@
 One GroupCommunicator on the cp-4 mesh (the cp group is the world) plus an extra axis ``cp2``:
 the cp groups {0, 1} {2, 3} of a cp 2 x dp 2 mesh (``GroupCommunicator.add_group``). Cases:
 ring / ulysses on cp2, ring / ulysses / hybrid (ulysses degree 2) on cp4, each for GPT-style
-(D = Dv) and MLA-style (qk head dim != v head dim) q, k, v. Every rank builds the full-sequence
+(D = Dv) and MLA-style (qk head dim != v head dim) q, k, v, and the ring ones on fp16 q, k, v
+too. Every rank builds the full-sequence
 inputs from a seed (cp2: one seed per cp group, so the two groups solve different problems),
 runs ``models/layers.causal_attention`` on them (forward, and the gradients of
 ``sum(context * W)`` w.r.t. q, k, v), then the cp core on its own tokens
@@ -30,33 +31,45 @@ import numpy as np  # noqa: E402
 
 B, N, S = 2, 4, 16
 SCALE = 0.35
-SHAPES = {"gpt": (8, 8), "mla": (12, 6)}
+# head dims (qk, v) and dtype; fp16 (ring only): K/V and their float32 gradients travel as two
+# buffers, and the reference is the float32 result on the same fp16-rounded inputs
+SHAPES = {"gpt": (8, 8, "float32"), "mla": (12, 6, "float32"), "fp16": (8, 8, "float16")}
 METHODS = (("cp2_ring", "cp2", "colossal", 1), ("cp2_ulysses", "cp2", "ulysses", 1),
            ("cp4_ring", "cp", "colossal", 1), ("cp4_ulysses", "cp", "ulysses", 1),
            ("cp4_hybrid", "cp", "hybrid", 2))
-CASES = [f"{m[0]}_{s}" for m in METHODS for s in SHAPES]
 
 
-def inputs(seed: int, d: int, dv: int):
+def shapes(method: str):
+    return [s for s in SHAPES if s != "fp16" or method == "colossal"]
+
+
+CASES = [f"{m[0]}_{s}" for m in METHODS for s in shapes(m[2])]
+
+
+def inputs(seed: int, d: int, dv: int, dtype: str):
+    """q, k, v (``dtype``-rounded, as float32) and the loss weights w."""
     rng = np.random.default_rng(seed)
-    q, k = (rng.standard_normal((B, N, S, d)).astype(np.float32) for _ in range(2))
-    v = rng.standard_normal((B, N, S, dv)).astype(np.float32)
+    q, k = (rng.standard_normal((B, N, S, d)).astype(dtype).astype(np.float32)
+            for _ in range(2))
+    v = rng.standard_normal((B, N, S, dv)).astype(dtype).astype(np.float32)
     w = rng.standard_normal((B, N, S, dv)).astype(np.float32)
     return q, k, v, w
 
 
-def run(core, q, k, v, w, mask):
-    """(context, max_logits, dq, dk, dv) of ``core`` for the loss sum(context * w)."""
+def run(core, q, k, v, w, mask, dtype: str = "float32"):
+    """(context, max_logits, dq, dk, dv) of ``core`` on ``dtype`` inputs for the loss
+    sum(context * w), as float32 arrays (and the dtypes ``core`` returned)."""
     import mindspore as ms
     from mindspore import Tensor
 
     def loss(qt, kt, vt):
         ctx, max_logits = core(qt, kt, vt, SCALE, mask)
-        return (ctx * Tensor(w)).sum(), (ctx, max_logits)
+        return (ctx.astype(ms.float32) * Tensor(w)).sum(), (ctx, max_logits)
 
     grad = ms.value_and_grad(loss, grad_position=(0, 1, 2), has_aux=True)
-    (_, (ctx, max_logits)), grads = grad(Tensor(q), Tensor(k), Tensor(v))
-    return [ctx.asnumpy(), max_logits.asnumpy()] + [g.asnumpy() for g in grads]
+    (_, (ctx, max_logits)), grads = grad(*(Tensor(x.astype(dtype)) for x in (q, k, v)))
+    outs = [ctx, max_logits] + list(grads)
+    return [o.asnumpy().astype(np.float32) for o in outs], [str(o.dtype) for o in outs]
 
 
 def main(out_dir: str) -> None:
@@ -91,19 +104,20 @@ def main(out_dir: str) -> None:
             rows = np.arange(S)
         else:
             rows = cp_layout.local_positions(S, cp // degree, cp_rank // degree)
-        for shape, (d, dv) in SHAPES.items():
+        for shape in shapes(method):
+            d, dv, dtype = SHAPES[shape]
             case = f"{name}_{shape}"
             seed = 1000 * len(CASES) + CASES.index(case) * 10 + (members[0] if cp == 2 else 0)
-            q, k, v, w = inputs(seed, d, dv)
+            q, k, v, w = inputs(seed, d, dv, dtype)
             bias = np.where(np.triu(np.ones((S, S), bool), 1), -np.inf, 0.0).astype(np.float32)
             full_mask = Tensor(np.ascontiguousarray(np.broadcast_to(bias, (B, N, S, S))))
-            ref = run(causal_attention, q, k, v, w, full_mask)
+            ref, _ = run(causal_attention, q, k, v, w, full_mask)
             scores = np.einsum("bnqd,bnkd->bnqk", q.astype(np.float64), k) * SCALE + bias
             loc = [cp_layout.split_sequence(x, cp, cp_rank, axis=2) for x in (q, k, v, w)]
             local_mask = Tensor(np.zeros((B, N, S // cp, S // cp), np.float32))
             gc.stats.reset()
             t0 = time.monotonic()
-            got = run(cores[key], *loc, local_mask)
+            got, dtypes = run(cores[key], *loc, local_mask, dtype)
             seconds = time.monotonic() - t0
             names = ("ctx", "max_logits", "dq", "dk", "dv")
             arrays = {n: a for n, a in zip(names, got)}
@@ -114,6 +128,7 @@ def main(out_dir: str) -> None:
             with open(base + ".json", "w") as fh:
                 json.dump({"cp": cp, "cp_rank": cp_rank, "members": list(members),
                            "method": method, "degree": degree, "stats": gc.stats.to_dict(),
+                           "dtype": dtype, "dtypes": dtypes,
                            "seconds": seconds}, fh)
             world.all_reduce_sum(np.zeros(1, np.float32))   # keep the ranks in step
 
