@@ -112,12 +112,35 @@ class GroupCommunicator:
         self.transport = CommStats()
         self._names: Dict[Tuple[int, ...], str] = {}
         self._prims: Dict[tuple, object] = {}
+        self._extra: Dict[str, Tuple[int, ...]] = {}
         for axis in AXES:
             self._group_name(axis, mesh.group_of(axis, self.rank))
 
     # -- groups ----------------------------------------------------------------------------------
     def ranks(self, group: str) -> Tuple[int, ...]:
+        if group in self._extra:
+            return self._extra[group]
         return self.mesh.group_of(group, self.rank)
+
+    def add_group(self, axis: str, ranks) -> Tuple[int, ...]:
+        """Name this rank's group along an axis the mesh does not have (the context-parallel
+        sub-groups of ``distributed/cp_layout.hybrid_groups``); afterwards ``axis`` works as
+        ``group`` in every method. Every rank calls it at the same point of the program with
+        the members of its own group (the group is created here, as in the constructor).
+        Adding an axis again with the same members is a no-op."""
+        members = tuple(sorted(int(r) for r in ranks))
+        if axis in AXES:
+            raise ValueError(f"add_group: {axis!r} is a mesh axis; extra axes need another "
+                             f"name")
+        if self.rank not in members or not all(0 <= r < self.mesh.world for r in members):
+            raise ValueError(f"add_group: the {axis} group {members} must hold this rank "
+                             f"{self.rank} and only ranks of the world of {self.mesh.world}")
+        if self._extra.get(axis, members) != members:
+            raise ValueError(f"add_group: axis {axis!r} already names the group "
+                             f"{self._extra[axis]}, not {members}")
+        self._group_name(axis, members)
+        self._extra[axis] = members
+        return members
 
     def _group_name(self, axis: str, ranks: Tuple[int, ...]) -> str:
         if ranks not in self._names:
