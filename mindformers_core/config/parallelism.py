@@ -21,7 +21,8 @@ masters and moments) is sharded, ZeRO-1 style (upstream derivation):
     dp_shard     = dp // dp_replicate
 
 so -1 shards over every DP rank and 1 replicates the state on every rank. Unlike upstream, a
-shard size above dp, or one that does not divide dp, is an error (upstream silently shards over
+shard size above dp (on more than one data-parallel rank), or one that does not divide dp, is an
+error (upstream silently shards over
 another number of ranks: a value above dp is clamped to dp, and dp 6 with shard 4 gives 6).
 """
 from __future__ import annotations
@@ -61,7 +62,7 @@ def resolve_dp_shard(data_parallel_shard: int, dp: int,
                                 f"ranks) or >= 1, got {data_parallel_shard}")
     if data_parallel_shard < 0:
         return 1, dp
-    if data_parallel_shard > dp:
+    if data_parallel_shard > dp > 1:   # one process has nothing to shard: any size is 1
         raise ConfigError(path, f"data_parallel_shard({data_parallel_shard}) is larger than "
                                 f"data_parallel({dp}): the optimizer state can be sharded over "
                                 f"at most the {dp} data-parallel ranks (-1 for all of them, 1 "

@@ -46,7 +46,7 @@ from .parallelism import ParallelismConfig
 from .profiler import ProfilerConfig
 from .recompute import RecomputeConfig
 from .tensor_parallel_rules import check_tensor_parallel
-from .schema import Section, type_name, unknown_key_error
+from .schema import Section, type_hints, type_name, unknown_key_error
 from .tokenizer import TokenizerConfig, check_text_sections
 from .training import TrainingConfig
 from .compat.upstream_names import spelling_in_use
@@ -55,6 +55,12 @@ from .strict_yaml import load_strict_yaml
 __all__ = ["RunConfig", "RunPlan", "load_config", "apply_overrides", "REQUIRED_SECTIONS"]
 
 REQUIRED_SECTIONS = ("training", "optimizer", "lr_scheduler")
+WORLD_OF_LAYOUT = (" (parallelism.tensor_parallel, parallelism.pipeline_parallel and "
+                   "parallelism.context_parallel against the launcher's worker count)")
+#: where data_parallel comes from, for a batch rule a layout breaks (config/layout.py: every
+#: refusal of a layout names a parallelism field)
+DP_OF_LAYOUT = (" (data_parallel = world_size / (parallelism.tensor_parallel * "
+                "parallelism.pipeline_parallel * parallelism.context_parallel))")
 #: upstream MindFormers' PyNative sections, written back by to_dict() only when given
 UPSTREAM_SECTIONS = ("monitor", "profiler", "context", "callbacks", "recompute", "recompute_comm",
                      "swap", "lora_config")
@@ -157,7 +163,7 @@ class RunConfig(Section):
     def section_types(cls) -> Dict[str, type]:
         """Section name -> its Section class, read from the field declarations above (an
         optional section's ``Optional[X]`` is X)."""
-        hints = typing.get_type_hints(cls)
+        hints = type_hints(cls)
         out = {}
         for name in cls.field_names():
             args = [a for a in typing.get_args(hints[name]) if a is not type(None)]
@@ -261,11 +267,11 @@ class RunConfig(Section):
         if dp <= 0:
             raise ConfigError("parallelism", f"tensor_parallel({tp}) * pipeline_parallel({pp}) * "
                                              f"context_parallel({cp}) must be less than or equal "
-                                             f"to world_size({ws}).")
+                                             f"to world_size({ws})." + WORLD_OF_LAYOUT)
         if ws % (tp * pp * cp) != 0:
             raise ConfigError("parallelism", f"world_size({ws}) must be divisible by "
                                              f"tensor_parallel({tp}) * pipeline_parallel({pp}) * "
-                                             f"context_parallel({cp}).")
+                                             f"context_parallel({cp})." + WORLD_OF_LAYOUT)
         return dp
 
     def parallel_dims(self, world_size: Optional[int] = None) -> ParallelDims:
@@ -299,7 +305,8 @@ class RunConfig(Section):
         if tr.global_batch_size % base_units != 0:
             raise ConfigError("training.global_batch_size",
                               f"global_batch_size({tr.global_batch_size}) must be divisible by "
-                              f"data_parallel({dp}) * local_batch_size({tr.local_batch_size}).")
+                              f"data_parallel({dp}) * local_batch_size({tr.local_batch_size})."
+                              + (DP_OF_LAYOUT if ws > 1 else ""))
         if tr.rampup_batch_size is not None:
             start, inc, _ = tr.rampup_batch_size
             for i, value in ((0, start), (1, inc)):

@@ -18,6 +18,7 @@ Every error is a :class:`ConfigError` whose message starts with the dotted path 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 from typing import Any, Dict, List, Sequence
@@ -122,6 +123,13 @@ def _to_plain(value: Any) -> Any:
     return value
 
 
+@functools.lru_cache(maxsize=None)
+def type_hints(cls) -> Dict[str, Any]:
+    """``typing.get_type_hints`` of a section class, evaluated once per class (it compiles every
+    annotation string each call: most of a config load's time before this cache)."""
+    return typing.get_type_hints(cls)
+
+
 class Section:
     """Base class of config sections. Subclasses are ``@dataclass``es.
 
@@ -148,7 +156,7 @@ class Section:
     @classmethod
     def from_dict(cls, data: Any, path: str):
         data = cls.mapping_of(data, path)
-        hints = typing.get_type_hints(cls)
+        hints = type_hints(cls)
         names = cls.field_names()
         for key in data:
             if key not in names:

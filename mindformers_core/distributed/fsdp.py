@@ -292,7 +292,7 @@ def _refuse(cfg) -> None:
                           f"optim_grads_params; set it to 0 or use optim_grads")
 
 
-def apply_fsdp(cfg, reducer, model, comm: GroupCommunicator):
+def apply_fsdp(cfg, reducer, model, comm: Optional[GroupCommunicator] = None):
     """``(reducer, model)`` of this run: unchanged unless the strategy shards gradients or
     parameters or ``disable_gradient_division`` is False (over more than one rank); then the
     :class:`FSDPGradReducer`, and under ``optim_grads_params`` the model's split parameters
@@ -309,6 +309,9 @@ def apply_fsdp(cfg, reducer, model, comm: GroupCommunicator):
         return reducer, model
     if shards_params(strategy) and split_on:
         _refuse(cfg)
+    if comm is None:
+        raise ValueError("apply_fsdp shards over the run's GroupCommunicator: pass comm "
+                         "(distributed/setup.py does)")
     trainable = [(p.name, tuple(p.shape)) for p in model.trainable_params()]
     specs = fsdp_specs(trainable, num_shards) if split_on else {}
     if shards_params(strategy) and specs:

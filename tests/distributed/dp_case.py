@@ -144,7 +144,10 @@ def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> di
     model = build_model(cfg.model, seed=cfg.training.seed)
     sched = cfg.build_lr_scheduler()
     # the trainer's FSDP hook: on one process, or under optim, the reducer and model as they are
-    reducer, model = apply_fsdp(cfg, DataParallelGradReducer(comm), model)
+    from mindformers_core.core.parallel_dims import make_mesh
+    from mindformers_core.distributed.collectives import GroupCommunicator
+    group_comm = GroupCommunicator(make_mesh(world), rank) if world > 1 else None
+    reducer, model = apply_fsdp(cfg, DataParallelGradReducer(comm), model, group_comm)
     # sharded at construction (ZeRO-1 per parallelism.data_parallel_shard, QK-Clip MAX)
     opt = build_optimizer(cfg.optimizer, model, lr_scheduler=sched,
                           shard_layout=reducer.optimizer_sharding(cfg))

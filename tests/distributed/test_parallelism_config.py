@@ -30,12 +30,20 @@ def msrun_world(monkeypatch, n, role="MS_WORKER"):
     (1, 4, (4, 1)),     # replicate
     (2, 4, (2, 2)),     # HSDP
     (4, 4, (1, 4)),
-    (8, 2, (1, 2)),     # larger than dp: clamped to dp (upstream)
+    (8, 1, (1, 1)),     # one data-parallel rank: nothing to shard
     (-1, 1, (1, 1)),
 ])
 def test_dp_shard_derivation_matches_upstream(shard, dp, want):
     assert resolve_dp_shard(shard, dp) == want
     assert ParallelismConfig(data_parallel_shard=shard).dp_shard(dp) == want
+
+
+def test_dp_shard_above_dp_is_an_error_not_clamped():
+    # upstream clamps 8 to dp 2; here it is refused (issue [5/8] item 8; docs/data_parallel.md)
+    with pytest.raises(ConfigError, match=r"^parallelism\.data_parallel_shard: "
+                                          r"data_parallel_shard\(8\) is larger than "
+                                          r"data_parallel\(2\)"):
+        resolve_dp_shard(8, 2)
 
 
 @pytest.mark.parametrize("shard", [0, -2])
