@@ -92,14 +92,6 @@ class HFTokenizer:
         self.source = path
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
         vocab = self._tok.get_vocab(with_added_tokens=True)
-        self.special_ids = _special_ids(self._tok, vocab)
-        if not set(vocab.values()) - self.special_ids:
-            shown = sorted(vocab, key=vocab.get)[:5]
-            raise ConfigError(field, (
-                f"{path!r} holds no ordinary token: its vocabulary of {len(vocab)} is only "
-                f"special or unknown tokens ({', '.join(shown)}), so every text would encode "
-                "to those ids and training would see no words; use a trained tokenizer.json "
-                "(python -m mindformers_core.tools.train_tokenizer)"))
         if eod_token is not None:
             if eod_token not in vocab:
                 raise ConfigError("tokenizer.eod_token",
@@ -112,6 +104,15 @@ class HFTokenizer:
                     f"{path!r} holds none of {list(EOD_CANDIDATES)}; name its end-of-document "
                     "token with tokenizer.eod_token"))
             self.eod_id = int(vocab[found[0]])
+        # the end-of-document token is never text, even where the file does not mark it special
+        self.special_ids = _special_ids(self._tok, vocab) | {self.eod_id}
+        if not set(vocab.values()) - self.special_ids:
+            shown = sorted(vocab, key=vocab.get)[:5]
+            raise ConfigError(field, (
+                f"{path!r} holds no ordinary token: its vocabulary of {len(vocab)} is only "
+                f"special or unknown tokens ({', '.join(shown)}), so every text would encode "
+                "to those ids and training would see no words; use a trained tokenizer.json "
+                "(python -m mindformers_core.tools.train_tokenizer)"))
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self._tok.encode(text).ids, dtype=np.int64)

@@ -80,6 +80,16 @@ def test_a_special_tokens_only_vocabulary_stops_a_run_before_step_1(tmp_path):
                                         if '"loss"' in x]
 
 
+def test_an_end_of_document_token_not_marked_special_is_no_ordinary_token(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    tok = Tokenizer(models.BPE(vocab={"<|endoftext|>": 0}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    path = tmp_path / "eod_only.json"
+    tok.save(str(path))
+    with pytest.raises(ConfigError, match=rf"^tokenizer.path: '{path}' holds no ordinary token"):
+        HFTokenizer(str(path))
+
+
 def test_a_tokenizer_mapping_the_corpus_to_unknown_ids_is_refused_naming_the_file(tmp_path):
     path = few_words(tmp_path)
     proc = cli(tmp_path, path, 256, "--check")
