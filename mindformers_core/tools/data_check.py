@@ -55,7 +55,8 @@ def describe_tokenizer(cfg) -> str:
     tok = load_run_tokenizer(cfg)
     if tok is None:
         return ""
-    return (f"{'tokenizer':<17}: {tok.name} {tok.source}: {tok.vocab_size:,} tokens "
+    what = tok.source if tok.name == "hf" else "(UTF-8 bytes)"
+    return (f"{'tokenizer':<17}: {tok.name} {what}: {tok.vocab_size:,} tokens "
             f"<= model.vocab_size {cfg.model.vocab_size} (verified)")
 
 
