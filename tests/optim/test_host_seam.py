@@ -87,5 +87,5 @@ def test_different_reasons_are_named_per_kernel():
                          ("cache /c/native not writable (Read-only file system); built in /t",))
     assert choice.describe() == (
         "host kernels     : norm in host C (optim/host); MindSpore fallback for Adam (no C "
-        "compiler ('cc' not found)); accumulate (x); scale (x); cache /c/native not writable "
+        "compiler ('cc' not found)); accumulate, scale (x); cache /c/native not writable "
         "(Read-only file system); built in /t")

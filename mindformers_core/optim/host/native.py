@@ -304,7 +304,8 @@ def _build_or_load(source: str, cc: str, symbols: Sequence[str]
                 return lib, ""
             error = f"the library lacks {', '.join(missing)}"
         reason = f"{cc} could not build {os.path.basename(source)}: {error}"
-        if _STATE["stopped"]:
+        if _STATE["stopped"]:   # the same for every source: the run's log says it once
+            reason = f"{cc}: {_STATE['stopped']}"
             break
     return None, reason
 

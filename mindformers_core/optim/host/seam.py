@@ -73,12 +73,12 @@ class HostKernels:
         parts = []
         if host:
             parts.append(f"{', '.join(host)} in host C (optim/host)")
-        reasons = sorted(set(self.fallbacks.values()))
-        if len(reasons) == 1:
-            parts.append(f"MindSpore fallback for {', '.join(self.fallbacks)} ({reasons[0]})")
-        elif reasons:
+        by_reason: Dict[str, List[str]] = {}
+        for name, why in self.fallbacks.items():
+            by_reason.setdefault(why, []).append(name)
+        if by_reason:
             parts.append("MindSpore fallback for " + "; ".join(
-                f"{k} ({why})" for k, why in self.fallbacks.items()))
+                f"{', '.join(names)} ({why})" for why, names in by_reason.items()))
         return "host kernels     : " + "; ".join(parts + list(self.notes))
 
 
