@@ -6,8 +6,9 @@ where a tensor's ``asnumpy()`` aliases its storage (``host_views``: CPU), keeps 
 process, says why there is none, and forgets it for tests that switch
 ``MFC_NATIVE_KERNELS`` (:func:`slot_generation` counts those resets, so the seam that chose
 the kernels, ``optim/host/seam.py``, chooses again). ``symbols`` are the C functions the
-factory binds: a library lacking one is not loaded (``native.load``). The functions below are the steps every host call shares: wait for
-queued kernels, the pointer array of a tensor list, and the block walk split over threads.
+factory binds: a library lacking one is not loaded (``native.load``). The functions below are
+the steps every host call shares: wait for queued kernels, the pointer array of a tensor list,
+and the block walk split over threads.
 """
 from __future__ import annotations
 

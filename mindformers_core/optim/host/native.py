@@ -89,6 +89,10 @@ def compile_budget_s() -> float:
         return COMPILE_BUDGET_S
 
 
+def _budget_spent() -> str:
+    return f"compiling ran past its {compile_budget_s():g} s budget"
+
+
 def cache_notes() -> List[str]:
     """What this process noted about the cache (e.g. a directory it could not write)."""
     return list(_STATE["notes"])
@@ -200,8 +204,7 @@ def _run_compiler(cmd: List[str], budget: float) -> Tuple[Optional[int], str]:
             try:
                 while True:
                     left = budget - (time.monotonic() - t0)
-                    why = (f"compiling ran past its {compile_budget_s():g} s budget"
-                           if left <= 0 else
+                    why = (_budget_spent() if left <= 0 else
                            f"compile interrupted by {signal.Signals(stop.caught[0]).name}"
                            if stop.caught else "")
                     if why:
@@ -230,7 +233,7 @@ def _compile(source: str, target: str, cc: str, flags: Sequence[str]
         return None, str(_STATE["stopped"])
     budget = compile_budget_s() - float(_STATE["spent"])
     if budget <= 0:
-        _STATE["stopped"] = f"compiling ran past its {compile_budget_s():g} s budget"
+        _STATE["stopped"] = _budget_spent()
         return None, str(_STATE["stopped"])
     directory = os.path.dirname(target)
     try:
