@@ -286,3 +286,13 @@ def test_sigterm_during_a_compile_kills_the_compiler_and_reaches_the_handler(sou
     lib, seconds, reason = lines[1].split(" ", 2)
     assert lib == "None" and float(seconds) < 5
     assert reason == f"{cc}: compile interrupted by SIGTERM"
+
+
+def test_a_compiler_killed_by_a_signal_ends_compiling(source, tmp_path, monkeypatch):
+    """Ctrl-C in a terminal reaches the compiler (same process group) as well as the run."""
+    script = tmp_path / "killed-cc"
+    script.write_text("#!/bin/sh\nkill -INT $$\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("CC", str(script))
+    assert native.load(source) is None
+    assert native.unavailable_reason(source) == f"{script}: the compiler was killed by SIGINT"

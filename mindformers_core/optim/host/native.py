@@ -22,9 +22,10 @@ cannot be written is replaced by a private temporary one for this process
 :data:`COMPILE_BUDGET_S` seconds (``$MFC_NATIVE_COMPILE_BUDGET`` overrides it); a compiler
 still running then is killed and every later build declined. A SIGTERM or SIGINT arriving
 during a compile kills the compiler and then reaches the handler that was in place (the
-trainer's stop request, or the default action). No compiler, a failed compile, the budget
-spent or ``MFC_NATIVE_KERNELS=0`` means :func:`load` returns None and the caller keeps its
-MindSpore path; :func:`unavailable_reason` says why.
+trainer's stop request, or the default action); a compiler killed by a signal (Ctrl-C reaches
+the whole process group) also ends compiling for the process. No compiler, a failed compile,
+the budget spent or ``MFC_NATIVE_KERNELS=0`` means :func:`load` returns None and the caller
+keeps its MindSpore path; :func:`unavailable_reason` says why.
 
 The kernels use no OpenMP (its thread pool does not survive ``fork``, which data workers use);
 callers split work over Python threads, and ctypes releases the GIL during each call.
@@ -193,6 +194,13 @@ class _Interrupted:
                 signal.raise_signal(sig)
 
 
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def _run_compiler(cmd: List[str], budget: float) -> Tuple[Optional[int], str]:
     """(exit code, output) of the compiler; (None, why) when it was killed: the budget ran
     out (which stops all later compiles) or a signal came."""
@@ -205,7 +213,7 @@ def _run_compiler(cmd: List[str], budget: float) -> Tuple[Optional[int], str]:
                 while True:
                     left = budget - (time.monotonic() - t0)
                     why = (_budget_spent() if left <= 0 else
-                           f"compile interrupted by {signal.Signals(stop.caught[0]).name}"
+                           f"compile interrupted by {_signal_name(stop.caught[0])}"
                            if stop.caught else "")
                     if why:
                         proc.kill()
@@ -214,9 +222,13 @@ def _run_compiler(cmd: List[str], budget: float) -> Tuple[Optional[int], str]:
                         return None, why
                     try:
                         out, _ = proc.communicate(timeout=min(_POLL_S, left))
-                        return proc.returncode, out or ""
                     except subprocess.TimeoutExpired:
                         continue
+                    if proc.returncode < 0:   # Ctrl-C reaches the compiler in our group too
+                        why = f"the compiler was killed by {_signal_name(-proc.returncode)}"
+                        _STATE["stopped"] = why
+                        return None, why
+                    return proc.returncode, out or ""
             finally:
                 if proc.poll() is None:
                     proc.kill()
