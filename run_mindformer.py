@@ -85,7 +85,7 @@ def _check(cfg, args) -> int:
                                                verdicts_to_json)
     from mindformers_core.core.memory_plan import plan_memory
     from mindformers_core.core.memory_verdict import format_memory_plan, memory_verdict
-    from mindformers_core.tools.data_check import describe_data
+    from mindformers_core.tools.data_check import describe_data, describe_tokenizer
     from mindformers_core.config import ConfigError
     plan = cfg.plan()
     memory = plan_memory(cfg, plan.world_size)
@@ -93,6 +93,9 @@ def _check(cfg, args) -> int:
         data = describe_data(cfg.train_dataset, cfg.model)
         if cfg.eval_dataset is not None:
             data += "\n" + describe_data(cfg.eval_dataset, cfg.model, "eval_dataset")
+        tokenizer = describe_tokenizer(cfg)
+        if tokenizer:
+            data += "\n" + tokenizer
     except ConfigError as exc:
         # a missing or unusable data file is a config error (exit 2), unless the layout does
         # not fit the device at all: then the memory FAIL (exit 1) is the verdict to act on

@@ -139,8 +139,9 @@ class StageExecutor:
             self.outbox[(v, op.micro, "backward")] = g_in
         grads = [g if g.dtype == ms.float32 else g.astype(ms.float32) for g in grads]
         if self.acc is None:   # on CPU one host add per micro-batch (optim/host/accumulate.py)
-            from ..optim.host.accumulate import GradientSum, host_add_kernel
-            self.acc = GradientSum(host_add_kernel())
+            from ..optim.host.accumulate import GradientSum
+            from ..optim.host.seam import host_kernels
+            self.acc = GradientSum(host_kernels().accumulate)
         self.acc.add(grads)
 
     def outgoing(self, t):

@@ -137,6 +137,8 @@ def build_optimizer(opt_cfg, model, lr_scheduler=None,
                     shard_layout: Optional[OptimizerSharding] = None):
     """The optimizer named by ``opt_cfg.type`` over ``model``'s parameter groups."""
     from .param_groups import get_param_groups
+    from .host.seam import select_host_kernels
+    select_host_kernels()   # the one choice of CPU host kernels every consumer reads
     cfg = as_optimizer_config(opt_cfg)
     kwargs = optimizer_kwargs(cfg)
     if lr_scheduler is not None:

@@ -26,8 +26,7 @@ from typing import List, Optional, Sequence, Tuple
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from .host.accumulate import host_add_kernel
-from .host.norm import host_sq_norm
+from .host.seam import host_kernels
 from .ordered_sum import ordered_total, row_sq_sums
 
 __all__ = ["global_grad_norm", "clip_coefficient", "clip_by_norm", "clip_grad_by_global_norm",
@@ -58,7 +57,7 @@ def global_grad_norm(grads: Sequence[Optional[Tensor]]) -> float:
     """L2 norm over all (non-None) gradients; 0.0 when there are none. The same gradients
     give the same bits on every call: on CPU one host call accumulating in float64
     (``host_norm``), elsewhere fp32 row sums in a fixed order (``optim/ordered_sum.py``)."""
-    sq = host_sq_norm(grads)
+    sq = host_kernels().sq_norm(grads)
     if sq is not None:
         return math.sqrt(sq)
     rows = [row_sq_sums(b) for b in _norm_buckets(grads)]
@@ -85,8 +84,7 @@ def clip_by_norm(grads: Sequence[Optional[Tensor]], norm: float, max_norm: Optio
     coef = clip_coefficient(norm, max_norm)
     if coef is None:
         return grads, False
-    kernel = host_add_kernel()
-    scaled = kernel.scaled(grads, coef) if kernel is not None else None
+    scaled = host_kernels().scaled(grads, coef)
     if scaled is not None:  # CPU: every fp32 gradient in one host call, the same bits as Mul
         return scaled, True
     c = Tensor(coef, ms.float32)

@@ -20,7 +20,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
-from .host.adam import host_adam_kernel
+from .host.seam import host_kernels
 from .host.views import scale_in_place
 
 __all__ = ["apply_decoupled_decay", "AdamRule", "LionRule", "lion_step", "muon_momentum",
@@ -48,8 +48,9 @@ class AdamRule:
         self.decoupled = bool(decoupled)
         self.kernel = ops.Adam()
         self.zero = Tensor(0.0, ms.float32)
-        #: on CPU, many tensors' fused step in one host call (``host_adam``); None elsewhere
-        self.host = host_adam_kernel() if (host_kernel and impl == "fused") else None
+        #: on CPU, many tensors' fused step in one host call (``host_adam``, as chosen at
+        #: optimizer build: ``optim/host/seam.py``); None elsewhere
+        self.host = host_kernels().adam if (host_kernel and impl == "fused") else None
 
     @staticmethod
     def scalars(lr: float, b1: float, b2: float, eps: float, step: int):

@@ -9,7 +9,7 @@ import os
 
 from ..errors import ConfigError
 
-__all__ = ["describe_data"]
+__all__ = ["describe_data", "describe_tokenizer"]
 
 FIELD = "train_dataset.data_path"
 
@@ -42,6 +42,22 @@ def describe_data(ds_cfg, model_cfg, section: str = "train_dataset") -> str:
         return label + "; ".join(_describe_mindrecord(model_cfg, path, f"{section}.data_path[{i}]")
                                  for i, path in enumerate(files))
     return label + _describe_mindrecord(model_cfg, files, f"{section}.data_path")
+
+
+def describe_tokenizer(cfg) -> str:
+    """One line for the plan: the run's tokenizer, loaded and checked as the trainer does
+    before step 1 (``data.tokenizer.load_run_tokenizer``: its vocabulary fits
+    ``model.vocab_size``, it holds ordinary tokens, it covers a sample of a text corpus);
+    '' when the run has no text."""
+    # imported here: the tokenizer needs numpy (and the hf extra), which a plain --check
+    # does not load for a run without text
+    from ..data.tokenizer import load_run_tokenizer
+    tok = load_run_tokenizer(cfg)
+    if tok is None:
+        return ""
+    what = tok.source if tok.name == "hf" else "(UTF-8 bytes)"
+    return (f"{'tokenizer':<17}: {tok.name} {what}: {tok.vocab_size:,} tokens "
+            f"<= model.vocab_size {cfg.model.vocab_size} (verified)")
 
 
 def _describe_mindrecord(model_cfg, path: str, field: str) -> str:

@@ -60,7 +60,8 @@ def accumulate_gradients(grad_fn: Callable, batches: Sequence[dict], total_token
     gradients (a monitor; it costs a host sync per micro-batch).
     """
     import mindspore as ms
-    from ..optim.host.accumulate import GradientSum, host_add_kernel
+    from ..optim.host.accumulate import GradientSum
+    from ..optim.host.seam import host_kernels
 
     if total_tokens <= 0:
         raise ValueError("the optimizer step has no loss tokens (every loss_mask is 0); "
@@ -68,7 +69,7 @@ def accumulate_gradients(grad_fn: Callable, batches: Sequence[dict], total_token
     num_micro = len(batches)
     loss_weight = ms.Tensor(np.float32(loss_scale / total_tokens))
     aux_weight = ms.Tensor(np.float32(loss_scale / (num_micro * data_parallel)))
-    acc = GradientSum(host_add_kernel())
+    acc = GradientSum(host_kernels().accumulate)
     loss_parts, aux_parts = [], []
     for batch in batches:
         (_, loss_sum, _, aux), grads = grad_fn(

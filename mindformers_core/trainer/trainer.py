@@ -37,7 +37,7 @@ from ..config.checkpoint import CheckpointConfig
 from ..errors import ConfigError
 from ..core.memory_plan import plan_memory
 from ..core.memory_verdict import format_memory_plan
-from ..optim.host.adam import host_adam_notice
+from ..optim.host.seam import host_kernels
 from .accumulate import accumulate_gradients, count_loss_tokens, make_grad_fn
 from ..checkpoint.store import (CheckpointData, CheckpointError, checkpoint_name, list_checkpoints,
                          prune_checkpoints, resolve_checkpoint, save_checkpoint)
@@ -514,8 +514,8 @@ class Trainer:
                          f"{1.0 / self.mup_width_mult:g}")
             if self.entropy_floor is not None:
                 self.log(f"corpus entropy floor: {self.entropy_floor:.4f} nats/token")
-            if host_adam_notice() is not None:
-                self.log(host_adam_notice())
+            if host_kernels().describe() is not None:
+                self.log(host_kernels().describe())
         self.progress.start()
         reason = "finished"
         last_saved = self.state.step if self.resumed_from else None  # already on disk

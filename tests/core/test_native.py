@@ -26,7 +26,11 @@ def source(tmp_path, monkeypatch):
 
 
 def built(tmp_path):
-    return sorted(os.listdir(tmp_path / "cache" / "native"))
+    """The cached libraries (each has its digest beside it; nothing else is left)."""
+    names = sorted(os.listdir(tmp_path / "cache" / "native"))
+    libraries = [n for n in names if n.endswith(".so")]
+    assert names == sorted(libraries + [native.digest_path(n) for n in libraries]), names
+    return libraries
 
 
 @needs_cc
@@ -99,3 +103,196 @@ def test_a_missing_source_is_declined_by_path(tmp_path, monkeypatch):
         assert native.unavailable_reason(missing) == f"no C source {missing}"
     finally:
         native.forget(missing)
+
+
+# --- a damaged, foreign or unwritable cache, a hung compiler (issue 33 item 6) ---------------
+
+RUN_ONCE = textwrap.dedent("""
+    import sys
+    from mindformers_core.optim.host import native
+    lib = native.load(sys.argv[1], ("mfc_twice",))
+    print(lib.mfc_twice(5) if lib is not None else native.unavailable_reason(sys.argv[1]))
+""")
+
+
+def load_in_a_new_process(source, tmp_path, **env):
+    """``native.load`` in a fresh process (the dynamic loader has seen no library yet)."""
+    return subprocess.run([sys.executable, "-c", RUN_ONCE, source], capture_output=True,
+                          text=True, timeout=120,
+                          env=dict(os.environ, MFC_NATIVE_CACHE=str(tmp_path / "cache"), **env))
+
+
+def cached(tmp_path):
+    (name,) = built(tmp_path)
+    return str(tmp_path / "cache" / "native" / name)
+
+
+def sha256(path):
+    import hashlib
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+@needs_cc
+def test_a_flipped_bit_in_the_cached_library_is_rebuilt_before_loading(source, tmp_path):
+    assert native.load(source, ("mfc_twice",)).mfc_twice(1) == 2
+    path = cached(tmp_path)
+    good = sha256(path)
+    with open(native.digest_path(path), encoding="ascii") as fh:
+        assert fh.read() == good + "\n"
+    with open(path, "r+b") as fh:          # one bit, in the middle of the code
+        fh.seek(os.path.getsize(path) // 2)
+        byte = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([byte[0] ^ 0x10]))
+    assert sha256(path) != good
+    proc = load_in_a_new_process(source, tmp_path)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "10"), proc.stderr
+    assert built(tmp_path) == [os.path.basename(path)] and sha256(path) == good
+
+
+@needs_cc
+def test_a_truncated_cached_library_is_rebuilt_not_a_sigbus(source, tmp_path):
+    assert native.load(source, ("mfc_twice",)) is not None
+    path = cached(tmp_path)
+    good = sha256(path)
+    with open(path, "r+b") as fh:
+        fh.truncate(os.path.getsize(path) // 2)
+    proc = load_in_a_new_process(source, tmp_path)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "10"), proc.stderr
+    assert sha256(path) == good
+
+
+@needs_cc
+def test_a_library_without_its_digest_is_rebuilt(source, tmp_path):
+    native.load(source, ("mfc_twice",))
+    path = cached(tmp_path)
+    os.remove(native.digest_path(path))
+    stamp = os.stat(path).st_ino
+    proc = load_in_a_new_process(source, tmp_path)
+    assert proc.stdout.strip() == "10"
+    assert os.stat(path).st_ino != stamp and os.path.exists(native.digest_path(path))
+
+
+@needs_cc
+def test_a_wrong_library_with_a_matching_digest_is_rebuilt(source, tmp_path):
+    """A loadable library lacking the kernel's symbol (its own digest recorded) is not
+    bound (which raised AttributeError): it is rebuilt."""
+    native.load(source, ("mfc_twice",))
+    path = cached(tmp_path)
+    other = tmp_path / "other.c"
+    other.write_text("int mfc_other(int x) { return x; }\n")
+    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", str(other), "-o", path],
+                   check=True)
+    with open(native.digest_path(path), "w", encoding="ascii") as fh:
+        fh.write(sha256(path) + "\n")
+    proc = load_in_a_new_process(source, tmp_path)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "10"), proc.stderr
+
+
+@needs_cc
+def test_a_source_lacking_a_symbol_is_declined_by_name(source):
+    assert native.load(source, ("mfc_twice", "mfc_thrice")) is None
+    assert native.unavailable_reason(source).endswith(
+        "could not build twice.c: the library lacks mfc_thrice")
+
+
+@needs_cc
+def test_an_unwritable_cache_builds_in_a_private_directory_and_says_so(source, tmp_path,
+                                                                        monkeypatch):
+    """As root a read-only directory is still writable, so the cache path lies under a
+    regular file: it can be neither created nor written."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("MFC_NATIVE_CACHE", str(blocker / "cache"))
+    lib = native.load(source, ("mfc_twice",))
+    assert lib is not None and lib.mfc_twice(3) == 6
+    (note,) = native.cache_notes()
+    assert note.startswith(f"cache {blocker / 'cache' / 'native'} not writable (Not a "
+                           "directory); built in ")
+    private = note.rsplit(" ", 1)[1]
+    assert [n for n in os.listdir(private) if n.endswith(".so")]
+
+
+def fake_compiler(tmp_path, seconds=60):
+    """A ``$CC`` that hangs (writing its pid first)."""
+    script = tmp_path / "hung-cc"
+    script.write_text(f"#!/bin/sh\necho $$ > {tmp_path / 'cc.pid'}\nexec sleep {seconds}\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as fh:       # a zombie of another parent counts as gone
+        return fh.read().split()[2] == "Z"
+
+
+def test_a_hung_compiler_is_killed_when_the_budget_of_all_compiles_is_spent(source, tmp_path,
+                                                                             monkeypatch):
+    import time
+    monkeypatch.setenv("CC", fake_compiler(tmp_path))
+    monkeypatch.setenv("MFC_NATIVE_COMPILE_BUDGET", "1.5")
+    other = tmp_path / "other.c"
+    other.write_text(SOURCE)
+    t0 = time.monotonic()
+    try:
+        assert native.load(source) is None
+        assert native.load(str(other)) is None       # the budget is for all compiles together
+        assert time.monotonic() - t0 < 5
+        assert native.unavailable_reason(source) == native.unavailable_reason(str(other)) == (
+            f"{fake_compiler(tmp_path)}: compiling ran past its 1.5 s budget")
+    finally:
+        native.forget(str(other))
+    assert gone(int((tmp_path / "cc.pid").read_text()))
+
+
+SIGTERM_DURING_COMPILE = textwrap.dedent("""
+    import signal, sys, time
+    from mindformers_core.optim.host import native
+    if sys.argv[2] == "handler":
+        signal.signal(signal.SIGTERM, lambda s, f: print("stop requested", flush=True))
+    t0 = time.monotonic()
+    lib = native.load(sys.argv[1])
+    print(f"{lib} {time.monotonic() - t0:.1f} {native.unavailable_reason(sys.argv[1])}")
+""")
+
+
+@pytest.mark.parametrize("handler", ["handler", "default"])
+def test_sigterm_during_a_compile_kills_the_compiler_and_reaches_the_handler(source, tmp_path,
+                                                                             handler):
+    import signal
+    import time
+    cc = fake_compiler(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_DURING_COMPILE, source, handler],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, CC=cc, MFC_NATIVE_CACHE=str(tmp_path / "c")))
+    pid_file = tmp_path / "cc.pid"
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=10)
+    assert gone(int(pid_file.read_text()))
+    if handler == "default":
+        assert proc.returncode == -signal.SIGTERM
+        return
+    lines = out.splitlines()
+    assert proc.returncode == 0 and lines[0] == "stop requested", out + err
+    lib, seconds, reason = lines[1].split(" ", 2)
+    assert lib == "None" and float(seconds) < 5
+    assert reason == f"{cc}: compile interrupted by SIGTERM"
+
+
+def test_a_compiler_killed_by_a_signal_ends_compiling(source, tmp_path, monkeypatch):
+    """Ctrl-C in a terminal reaches the compiler (same process group) as well as the run."""
+    script = tmp_path / "killed-cc"
+    script.write_text("#!/bin/sh\nkill -INT $$\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("CC", str(script))
+    assert native.load(source) is None
+    assert native.unavailable_reason(source) == f"{script}: the compiler was killed by SIGINT"

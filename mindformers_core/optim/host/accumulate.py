@@ -139,7 +139,7 @@ class GradientSum:
             owned[j] = 0
 
 
-_SLOT = HostKernelSlot(SOURCE, HostAddKernel)
+_SLOT = HostKernelSlot(SOURCE, HostAddKernel, ("mfc_add_many", "mfc_scale_many"))
 
 
 def host_add_kernel() -> Optional[HostAddKernel]:

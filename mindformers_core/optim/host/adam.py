@@ -81,7 +81,7 @@ class HostAdamKernel:
         return True
 
 
-_SLOT = HostKernelSlot(SOURCE, HostAdamKernel)
+_SLOT = HostKernelSlot(SOURCE, HostAdamKernel, ("mfc_adam_blocks",))
 
 
 def host_adam_kernel() -> Optional[HostAdamKernel]:

@@ -4,8 +4,11 @@
 ``optim/host/native.py``. A :class:`HostKernelSlot` builds its kernel object on first use, only
 where a tensor's ``asnumpy()`` aliases its storage (``host_views``: CPU), keeps it for the
 process, says why there is none, and forgets it for tests that switch
-``MFC_NATIVE_KERNELS``. The functions below are the steps every host call shares: wait for
-queued kernels, the pointer array of a tensor list, and the block walk split over threads.
+``MFC_NATIVE_KERNELS`` (:func:`slot_generation` counts those resets, so the seam that chose
+the kernels, ``optim/host/seam.py``, chooses again). ``symbols`` are the C functions the
+factory binds: a library lacking one is not loaded (``native.load``). The functions below are
+the steps every host call shares: wait for queued kernels, the pointer array of a tensor list,
+and the block walk split over threads.
 """
 from __future__ import annotations
 
@@ -18,22 +21,30 @@ from .views import host_threads, numpy_view_aliases_storage
 from ..main_params import wait_for_kernels
 
 __all__ = ["HostKernelSlot", "wait_before_host_access", "pointer_array", "block_count",
-           "run_blocks"]
+           "run_blocks", "slot_generation"]
 
 K = TypeVar("K")
+_RESETS = [0]
+
+
+def slot_generation() -> int:
+    """How many times a slot was reset in this process."""
+    return _RESETS[0]
 
 
 class HostKernelSlot(Generic[K]):
     """``get()``: ``factory(lib)`` of the library built from ``source``, or None."""
 
-    def __init__(self, source: str, factory: Callable[..., K]):
+    def __init__(self, source: str, factory: Callable[..., K], symbols: Sequence[str]):
         self.source = source
         self.factory = factory
+        self.symbols = tuple(symbols)
         self._kernel: List[Optional[K]] = []
 
     def get(self) -> Optional[K]:
         if not self._kernel:
-            lib = native.load(self.source) if numpy_view_aliases_storage() else None
+            lib = native.load(self.source, self.symbols) if numpy_view_aliases_storage() \
+                else None
             self._kernel.append(self.factory(lib) if lib is not None else None)
         return self._kernel[0]
 
@@ -48,6 +59,7 @@ class HostKernelSlot(Generic[K]):
     def reset(self) -> None:
         self._kernel.clear()
         native.forget(self.source)
+        _RESETS[0] += 1
 
 
 def wait_before_host_access() -> None:

@@ -22,7 +22,8 @@ from .kernels import (HostKernelSlot, block_count, pointer_array, run_blocks,
                            wait_before_host_access)
 from .views import host_address
 
-__all__ = ["host_sq_norm", "reset_host_norm", "BLOCK", "SOURCE"]
+__all__ = ["host_sq_norm", "host_norm_unavailable_reason", "reset_host_norm", "BLOCK",
+           "SOURCE"]
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_norm.c")
 #: elements per partial sum (as host_adam.BLOCK: a thread's share stays balanced)
@@ -40,7 +41,7 @@ def _bind(lib):
     return fn
 
 
-_SLOT = HostKernelSlot(SOURCE, _bind)
+_SLOT = HostKernelSlot(SOURCE, _bind, ("mfc_sq_sum_blocks",))
 
 
 def host_sq_norm(tensors: Sequence, threads: Optional[int] = None) -> Optional[float]:
@@ -69,6 +70,11 @@ def host_sq_norm(tensors: Sequence, threads: Optional[int] = None) -> Optional[f
 
     run_blocks(run, sizes, BLOCK, THREADED_MIN_NUMEL, threads, "host norm")
     return float(np.sum(partial))
+
+
+def host_norm_unavailable_reason() -> str:
+    """Why :func:`host_sq_norm` is always None ('' when the kernel is available)."""
+    return _SLOT.unavailable_reason()
 
 
 def reset_host_norm() -> None:
