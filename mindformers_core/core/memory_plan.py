@@ -81,7 +81,7 @@ class LayerParams:
     attention_replicated: int = 0   # MLA's down-projections (inside attention): replicated
 
     def per_rank(self, tp: int, ep: int) -> int:
-        """Parameters one rank holds (distributed/tp_layout.py): the attention matrices and the
+        """Parameters one rank holds (models/tp_plan.py): the attention matrices and the
         dense MLP or shared experts split by tp, MLA's down-projections, the norms and the
         router replicated, the routed experts split by ep."""
         attention = (self.attention - self.attention_replicated) // tp + self.attention_replicated

@@ -29,7 +29,6 @@ from __future__ import annotations
 from typing import Callable, Dict, Optional
 
 import numpy as np
-import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from . import cp_layout

@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .collectives import GroupCommunicator
-from .shard_spec import ShardSpec, global_sq_norm, replicated
+from .shard_spec import ShardSpec, replicated, sharded_grad_norm
 
 __all__ = ["ExpertParallelReducer"]
 
@@ -91,16 +91,11 @@ class ExpertParallelReducer:
     def grad_norm(self, grads: Sequence) -> float:
         """The global L2 norm of the reduced gradients (each expert shard counted once)."""
         from ..optim.clip_grad import global_grad_norm
-        specs = self._bound(list(grads))
-        by_group: Dict[Optional[str], Tuple[ShardSpec, list]] = {}
-        for s, g in zip(specs, grads):
-            if g is not None:
-                key = s.group if s.is_sharded and s.num_shards > 1 else None
-                by_group.setdefault(key, (s, []))[1].append(g)
-        local = [(s, global_grad_norm(gs) ** 2) for s, gs in by_group.values()]
-        total = global_sq_norm(local, lambda group, x: float(
-            self.comm.all_reduce(np.array([x], np.float32), group)[0]))
-        return float(np.sqrt(total))
+        return sharded_grad_norm(grads, self._bound(list(grads)), self._group_sum,
+                                 global_grad_norm)
+
+    def _group_sum(self, group: str, x: float) -> float:
+        return float(self.comm.all_reduce(np.array([x], np.float32), group)[0])
 
     def broadcast_flag(self, flag: bool) -> bool:
         return self.inner.broadcast_flag(flag)

@@ -51,7 +51,8 @@ from ..optim.clip_grad import global_grad_norm
 from .collectives import GroupCommunicator
 from .fsdp_layout import FSDP_GROUP, fsdp_specs
 from .grad_reduce import DataParallelGradReducer
-from .shard_spec import ShardSpec, global_sq_norm, replicated, shard
+from .shard_params import keep_shard
+from .shard_spec import ShardSpec, sharded_grad_norm
 from .zero import ZeroSharding
 
 __all__ = ["GatherShard", "FSDPUnit", "FSDPRunner", "FSDPGradReducer", "FSDPSharding",
@@ -146,12 +147,8 @@ def shard_model(model, specs: Dict[str, ShardSpec], index: int) -> None:
     """Replace the data of every parameter in ``specs`` by its shard ``index`` (same name and
     dtype) and record the layouts (``model.shard_specs()``)."""
     for p in model.get_parameters():
-        spec = specs.get(p.name)
-        if spec is None:
-            continue
-        full = (p if p.dtype == ms.float32 else p.astype(ms.float32)).asnumpy()
-        t = Tensor(shard(spec, full, index))
-        p.set_data(t if p.dtype == ms.float32 else t.astype(p.dtype))
+        if p.name in specs:
+            keep_shard(p, specs[p.name], index)
     model.set_shard_specs(specs)
 
 
@@ -265,18 +262,14 @@ class FSDPGradReducer:
 
     def grad_norm(self, grads: Sequence) -> float:
         """Global L2 norm of reduced gradients, split ones counted over their group
-        (``shard_spec.global_sq_norm``); the same value on every rank."""
-        split = self._split(list(grads))
-        rep = global_grad_norm([g for g, s in zip(grads, split) if not s])
-        mine = global_grad_norm([g for g, s in zip(grads, split) if s])
+        (``shard_spec.sharded_grad_norm``); the same value on every rank."""
         group = ShardSpec((self.num_shards,), 0, FSDP_GROUP, self.num_shards)
+        specs = [group if s else None for s in self._split(list(grads))]
 
         def group_sum(name: str, x: float) -> float:
             return float(self.group_comm.all_reduce(np.array([x], np.float32), name)[0])
 
-        sq = global_sq_norm([(replicated((1,)), rep * rep), (group, mine * mine)], group_sum)
-        return float(np.sqrt(sq))
-
+        return sharded_grad_norm(grads, specs, group_sum, global_grad_norm)
 
 def _refuse(cfg) -> None:
     """The combinations ``optim_grads_params`` does not run with (module docstring)."""

@@ -35,7 +35,8 @@ from typing import (Callable, Dict, Iterable, Optional, Protocol, Sequence, Tupl
 import numpy as np
 
 __all__ = ["ShardedCell", "collect_shard_specs", "ShardSpec", "replicated", "local_shape",
-           "local_indices", "local_slice", "shard", "unshard", "partial_sq_norms", "global_sq_norm"]
+           "local_indices", "local_slice", "shard", "unshard", "partial_sq_norms", "global_sq_norm",
+           "sharded_grad_norm"]
 
 
 @dataclass(frozen=True)
@@ -192,3 +193,24 @@ def global_sq_norm(local: Iterable[Tuple[ShardSpec, float]],
     ``x`` over the ranks of this rank's ``group`` (the communicator's all_reduce)."""
     rep, by_group = partial_sq_norms(local)
     return rep + sum(float(group_sum(g, by_group[g])) for g in sorted(by_group))
+
+
+def sharded_grad_norm(grads: Sequence, specs: Sequence[Optional[ShardSpec]],
+                      group_sum: Callable[[str, float], float],
+                      bucket_norm: Callable[[Sequence], float]) -> float:
+    """The global L2 norm of ``grads`` whose layouts are ``specs`` (a ShardSpec, or None for
+    a replicated parameter; ``None`` gradients are skipped): one bucketed norm per group
+    (``bucket_norm``: the trainer's fp32 ``global_grad_norm``), combined by
+    :func:`global_sq_norm`. The one norm of tensor parallel, expert parallel and FSDP."""
+    by_group: Dict[object, list] = {}
+    first: Dict[object, ShardSpec] = {}
+    for g, spec in zip(grads, specs):
+        if g is None:
+            continue
+        key = spec.group if spec is not None and spec.is_sharded and spec.num_shards > 1 else None
+        by_group.setdefault(key, []).append(g)
+        if key is not None:
+            first.setdefault(key, spec)
+    items = [(first.get(key) or replicated(()), float(bucket_norm(gs)) ** 2)
+             for key, gs in by_group.items()]
+    return float(np.sqrt(global_sq_norm(items, group_sum)))

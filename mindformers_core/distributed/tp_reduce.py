@@ -28,33 +28,16 @@ A stop request is agreed over the whole world.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from .collectives import GroupCommunicator
 from .grad_reduce import DataParallelGradReducer
 from .group_view import GroupView
-from .shard_spec import ShardSpec, global_sq_norm, replicated
+from .shard_spec import sharded_grad_norm
 
-__all__ = ["TensorParallelGradReducer", "tp_grad_norm"]
-
-
-def tp_grad_norm(grads: Sequence, specs: Sequence, group_sum: Callable[[str, float], float],
-                 bucket_norm: Callable[[Sequence], float]) -> float:
-    """The global L2 norm of ``grads`` whose layouts are ``specs`` (a ShardSpec, or None for a
-    replicated parameter): one bucketed norm per group (``bucket_norm``: the trainer's fp32
-    ``global_grad_norm``), combined by ``global_sq_norm`` (module docstring)."""
-    by_group: Dict[object, list] = {}
-    first: Dict[object, ShardSpec] = {}
-    for g, spec in zip(grads, specs):
-        key = spec.group if spec is not None and spec.is_sharded and spec.num_shards > 1 else None
-        by_group.setdefault(key, []).append(g)
-        if key is not None:
-            first.setdefault(key, spec)
-    items = [(first.get(key) or replicated(()), float(bucket_norm(gs)) ** 2)
-             for key, gs in by_group.items()]
-    return float(np.sqrt(global_sq_norm(items, group_sum)))
+__all__ = ["TensorParallelGradReducer"]
 
 
 class TensorParallelGradReducer:
@@ -145,4 +128,4 @@ class TensorParallelGradReducer:
         def group_sum(group: str, x: float) -> float:
             return float(self.comm.all_reduce(np.array([x], np.float32), group)[0])
 
-        return tp_grad_norm(grads, self._specs, group_sum, global_grad_norm)
+        return sharded_grad_norm(grads, self._specs, group_sum, global_grad_norm)

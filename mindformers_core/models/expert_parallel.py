@@ -17,12 +17,8 @@ from __future__ import annotations
 
 from typing import Dict
 
-import numpy as np
-import mindspore as ms
-from mindspore import Tensor
-
-from ..distributed.collectives import GroupCommunicator
-from ..distributed.shard_spec import ShardSpec, shard
+from ..distributed.shard_params import keep_shard
+from ..distributed.shard_spec import ShardSpec
 from .ep_dispatch import AllToAll
 from .moe import GroupedExperts
 
@@ -32,12 +28,6 @@ __all__ = ["expert_spec", "shard_experts"]
 def expert_spec(full_shape, ep: int) -> ShardSpec:
     """The layout of a grouped expert weight split over ``ep`` ranks (dim 0 = experts)."""
     return ShardSpec(tuple(full_shape), 0, "ep", int(ep))
-
-
-def _keep_shard(param, spec: ShardSpec, index: int) -> None:
-    full = param.astype(ms.float32).asnumpy() if param.dtype != ms.float32 else param.asnumpy()
-    piece = Tensor(shard(spec, np.asarray(full, np.float32), index))
-    param.set_data(piece if param.dtype == ms.float32 else piece.astype(param.dtype))
 
 
 def shard_experts(model, comm) -> Dict[str, ShardSpec]:
@@ -56,7 +46,7 @@ def shard_experts(model, comm) -> Dict[str, ShardSpec]:
                              "ranks")
         for param in (experts.weight1, experts.weight2):
             spec = expert_spec(param.shape, ep)
-            _keep_shard(param, spec, index)
+            keep_shard(param, spec, index)
             experts.specs[param.name] = spec
             out[param.name] = spec
         experts.ep_comm = comm

@@ -1,7 +1,7 @@
 """Megatron tensor parallelism with sequence parallelism for ``GPTModel`` (GPT and DeepSeek-V3).
 
 ``apply_tensor_parallel(model, comm)`` takes a model built and initialised as usual (the same
-seeded weights as one process) and keeps, for every parameter ``distributed/tp_layout.py``
+seeded weights as one process) and keeps, for every parameter ``models/tp_plan.py``
 splits, this rank's slice under the same name; ``model.shard_specs()`` then maps those names to
 their :class:`~mindformers_core.distributed.shard_spec.ShardSpec` (absent = replicated). The
 attention blocks run on their local heads (and GQA groups), the MLPs on their local ffn units,
@@ -49,11 +49,10 @@ the collectives).
 from __future__ import annotations
 
 import mindspore as ms
-from mindspore import Tensor
 
 from ..distributed.collectives import GroupCommunicator
-from ..distributed.shard_spec import ShardSpec, shard
-from ..distributed.tp_layout import (AttentionShape, is_partial_replicated, tp_shard_specs,
+from ..distributed.shard_params import keep_shard
+from .tp_plan import (AttentionShape, is_partial_replicated, tp_shard_specs,
                                      vocab_range)
 from .compiled import NUM_TABLES, effective_mode
 from .layers import linear, rms_norm
@@ -67,12 +66,6 @@ __all__ = ["apply_tensor_parallel", "TensorParallelRunner"]
 def _attention_shape(model) -> AttentionShape:
     cfg, tc = model.cfg, model.get_gpt_transformer_config()
     return AttentionShape(cfg.num_attention_heads, tc.num_query_groups, tc.kv_channels)
-
-
-def _keep_local(param, spec: ShardSpec, index: int) -> None:
-    full = (param.astype(ms.float32) if param.dtype != ms.float32 else param).asnumpy()
-    local = Tensor(shard(spec, full, index))
-    param.set_data(local if param.dtype == ms.float32 else local.astype(param.dtype))
 
 
 def apply_tensor_parallel(model, comm: GroupCommunicator, group: str = "tp"):
@@ -89,7 +82,7 @@ def apply_tensor_parallel(model, comm: GroupCommunicator, group: str = "tp"):
     specs = tp_shard_specs(((p.name, p.shape) for p in params), tp, _attention_shape(model))
     for p in params:
         if p.name in specs:
-            _keep_local(p, specs[p.name], index)
+            keep_shard(p, specs[p.name], index)
     mla = model.get_gpt_transformer_config().multi_latent_attention
     for layer in model.decoder.layers:
         attn = layer.self_attention

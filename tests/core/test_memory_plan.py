@@ -63,7 +63,7 @@ def test_tiny_deepseek_param_count_by_hand():
     counts = param_counts(m)
     assert counts.layers[0] == mp.LayerParams(norms, attn, dense, 0, 0, 0, down)
     assert counts.layers[1] == mp.LayerParams(norms, attn, shared, router, experts, 4, down)
-    # per tp rank (distributed/tp_layout.py): heads, a dense MLP and the shared experts split,
+    # per tp rank (models/tp_plan.py): heads, a dense MLP and the shared experts split,
     # MLA's down projections, the router and the routed experts replicated (ep 1)
     assert counts.layers[0].per_rank(2, 1) == norms + (attn - down) // 2 + down + dense // 2
     assert counts.layers[1].per_rank(2, 1) == norms + (attn - down) // 2 + down + shared // 2 \

@@ -79,7 +79,7 @@ def main(out_dir: str) -> None:
     from mindformers_core.distributed.collectives import GroupCommunicator
     from mindformers_core.distributed.comm import init_distributed
     from mindformers_core.distributed.context_parallel import context_parallel_attention
-    from mindformers_core.distributed.groups import make_mesh
+    from mindformers_core.core.parallel_dims import make_mesh
     from mindformers_core.models.layers import causal_attention
 
     ms.runtime.launch_blocking()

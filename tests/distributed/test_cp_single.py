@@ -10,7 +10,7 @@ from mindspore import Tensor
 
 from mindformers_core.distributed.collectives import GroupCommunicator
 from mindformers_core.distributed.context_parallel import context_parallel_attention
-from mindformers_core.distributed.groups import Mesh
+from mindformers_core.core.parallel_dims import Mesh
 from mindformers_core.distributed.ring_attention import RingAttention
 from mindformers_core.models.layers import causal_attention
 

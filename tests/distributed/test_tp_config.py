@@ -148,7 +148,7 @@ def test_plan_counts_what_each_tp_rank_holds(world2, which):
     import math
     from mindformers_core.core.memory_plan import plan_memory
     from mindformers_core.distributed.shard_spec import local_shape
-    from mindformers_core.distributed.tp_layout import AttentionShape, tp_shard_specs
+    from mindformers_core.models.tp_plan import AttentionShape, tp_shard_specs
     from mindformers_core.models import build_model
     cfg = load_config(MARKOV, overrides=TP2) if which == "gpt" else dsv3_adamw(TP2)
     model = build_model(cfg.model, seed=0, jit="none")

@@ -1,6 +1,6 @@
-"""Tensor-parallel layout without msrun: which parameter is split how (distributed/tp_layout.py),
+"""Tensor-parallel layout without msrun: which parameter is split how (models/tp_plan.py),
 blocked ShardSpecs (the fused qkv), vocabulary and token ranges, and the sharded norm rule
-(distributed/tp_reduce.tp_grad_norm), against numpy on the full tensors."""
+(distributed/shard_spec.sharded_grad_norm), against numpy on the full tensors."""
 import os
 
 import numpy as np
@@ -9,10 +9,10 @@ import yaml
 
 from mindformers_core.distributed.shard_spec import (ShardSpec, local_indices, local_shape,
                                                       local_slice, shard, unshard)
-from mindformers_core.distributed.tp_layout import (AttentionShape, is_partial_replicated,
+from mindformers_core.models.tp_plan import (AttentionShape, is_partial_replicated,
                                                      token_range, tp_shard_spec, tp_shard_specs,
                                                      vocab_range)
-from mindformers_core.distributed.tp_reduce import tp_grad_norm
+from mindformers_core.distributed.shard_spec import sharded_grad_norm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -143,5 +143,5 @@ def test_tp_grad_norm_counts_replicated_once_and_sums_shards():
         def group_sum(group, x):
             assert group == "tp" and x == pytest.approx(sharded_sq[r], rel=1e-12)
             return sum(sharded_sq)
-        assert tp_grad_norm(local(r), specs, group_sum, bucket_norm) == pytest.approx(want,
+        assert sharded_grad_norm(local(r), specs, group_sum, bucket_norm) == pytest.approx(want,
                                                                                      rel=1e-12)

@@ -1,7 +1,7 @@
 """Muon (and AdamW) on tensor-parallel shards vs one process on the full weights.
 
 Every rank builds the same tiny DeepSeek-V3 in full (same seed), takes its shard of the weights
-tensor parallel splits (``tp_specs``: the TP models' layout, ``distributed/tp_layout.py``),
+tensor parallel splits (``tp_specs``: the TP models' layout, ``models/tp_plan.py``),
 and steps the optimizer built by ``TensorParallelSharding`` on the slices of the same full
 gradients (seeded, one set per step). QK-Clip is on with a low threshold and max logits chosen
 per head (some heads above it); each rank reports the logits of its local heads only. The
@@ -42,7 +42,7 @@ CASES_2D = {
 def tp_specs(model, tp: int):
     """name -> ShardSpec of the weights tensor parallel splits: the package's layout
     (``tp_layout.tp_shard_specs``, what ``apply_tensor_parallel`` records) of the full model."""
-    from mindformers_core.distributed.tp_layout import tp_shard_specs
+    from mindformers_core.models.tp_plan import tp_shard_specs
     return tp_shard_specs(((p.name, p.shape) for p in model.trainable_params()), tp)
 
 

@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Sequence, Tuple
 
-from .shard_spec import ShardSpec
+from ..distributed.shard_spec import ShardSpec
 
 __all__ = ["AttentionShape", "tp_shard_spec", "tp_shard_specs", "is_partial_replicated",
            "vocab_range", "token_range"]
