@@ -18,9 +18,11 @@
 # * When a worker dies, msrun stops the other workers; the launcher then also stops msrun's
 #   scheduler (which would wait ~30 s for its node timeout), names the failing rank, how it
 #   ended and its first error line, and exits with that worker's code (128+N for signal N).
-# * SIGTERM/SIGINT to the launcher is passed to every worker (msrun itself would SIGKILL them
-#   on SIGINT and leave them running on SIGTERM): the trainer finishes its step, saves a
-#   checkpoint and exits 0, and so does the launcher.
+# * SIGTERM/SIGINT/SIGHUP to the launcher, or Ctrl-C to its whole process group, is passed to
+#   every worker as SIGTERM (msrun itself would SIGKILL them on SIGINT and leave them running
+#   on SIGTERM; msrun runs in its own session so a terminal's signal reaches only the
+#   launcher): the trainer finishes its step, saves a checkpoint and exits 0, and so does the
+#   launcher, as a single-process run stopped by Ctrl-C.
 # msrun's own output is kept in LOG_DIR/msrun_launcher.log; its traceback stays there.
 set -u
 
@@ -301,7 +303,13 @@ rm -f "$FIFO"; mkfifo "$FIFO" || die "cannot create a FIFO in LOG_DIR '$LOG_DIR'
 READER_PID=$!
 # "--": the program's own options are never taken by msrun (it would read a program's
 # "--worker" or "--log" as an abbreviation of --worker_num / --log_dir).
-"${MSRUN[@]}" -- "$@" > "$FIFO" 2>&1 &
+# setsid: msrun and its scheduler leave the terminal's process group. Ctrl-C sends SIGINT to
+# that whole group; msrun's own SIGINT handler SIGKILLs every worker and exits 0, and the
+# scheduler dies before the workers' final save (its collectives need it). So only this
+# launcher gets the signal, and forward_stop turns it into a graceful stop of every worker.
+# (A background job of a non-interactive shell is no group leader: setsid execs msrun in
+# place, and $! stays msrun's pid.)
+setsid "${MSRUN[@]}" -- "$@" > "$FIFO" 2>&1 &
 MSRUN_PID=$!
 WORKERS_FILE="$LOG_DIR/.workers"
 : > "$WORKERS_FILE"
@@ -309,6 +317,7 @@ record_workers "$MSRUN_PID" &
 RECORDER_PID=$!
 trap 'forward_stop TERM' TERM
 trap 'forward_stop INT' INT
+trap 'forward_stop HUP' HUP    # the terminal closed: msrun, in its own session, would not see it
 while :; do
   wait "$MSRUN_PID"
   status=$?
@@ -318,7 +327,7 @@ if [ "$status" -gt 128 ]; then   # the last wait may have been the interrupted o
   wait "$MSRUN_PID" 2>/dev/null; s2=$?
   [ "$s2" -ne 127 ] && status=$s2
 fi
-trap - TERM INT
+trap - TERM INT HUP
 wait "$READER_PID" "$RECORDER_PID" 2>/dev/null
 rm -f "$FIFO"
 if [ "$status" -ne 0 ] && { [ "$JOIN" = True ] || [ "$JOIN" = true ]; }; then
