@@ -62,6 +62,20 @@ sys.exit(1)
 EOF
 }
 
+# Whether $1 (an address or host name) is an address of this host: node 0 runs the scheduler,
+# which listens there.
+is_local_address() {
+  python3 - "$1" <<'EOF'
+import socket, sys
+try:
+    addr = socket.gethostbyname(sys.argv[1])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr, 0))
+except OSError:
+    sys.exit(1)
+EOF
+}
+
 # Processes msrun started with MS_ROLE=$1 (MS_WORKER or MS_SCHED): children of the msrun
 # process, which is a child of this launcher ($$ is the launcher in its subshells too).
 msrun_children() {
@@ -93,7 +107,7 @@ record_workers() {
 stop_scheduler() {
   local pid
   for pid in $(msrun_children MS_SCHED); do
-    echo "msrun_launcher: a worker failed; stopping the scheduler (pid $pid) so the job ends now" >&2
+    echo "msrun_launcher: ${1:-a worker failed}; stopping the scheduler (pid $pid) so the job ends now" >&2
     kill -TERM "$pid" 2>/dev/null || true
     # a scheduler that ignores SIGTERM (a user script's own handler) is killed 2 s later
     ( sleep 2; kill -KILL "$pid" 2>/dev/null ) &
@@ -110,14 +124,104 @@ forward_stop() {
   done
 }
 
+# The rank msrun's scheduler saw stop answering ("The node: R is timed out" in scheduler.log,
+# after MS_NODE_TIMEOUT s without a heartbeat), and what that means here. A rank of another
+# node: that node was lost (msrun gives every node LOCAL_WORKER consecutive ranks). A rank of
+# this node: its process is stopped (SIGSTOP: state T) or hung. Prints the verdict; fails when
+# the scheduler saw no timeout. (The healthy ranks fail afterwards in their collectives, and
+# msrun would name the first of them.)
+lost_verdict() {
+  local r node first last pid state how
+  r=$(grep -m1 -oE "The node: [0-9]+ is timed out" "$LOG_DIR/scheduler.log" 2>/dev/null \
+      | awk '{print $3}')
+  [ -n "$r" ] || return 1
+  node=$(( r / LOCAL_WORKER ))
+  if [ "$node" -ne "$NODE_RANK" ]; then
+    first=$(( node * LOCAL_WORKER )); last=$(( first + LOCAL_WORKER - 1 ))
+    echo "msrun_launcher: the job failed: node $node (NODE_RANK $node, ranks $first..$last) was lost:"\
+         "its rank $r stopped answering the scheduler at $MASTER_ADDR:$MASTER_PORT for"\
+         "$MS_NODE_TIMEOUT s (MS_NODE_TIMEOUT); see that host's LOG_DIR"
+  else
+    pid=$(awk -v r="$r" '$2 == r {print $1; exit}' "$WORKERS_FILE" 2>/dev/null)
+    state=$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/${pid:-0}/stat" 2>/dev/null)
+    how="hung"
+    case "$state" in T|t) how="stopped (SIGSTOP)";; esac
+    echo "msrun_launcher: the job failed: rank $r stopped answering the scheduler for"\
+         "$MS_NODE_TIMEOUT s (MS_NODE_TIMEOUT): its process is $how"
+    echo "msrun_launcher: failing worker: rank $r (pid ${pid:-?}, $how); log: $LOG_DIR/worker_$r.log"
+  fi
+}
+
+# On the master node while the job runs: once the scheduler names a timed-out rank the job is
+# lost (no rank can finish a collective with it), so record the verdict and stop every local
+# worker and the scheduler now; msrun would wait for a healthy rank's collective to fail.
+watch_scheduler() {
+  local v pid
+  while kill -0 "$1" 2>/dev/null; do
+    if v=$(lost_verdict); then
+      printf '%s\n' "$v" > "$LOST_FILE"
+      for pid in $(msrun_children MS_WORKER); do
+        kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
+      done
+      stop_scheduler "the scheduler lost a rank"
+      return
+    fi
+    sleep 0.5
+  done
+}
+
+# The cluster never formed (a node did not join within CLUSTER_TIME_OUT): on node 0, which
+# ranks the scheduler registered ("The new node: R(role: MS_WORKER) ... is registered") and so
+# which nodes are missing; on another node, that the scheduler was not reached. Prints the
+# verdict; fails when the workers' logs show no failed cluster build.
+formation_verdict() {
+  local joined r node missing="" nodes_missing=0 listed=""
+  grep -qs "Failed to initialize distributed job cluster" "$LOG_DIR"/worker_*.log || return 1
+  if [ "$NODE_RANK" -ne 0 ]; then
+    echo "msrun_launcher: the job failed: the cluster did not form within CLUSTER_TIME_OUT" \
+         "$CLUSTER_TIME_OUT s: node $NODE_RANK (ranks $FIRST_RANK..$LAST_RANK) did not get the" \
+         "whole job together at the scheduler $MASTER_ADDR:$MASTER_PORT (is node 0 running," \
+         "and can this host reach that address?)"
+    return 0
+  fi
+  joined=$(grep -oE "The new node: [0-9]+\(role: MS_WORKER\)" "$LOG_DIR/scheduler.log" 2>/dev/null \
+           | grep -oE "[0-9]+" | sort -un)
+  for (( node = 0; node < NODE_NUM; node++ )); do
+    for (( r = node * LOCAL_WORKER; r < (node + 1) * LOCAL_WORKER; r++ )); do
+      if ! grep -qx "$r" <<< "$joined"; then
+        missing="$missing${missing:+, }NODE_RANK $node (ranks $(( node * LOCAL_WORKER ))..$(( (node + 1) * LOCAL_WORKER - 1 )))"
+        nodes_missing=$(( nodes_missing + 1 ))
+        break
+      fi
+    done
+  done
+  echo "msrun_launcher: the job failed: the cluster did not form within CLUSTER_TIME_OUT" \
+       "$CLUSTER_TIME_OUT s: $(( NODE_NUM - nodes_missing )) of $NODE_NUM nodes joined the" \
+       "scheduler at $MASTER_ADDR:$MASTER_PORT; $nodes_missing node(s) missing: ${missing:-none}" \
+       "(start the launcher on every node with this MASTER_ADDR and MASTER_PORT)"
+}
+
 # After a failed job: name the worker that failed first (msrun logs "Worker process PID exit
 # with exception. Error code: C"; the PID appears in that worker's log lines), how it ended
 # (a negative code is the signal that killed it), and its first error line; else the worker the
 # scheduler saw time out first; else every worker whose log holds a Python traceback.
 # Sets WORKER_CODE to the failing worker's exit status (128+N for signal N) when known.
 WORKER_CODE=""
+# The error of a rank that stopped only because another rank failed (checkpoint/sharded_save.py)
+FOLLOWER_ERROR="another rank could not write its part of checkpoint"
 report_failure() {
-  local status=$1 out="$LOG_DIR/msrun_launcher.log" line pid code f rank how named=""
+  local status=$1 out="$LOG_DIR/msrun_launcher.log" line pid code f rank how named="" verdict
+  # a rank the scheduler lost explains the job's end better than the first healthy rank whose
+  # collective then failed
+  if [ -s "$LOST_FILE" ] || verdict=$(lost_verdict); then
+    [ -s "$LOST_FILE" ] && verdict=$(cat "$LOST_FILE")
+    echo "$verdict" >&2
+    return
+  fi
+  if verdict=$(formation_verdict); then
+    echo "$verdict" >&2
+    return
+  fi
   line=$(grep -m1 -E "Worker process [0-9]+ exit with exception" "$out" 2>/dev/null)
   if [ -n "$line" ]; then
     pid=$(echo "$line" | sed -E 's/.*Worker process ([0-9]+) exit.*/\1/')
@@ -140,9 +244,22 @@ report_failure() {
         fi
       done
     fi
+    if [ -n "$rank" ] && grep -qs "$FOLLOWER_ERROR" "$LOG_DIR/worker_$rank.log"; then
+      # this rank only stopped because another failed (a checkpoint part it could not see
+      # written): name the rank whose own error it was, when this node holds its log
+      for f in $(ls "$LOG_DIR"/worker_*.log 2>/dev/null | sort -V); do
+        if grep -qE "^(error|ERROR): " "$f" && ! grep -qs "$FOLLOWER_ERROR" "$f"; then
+          echo "msrun_launcher: rank $rank (pid $pid, $how) stopped because another rank failed" >&2
+          rank=$(basename "$f" .log); rank=${rank#worker_}
+          pid=$(awk -v r="$rank" '$2 == r {print $1; exit}' "$WORKERS_FILE" 2>/dev/null)
+          how="its own error"
+          break
+        fi
+      done
+    fi
     if [ -n "$rank" ]; then
       f="$LOG_DIR/worker_$rank.log"
-      echo "msrun_launcher: failing worker: rank $rank (pid $pid, $how); log: $f" >&2
+      echo "msrun_launcher: failing worker: rank $rank (pid ${pid:-?}, $how); log: $f" >&2
       last_error "$f"
       named=1
     fi
@@ -212,6 +329,10 @@ NODE_RANK=0
 LOG_DIR="${LOG_DIR:-}"        # empty: <--output_dir of CMD>/msrun_log, set below
 JOIN="${JOIN:-True}"
 CLUSTER_TIME_OUT="${CLUSTER_TIME_OUT:-7200}"
+# Seconds without a heartbeat after which msrun's scheduler declares a rank lost (MindSpore's
+# default is 30). A lost rank or node then ends the job in about this long; heartbeats come
+# from a thread of their own, so a slow step does not miss them.
+export MS_NODE_TIMEOUT="${MS_NODE_TIMEOUT:-8}"
 
 case $# in
   1|2|6|9) ;;
@@ -250,7 +371,16 @@ elif [ $# -eq 9 ]; then
   is_uint "$LOCAL_WORKER" && [ "$LOCAL_WORKER" -ge 1 ] || die "LOCAL_WORKER must be a positive integer, got '$LOCAL_WORKER'"
   [ "$LOCAL_WORKER" -le "$WORKER_NUM" ] || die "LOCAL_WORKER ($LOCAL_WORKER) must be <= WORKER_NUM ($WORKER_NUM)"
   is_uint "$NODE_RANK" || die "NODE_RANK must be a non-negative integer, got '$NODE_RANK'"
+  [ $(( WORKER_NUM % LOCAL_WORKER )) -eq 0 ] || die "WORKER_NUM ($WORKER_NUM) must be a multiple"\
+    "of LOCAL_WORKER ($LOCAL_WORKER): msrun gives every node the same number of workers"
+  [ "$NODE_RANK" -lt $(( WORKER_NUM / LOCAL_WORKER )) ] || die "NODE_RANK ($NODE_RANK) must be"\
+    "below the node count WORKER_NUM / LOCAL_WORKER = $(( WORKER_NUM / LOCAL_WORKER ))"
 fi
+is_uint "$MS_NODE_TIMEOUT" && [ "$MS_NODE_TIMEOUT" -ge 1 ] \
+  || die "MS_NODE_TIMEOUT must be a positive number of seconds, got '$MS_NODE_TIMEOUT'"
+NODE_NUM=$(( WORKER_NUM / LOCAL_WORKER ))
+FIRST_RANK=$(( NODE_RANK * LOCAL_WORKER ))
+LAST_RANK=$(( FIRST_RANK + LOCAL_WORKER - 1 ))
 
 is_uint "$MASTER_PORT" && [ "$MASTER_PORT" -ge 1 ] && [ "$MASTER_PORT" -le 65535 ] \
   || die "MASTER_PORT must be in 1..65535, got '$MASTER_PORT'"
@@ -266,9 +396,12 @@ fi
 
 command -v msrun >/dev/null 2>&1 || die "msrun not found on PATH: install mindspore (pip install -e .)"
 
-# The scheduler listens on MASTER_PORT on the master node only.
-if [ "$NODE_RANK" -eq 0 ] && port_in_use "$MASTER_PORT"; then
-  die "MASTER_PORT $MASTER_PORT is already in use on this host; pass another port (6- or 9-argument form, or MASTER_PORT=...)"
+# The scheduler listens on MASTER_ADDR:MASTER_PORT, on node 0 only.
+if [ "$NODE_RANK" -eq 0 ]; then
+  is_local_address "$MASTER_ADDR" || die "MASTER_ADDR $MASTER_ADDR is not an address of this"\
+    "host; node 0 (NODE_RANK 0) runs the scheduler there, so run it on that host"
+  port_in_use "$MASTER_PORT" && die "MASTER_PORT $MASTER_PORT is already in use on this host;"\
+    "pass another port (6- or 9-argument form, or MASTER_PORT=...)"
 fi
 
 mkdir -p "$LOG_DIR" || die "cannot create LOG_DIR '$LOG_DIR'"
@@ -279,7 +412,14 @@ MSRUN=(msrun "--worker_num=$WORKER_NUM" "--local_worker_num=$LOCAL_WORKER"
 if [ $# -eq 9 ]; then
   MSRUN+=("--master_addr=$MASTER_ADDR" "--node_rank=$NODE_RANK")
 fi
+# msrun itself, except that only NODE_RANK 0 starts the scheduler (msrun would start one on
+# every node that owns MASTER_ADDR: two nodes on one host both would) and the scheduler logs
+# which ranks joined: scripts/msrun_node.py
+MSRUN[0]="$SCRIPT_DIR/msrun_node.py"
+MSRUN=(python3 "${MSRUN[@]}")
 
+echo "msrun_launcher: node $NODE_RANK of $NODE_NUM runs ranks $FIRST_RANK..$LAST_RANK" \
+     "($LOCAL_WORKER of $WORKER_NUM workers); master $MASTER_ADDR:$MASTER_PORT; logs: $LOG_DIR"
 echo "Running Command: ${MSRUN[*]} -- $CMD"
 echo "Worker logs: $LOG_DIR/worker_<rank>.log"
 # msrun takes the program and its arguments as separate words. Its own output is also kept
@@ -315,6 +455,13 @@ WORKERS_FILE="$LOG_DIR/.workers"
 : > "$WORKERS_FILE"
 record_workers "$MSRUN_PID" &
 RECORDER_PID=$!
+LOST_FILE="$LOG_DIR/.lost_rank"
+rm -f "$LOST_FILE"
+WATCHER_PID=""
+if [ "$NODE_RANK" -eq 0 ]; then
+  watch_scheduler "$MSRUN_PID" &
+  WATCHER_PID=$!
+fi
 trap 'forward_stop TERM' TERM
 trap 'forward_stop INT' INT
 trap 'forward_stop HUP' HUP    # the terminal closed: msrun, in its own session, would not see it
@@ -328,11 +475,11 @@ if [ "$status" -gt 128 ]; then   # the last wait may have been the interrupted o
   [ "$s2" -ne 127 ] && status=$s2
 fi
 trap - TERM INT HUP
-wait "$READER_PID" "$RECORDER_PID" 2>/dev/null
+wait "$READER_PID" "$RECORDER_PID" $WATCHER_PID 2>/dev/null
 rm -f "$FIFO"
 if [ "$status" -ne 0 ] && { [ "$JOIN" = True ] || [ "$JOIN" = true ]; }; then
   report_failure "$status"
   [ -n "$WORKER_CODE" ] && [ "$WORKER_CODE" -gt 0 ] && status=$WORKER_CODE
 fi
-rm -f "$WORKERS_FILE"
+rm -f "$WORKERS_FILE" "$LOST_FILE"
 exit "$status"
