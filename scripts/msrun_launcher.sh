@@ -23,6 +23,13 @@
 #   on SIGTERM; msrun runs in its own session so a terminal's signal reaches only the
 #   launcher): the trainer finishes its step, saves a checkpoint and exits 0, and so does the
 #   launcher, as a single-process run stopped by Ctrl-C.
+# * A rank that sends no heartbeat for MS_NODE_TIMEOUT s (default 8 here; a lost host, a
+#   SIGSTOPped or hung process) is named from the scheduler's log on node 0: for a rank of
+#   another node, that node (NODE_RANK and its ranks); the job is stopped at once.
+# * A cluster that does not form in CLUSTER_TIME_OUT: node 0 names the nodes that did not join
+#   and the master address and port.
+# * Several nodes: the 9-argument form on every host; only NODE_RANK 0 starts the scheduler
+#   (scripts/msrun_node.py), also when two nodes share a host. docs/multi_node.md.
 # msrun's own output is kept in LOG_DIR/msrun_launcher.log; its traceback stays there.
 set -u
 

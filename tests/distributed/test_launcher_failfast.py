@@ -133,9 +133,9 @@ def test_a_full_disk_names_the_rank_whose_write_failed(tmp_path):
     rank 0 first ("another rank could not write its part"); the launcher names rank 1."""
     worker = os.path.join(ROOT, "tests", "distributed", "enospc_worker.py")
     env = {k: v for k, v in os.environ.items() if k not in ("GLOG_v", "LOG_DIR", "MS_ROLE")}
-    env["MASTER_PORT"] = str(free_port())
-    proc = subprocess.run(["bash", LAUNCHER, f"python {worker} {tmp_path}", "2"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(["bash", LAUNCHER, f"python {worker} {tmp_path}", "2",
+                           str(free_port()), str(tmp_path / "msrun_log"), "True", "300"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     err = proc.stderr
     assert proc.returncode == 1, err
     log0 = open(tmp_path / "msrun_log" / "worker_0.log").read()
