@@ -123,11 +123,25 @@ stop_scheduler() {
 
 # SIGTERM/SIGINT to the launcher: pass SIGTERM to every worker (children of msrun with
 # MS_ROLE=MS_WORKER; each leads its own process group) so each finishes its step and saves.
+# A second signal is passed on again (the trainer then ends at once). Workers msrun has not
+# started yet when the signal comes are signalled as they appear (STOPPING; the main loop).
+STOPPING=""
+SIGNALLED=" "
 forward_stop() {
-  local sig=$1 child
+  local sig=$1
   echo "msrun_launcher: received SIG$sig; asking every worker to finish its step, save and exit" >&2
+  [ -n "$STOPPING" ] && SIGNALLED=" "
+  STOPPING=$sig
+  signal_workers
+}
+
+# SIGTERM to every worker not yet signalled (each leads its own process group).
+signal_workers() {
+  local child
   for child in $(msrun_children MS_WORKER); do
+    case "$SIGNALLED" in *" $child "*) continue;; esac
     kill -TERM -- "-$child" 2>/dev/null || kill -TERM "$child" 2>/dev/null || true
+    SIGNALLED="$SIGNALLED$child "
   done
 }
 
@@ -473,6 +487,11 @@ trap 'forward_stop TERM' TERM
 trap 'forward_stop INT' INT
 trap 'forward_stop HUP' HUP    # the terminal closed: msrun, in its own session, would not see it
 while :; do
+  if [ -n "$STOPPING" ]; then      # stopping: also workers that start after the signal
+    signal_workers
+    sleep 0.5
+    kill -0 "$MSRUN_PID" 2>/dev/null && continue
+  fi
   wait "$MSRUN_PID"
   status=$?
   kill -0 "$MSRUN_PID" 2>/dev/null || break   # still running: a trap interrupted the wait
