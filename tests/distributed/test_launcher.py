@@ -46,12 +46,28 @@ def busy_port():
      r"LOCAL_WORKER must be a positive integer, got '0'"),
     (("echo", "2", "1", "127.0.0.1", "8118", "-1", "/tmp/l", "True", "60"),
      r"NODE_RANK must be a non-negative integer, got '-1'"),
+    (("echo", "3", "2", "127.0.0.1", "8118", "0", "/tmp/l", "True", "60"),
+     r"WORKER_NUM \(3\) must be a multiple of LOCAL_WORKER \(2\): msrun gives every node the "
+     r"same number of workers"),
+    (("echo", "4", "2", "127.0.0.1", "8118", "2", "/tmp/l", "True", "60"),
+     r"NODE_RANK \(2\) must be below the node count WORKER_NUM / LOCAL_WORKER = 2"),
+    # TEST-NET-2 (RFC 5737): never an address of this host
+    (("echo", "2", "1", "198.51.100.7", "8118", "0", "/tmp/l", "True", "60"),
+     r"MASTER_ADDR 198\.51\.100\.7 is not an address of this host; node 0 \(NODE_RANK 0\) runs "
+     r"the scheduler there"),
 ])
 def test_argument_errors(args, message):
     import re
     proc = run(*args)
     assert proc.returncode == 2
     assert re.search(r"msrun_launcher: error: " + message, proc.stderr), proc.stderr
+
+
+def test_a_node_timeout_that_is_no_number_of_seconds_is_refused():
+    proc = run("echo", "2", env={"MS_NODE_TIMEOUT": "soon"})
+    assert proc.returncode == 2
+    assert "msrun_launcher: error: MS_NODE_TIMEOUT must be a positive number of seconds, got " \
+        "'soon'" in proc.stderr, proc.stderr
 
 
 def test_usage_lists_the_call_forms():

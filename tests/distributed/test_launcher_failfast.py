@@ -102,3 +102,44 @@ def test_config_error_on_every_worker_is_shown_with_its_rank_and_code_2(tmp_path
     assert re.search(r"msrun_launcher: failing worker: rank \d\b.*\n  error: training.steps: must "
                      r"be > 0, got -1", err), err
     assert "Traceback" not in err
+
+
+def test_a_stopped_rank_is_named_not_the_healthy_one(tmp_path):
+    """SIGSTOP on rank 1: the scheduler notices its missing heartbeats after MS_NODE_TIMEOUT
+    (the launcher's default, 8 s); rank 0's collective fails next and msrun would name it."""
+    proc = start(tmp_path, *LONG)
+    wait_for_step(tmp_path, 2, proc)
+    pid = worker_pid(1)
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    ended = time.monotonic() - t0
+    assert proc.returncode != 0, err
+    assert re.search(rf"msrun_launcher: failing worker: rank 1 \(pid {pid}, stopped \(SIGSTOP\)\)",
+                     err), err
+    assert "rank 1 stopped answering the scheduler for 8 s (MS_NODE_TIMEOUT)" in err, err
+    assert "failing worker: rank 0" not in err, err
+    assert ended < 20, (ended, err)
+
+
+def test_a_full_disk_names_the_rank_whose_write_failed(tmp_path):
+    """Rank 1's rank file hits ENOSPC: both ranks stop with a CheckpointError, the healthy
+    rank 0 first ("another rank could not write its part"); the launcher names rank 1."""
+    worker = os.path.join(ROOT, "tests", "distributed", "enospc_worker.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("GLOG_v", "LOG_DIR", "MS_ROLE")}
+    proc = subprocess.run(["bash", LAUNCHER, f"python {worker} {tmp_path}", "2",
+                           str(free_port()), str(tmp_path / "msrun_log"), "True", "300"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    err = proc.stderr
+    assert proc.returncode == 1, err
+    log0 = open(tmp_path / "msrun_log" / "worker_0.log").read()
+    assert "ERROR: another rank could not write its part of checkpoint" in log0, log0[-2000:]
+    assert re.search(r"msrun_launcher: failing worker: rank 1\b.*\n  ERROR: cannot write checkpoint "
+                     r".*rank00001-of-00002.*: No space left on device", err), err
+    assert "failing worker: rank 0" not in err, err
