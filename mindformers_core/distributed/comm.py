@@ -12,8 +12,7 @@ AllReduce SUM on ``create_group`` sub-groups is exact, interleaved with world-gr
 (4 workers, tp {0,1} {2,3} and dp {0,2} {1,3}, 20 of 20 rounds, in each of: names derived from
 the members; one name "tp" for different member sets with the creation order differing between
 ranks; no sync between the three collectives of a round; and on 2 workers a sub-group with the
-world's members). An earlier note here said sub-group sums were wrong; none of these variants
-reproduces it.
+world's members).
 
 Byte accounting (:class:`CommStats`, per rank, bytes *received*, the usual ring algorithms):
 

@@ -55,11 +55,6 @@ class ExpertParallelReducer:
         self.rank = inner.rank
         self._specs: Optional[List[ShardSpec]] = None
 
-    @property
-    def mesh(self):
-        """The expert mesh (``trainer/sharded_save.MeshReducer``: ``ep``/``edp`` coordinates)."""
-        return self.comm.mesh
-
     # -- which gradient is which ---------------------------------------------------------------
     def bind_parameters(self, params: Sequence) -> None:
         self._specs = [self.specs.get(p.name) or replicated(p.shape) for p in params]

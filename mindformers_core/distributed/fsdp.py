@@ -183,12 +183,6 @@ class FSDPGradReducer:
         self.divide = not disable_gradient_division
         self._names: Optional[List[str]] = None
 
-    @property
-    def mesh(self):
-        """The data-parallel mesh (``trainer/sharded_save.MeshReducer``: the ``dp`` index of
-        this rank's shards)."""
-        return self.group_comm.mesh
-
     # -- delegated -------------------------------------------------------------------------------
     def global_token_count(self, local_tokens: float) -> float:
         return self.base.global_token_count(local_tokens)

@@ -1,4 +1,4 @@
-"""Data-parallel gradient reduction: the trainer's ``grad_reducer`` for world size > 1.
+"""Data-parallel gradient reduction (the data-parallel builder of distributed/setup.py).
 
 Token weighting (the loss is the mean over every loss token of the global batch). Rank r holds micro-batches with loss-token counts
 ``n_rj``; the global step has ``T = sum_r sum_j n_rj`` tokens. The trainer asks
@@ -52,10 +52,8 @@ def plan_buckets(sizes: Sequence[int], bucket_bytes: int, itemsize: int = 4) -> 
 class DataParallelGradReducer:
     """SUM of gradients, token-loss sums and token counts over the data-parallel ranks.
 
-    Implements the trainer's ``trainer.protocols.DataParallelReducer``: ``world_size``,
-    ``rank``, ``global_token_count``, ``reduce``, ``mean_over_ranks``, ``broadcast_flag``,
-    ``optimizer_sharding``,
-    ``sync_moe_stats``; plus ``reduce_max`` (MAX over ranks).
+    Implements ``distributed.setup.GradReduction`` (what the run's layout calls), plus
+    ``optimizer_sharding`` and ``reduce_max`` (MAX over ranks).
     """
 
     def __init__(self, comm: Communicator, bucket_bytes: int = DEFAULT_BUCKET_BYTES):

@@ -1,7 +1,7 @@
 """Pipeline parallelism for the trainer: one rank per stage, its micro-batches per schedule.
 
-The trainer's gradient reducer when ``parallelism.pipeline_parallel`` > 1 (the
-``trainer.protocols.PipelineReducer`` hook). Per optimizer step:
+The reduction of the run's layout when ``parallelism.pipeline_parallel`` > 1
+(``distributed.setup.ParallelRun`` runs its schedule). Per optimizer step:
 
 1. every stage reads the same micro-batches (data parallel 1), so the step's loss tokens are
    known everywhere without a collective; the number of micro-batches is the accumulation
@@ -54,7 +54,7 @@ def stage_split_for(cfg) -> StageSplit:
 
 
 class PipelineParallel:
-    """This rank's stage: the trainer's reducer and the executor of its schedule."""
+    """This rank's stage: the layout's reduction and the executor of its schedule."""
 
     def __init__(self, cfg, comm: GroupCommunicator):
         self.cfg = cfg
@@ -109,7 +109,7 @@ class PipelineParallel:
             self._programs[num_micro] = p2p_program(scheds, pp, vpp, self.stage_ranks)[self.stage]
         return self._programs[num_micro]
 
-    # -- the trainer's reducer ------------------------------------------------------------------
+    # -- GradReduction (distributed/setup.py) ------------------------------------------------------
     def global_token_count(self, local_tokens: float) -> float:
         return float(local_tokens)   # every stage reads the same micro-batches
 

@@ -54,12 +54,7 @@ class TensorParallelGradReducer:
         self._model = None
         self._specs = None
 
-    @property
-    def mesh(self):
-        """The run's mesh (``trainer/sharded_save.MeshReducer``: checkpoint coordinates)."""
-        return self.comm.mesh
-
-    # -- DataParallelReducer ---------------------------------------------------------------------
+    # -- GradReduction (distributed/setup.py) -----------------------------------------------------
     def global_token_count(self, local_tokens: float) -> float:
         return self.data.global_token_count(local_tokens)
 
@@ -98,7 +93,7 @@ class TensorParallelGradReducer:
         from .qk_clip_stats import combine_qk_stats
         return combine_qk_stats(self.comm, "tp", stats)
 
-    # -- ModelParallelReducer --------------------------------------------------------------------
+    # -- the sharded model -------------------------------------------------------------------------
     def bind_model(self, model) -> None:
         """The tensor-parallel model of this rank (``models.tp_model.apply_tensor_parallel``
         over :attr:`model_parallel_comm`): its ``shard_specs()`` lay out the optimizer

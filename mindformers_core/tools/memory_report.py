@@ -4,9 +4,10 @@ the Markdown block of docs/recipes.md.
     python -m mindformers_core.tools.memory_report --config configs/npu/deepseek_v3_adamw.yaml \\
         --layout dp=4,tp=8,pp=8,ep=32 --recompute full --flash --device-target Ascend --markdown
 
-The layout may use sizes the config refuses today (tensor/pipeline/expert parallel are not
-implemented): the estimate is what the run would need once they are. Without ``--layout`` the
-config's own layout on ``--world-size`` ranks is used. Exit 1 when the verdict is FAIL.
+The layout may be one the config refuses today (a combination config/layout.py's
+``check_layout`` does not run yet): the estimate is what the run would need once it does.
+Without ``--layout`` the config's own layout (its ParallelDims) on ``--world-size`` ranks is
+used. Exit 1 when the verdict is FAIL.
 """
 from __future__ import annotations
 

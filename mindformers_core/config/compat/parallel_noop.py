@@ -1,7 +1,7 @@
 """Upstream `parallelism:` keys of features that do not exist here: the accepted values.
 
-Only data parallelism with ZeRO-1 optimizer-state sharding (``data_parallel_shard``) and expert
-parallelism (``expert_parallel``, config/expert_layout.py) are implemented. A key is accepted
+Data, tensor (+sequence), expert and pipeline parallelism are implemented (which combinations
+run: config/layout.py); the keys below belong to features that are not. Such a key is accepted
 with its no-op value; any other value is a ConfigError naming the field and saying the feature
 is not implemented (``noop.require_noop``).
 
