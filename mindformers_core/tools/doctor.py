@@ -26,6 +26,8 @@ where marked:
     muon_prerequisites    Muon: MLA enabled, no swap, QK-Clip on
     loss_scale            the loss scale fits the dtype (optim/loss_scale_bound.py): FAIL beyond
                           (every step would overflow)
+    performance_flags     upstream performance flags that change nothing on this backend
+                          (config/compat/parallel_noop.py PERFORMANCE_FLAGS): WARN, saying so
     memory                the per-rank memory estimate fits the device (FAIL above it, WARN
                           above 90%; core/memory_plan.py)
 
@@ -42,6 +44,7 @@ import warnings
 from typing import Dict, List, Optional, Sequence
 
 from ..config import ConfigError, RunConfig, load_config
+from ..config.compat.parallel_noop import performance_flag_notes
 from ..core.memory_plan import param_counts, plan_memory
 from ..core.memory_verdict import format_count, memory_verdict
 from .batch_scaling import rule_for_optimizer, scale_lr_for_batch_size
@@ -423,6 +426,17 @@ def check_loss_scale(cfg) -> Verdict:
                    else "no static loss scale (dynamic under float16, none otherwise)")
 
 
+def check_performance_flags(cfg) -> Verdict:
+    """Upstream performance flags the config turns on that do nothing here (the run is the same
+    math either way, so a WARN)."""
+    notes = performance_flag_notes(cfg.parallelism)
+    if notes:
+        return Verdict("performance_flags", "WARN", "; ".join(notes),
+                       "remove them, or keep them for the same YAML on Ascend")
+    return Verdict("performance_flags", "PASS", "no upstream performance flag that is a no-op "
+                                                "here is set")
+
+
 # ----------------------------------------------------------------------------------------------
 def _shrunk_twin_config(model_cfg):
     """Same structure (names, ranks, layer kinds), tiny sizes: for group checks of big models."""
@@ -485,7 +499,7 @@ def run_doctor(cfg, reference_batch: Optional[float] = None,
     if inspect_model:
         verdicts.append(check_group_lr_ratios(cfg, sched, groups))
     verdicts += [check_optimizer_state(cfg), check_muon_prerequisites(cfg),
-                 check_loss_scale(cfg)]
+                 check_loss_scale(cfg), check_performance_flags(cfg)]
     verdicts.append(check_memory(cfg, world_size))
     return verdicts
 
