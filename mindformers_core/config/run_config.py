@@ -35,7 +35,7 @@ from ..errors import ConfigError
 from .logging import LoggingConfig
 from .lr_scheduler import ABSENT_LR_SCHEDULER, LrSchedulerConfig
 from .model import ModelConfig
-from .monitor import MonitorConfig
+from .monitor import MonitorConfig, TensorBoardTarget, tensorboard_target
 from .compat.disabled_sections import LoraConfig, RecomputeCommConfig, SwapConfig
 from .optimizer import OptimizerConfig
 from .compat.megatron_loader import check_loader_vs_model
@@ -197,9 +197,15 @@ class RunConfig(Section):
             if getattr(self, name) is not None:
                 check_loader_vs_model(getattr(self, name), self.model.seq_length, name)
         self._check_recompute_vs_jit()
+        self.tensorboard_target()   # logging.tensorboard vs monitor.tensorboard (config/monitor.py)
         check_pipeline_vs_model(self.parallelism, self.model, self.training)   # config/pipeline.py
         self.plan()  # schedule against training.steps, data parallel, accumulation
         check_tensor_parallel(self)   # tp > 1: sequence parallel, sizes (tensor_parallel_rules)
+
+    def tensorboard_target(self) -> Optional[TensorBoardTarget]:
+        """Where the run writes TensorBoard event files (``logging.tensorboard`` or upstream's
+        ``monitor.tensorboard``), None when it does not."""
+        return tensorboard_target(self.monitor, self.logging.tensorboard)
 
     def defaulted_sections(self) -> tuple:
         """The sections of DEFAULTED_SECTIONS the user did not write (they hold the defaults)."""

@@ -193,9 +193,13 @@ def test_monitor_loads_upstream_and_older_tensorboard_names():
                                    "tensorboard": {"tensorboard_dir": "", "queue_size": 10}},
                                   "monitor")
     assert cfg.train_state.local_norm == "embedding" and cfg.tensorboard.queue_size == 10
-    with pytest.raises(ConfigError, match=r"^monitor\.tensorboard\.output_dir: '/tb' needs "
-                                          r"TensorBoard output"):
-        MonitorConfig.from_dict({"tensorboard": {"output_dir": "/tb"}}, "monitor")
+    assert MonitorConfig.from_dict({"tensorboard": {"output_dir": "/tb"}},
+                                   "monitor").tensorboard.resolved() == ("/tb", 1, 1000)
+    with pytest.raises(ConfigError, match=r"^monitor\.tensorboard\.tensorboard_log_interval: 3 "
+                                          r"disagrees with log_interval: 2 \(the same field in "
+                                          r"two spellings: write one\)"):
+        MonitorConfig.from_dict({"tensorboard": {"log_interval": 2,
+                                                 "tensorboard_log_interval": 3}}, "monitor")
     with pytest.raises(ConfigError, match=r"^monitor\.train_state\.local_norm: expected bool "
                                           r"or str or list of str, got int"):
         MonitorConfig.from_dict({"train_state": {"local_norm": 3}}, "monitor")
