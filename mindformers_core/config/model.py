@@ -83,6 +83,10 @@ class ModelConfig(Section):
     moe_shared_expert_intermediate_size: Optional[int] = None  # None = n_shared * moe_intermediate
     moe_expert_capacity_factor: Optional[float] = None         # None = dropless
     moe_token_drop_policy: Literal["probs", "position"] = "probs"
+    #: upstream's padded dispatch: every expert computes a fixed number of rows (its capacity,
+    #: or the micro-batch's tokens when dropless) so the shapes never depend on the routing;
+    #: the same loss and gradients as the unpadded dispatch (models/dispatch.py)
+    use_pad_tokens: bool = False
 
     # ------------------------------------------------------------------ both naming schemes
     @classmethod

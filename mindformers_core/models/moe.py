@@ -48,6 +48,7 @@ class MoESpec:
     aux_loss_coeff: float
     capacity_factor: Optional[float]
     drop_policy: str
+    pad_tokens: bool = False              # use_pad_tokens: static padded dispatch
 
     @classmethod
     def from_model_config(cls, cfg) -> "MoESpec":
@@ -60,7 +61,7 @@ class MoESpec:
                    load_balancing_type=cfg.moe_router_load_balancing_type,
                    aux_loss_coeff=cfg.moe_aux_loss_coeff,
                    capacity_factor=cfg.moe_expert_capacity_factor,
-                   drop_policy=cfg.moe_token_drop_policy)
+                   drop_policy=cfg.moe_token_drop_policy, pad_tokens=cfg.use_pad_tokens)
 
 
 class Router(nn.Cell):
@@ -101,20 +102,22 @@ class GroupedExperts(nn.Cell):
         """Parameter name -> ShardSpec of the split weights (``shard_spec.ShardedCell``)."""
         return dict(self.specs)
 
-    def construct(self, x2d, gate_w, topk_idx, capacity_factor=None, drop_policy="probs"):
+    def construct(self, x2d, gate_w, topk_idx, capacity_factor=None, drop_policy="probs",
+                  pad_tokens=False):
         return self.apply(x2d, gate_w, topk_idx, self.weight1, self.weight2, capacity_factor,
-                          drop_policy)
+                          drop_policy, pad_tokens)
 
     def apply(self, x2d, gate_w, topk_idx, weight1, weight2, capacity_factor=None,
-              drop_policy="probs"):
-        """``construct`` with the two expert weights as arguments."""
+              drop_policy="probs", pad_tokens=False):
+        """``construct`` with the two expert weights as arguments; ``pad_tokens``: the padded
+        dispatch (``model.use_pad_tokens``, models/dispatch.py)."""
         p = self.precision
         if self.ep_comm is not None:
             return ep_expert_ffn(p.cast(x2d), gate_w, topk_idx, p.cast(weight1),
                                  p.cast(weight2), self.ffn, self.ep_comm, self.exchange,
-                                 capacity_factor, drop_policy)
+                                 capacity_factor, drop_policy, pad_tokens)
         return expert_ffn(p.cast(x2d), gate_w, topk_idx, p.cast(weight1),
-                          p.cast(weight2), self.ffn, capacity_factor, drop_policy)
+                          p.cast(weight2), self.ffn, capacity_factor, drop_policy, pad_tokens)
 
 
 class MoE(nn.Cell):
@@ -180,7 +183,8 @@ class MoE(nn.Cell):
         idx = rt.select_experts(scores, self.router.expert_bias, s.top_k, s.n_group, s.topk_group)
         gate_w = rt.gate_weights(scores, idx, s.norm_topk_prob, s.routed_scaling_factor)
         out, counts, dropped = self.experts.apply(x2d, gate_w, idx, weight1, weight2,
-                                                  s.capacity_factor, s.drop_policy)
+                                                  s.capacity_factor, s.drop_policy,
+                                                  s.pad_tokens)
         aux = None
         if s.load_balancing_type != "none" and s.aux_loss_coeff > 0:
             onehot = ops.one_hot(idx, s.num_experts, ms.Tensor(1.0, ms.float32),
