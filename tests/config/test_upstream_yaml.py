@@ -187,15 +187,16 @@ def test_upstream_deepseek_v3_config_trains_3_steps_on_cpu(tmp_path, name):
                        timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     from mindformers_core.config import load_config
-    assert load_config(os.path.join(UPSTREAM, name)).model.use_pad_tokens == \
-        name.startswith("r2.0.0")
+    model = load_config(os.path.join(UPSTREAM, name)).model
+    assert model.use_pad_tokens == name.startswith("r2.0.0")
     with open(out / "metrics.jsonl") as fh:
         steps = [json.loads(x) for x in fh]
     assert [s["step"] for s in steps] == [1, 2, 3]
     # an untrained model on uniform random bytes: the loss is ln(256)
     for s in steps:
         assert s["loss"] == pytest.approx(np.log(256), rel=0.05)
-        assert s["aux_loss"] > 0 and s["mtp_loss"] > 0 and not s["skipped"]
+        assert s["aux_loss"] > 0 and not s["skipped"]
+        assert (s["mtp_loss"] > 0) if model.num_nextn_predict_layers else "mtp_loss" not in s
 
 
 def test_migration_doc_lists_every_upstream_key():
