@@ -35,6 +35,7 @@ from ..errors import ConfigError
 from .logging import LoggingConfig
 from .lr_scheduler import ABSENT_LR_SCHEDULER, LrSchedulerConfig
 from .model import ModelConfig
+from .moe import dispatcher_into_model
 from .monitor import MonitorConfig, TensorBoardTarget, tensorboard_target
 from .compat.disabled_sections import LoraConfig, RecomputeCommConfig, SwapConfig
 from .optimizer import OptimizerConfig
@@ -174,6 +175,7 @@ class RunConfig(Section):
         for key in data:
             if key not in names:
                 raise unknown_key_error("", key, names, what="section")
+        data = dispatcher_into_model(data)   # parallelism's spelling of it (config/moe.py)
         kwargs = {}
         # sections are built in field order, so the first error is deterministic; an absent
         # section of DEFAULTED_SECTIONS comes from the field default

@@ -51,7 +51,7 @@ from mindspore import Tensor, nn, ops
 from .dispatch import DispatchPlan, block_expert_ffn, make_plan, padded_rows
 
 __all__ = ["EPDispatchPlan", "make_ep_plan", "rank_of_expert", "AllToAll", "ep_expert_ffn",
-           "padded_chunk", "spread_plan"]
+           "padded_chunk", "spread_plan", "route_locally"]
 
 
 def rank_of_expert(expert: np.ndarray, num_experts: int, ep: int) -> np.ndarray:
@@ -104,15 +104,29 @@ def padded_chunk(num_tokens: int, top_k: int, num_experts: int, ep: int,
     return max(1, most)
 
 
-def spread_plan(plan: DispatchPlan, rows: np.ndarray, total: int) -> DispatchPlan:
-    """``plan`` (of one pair per token, k = 1) with its tokens placed at ``rows`` of a buffer
-    of ``total`` rows; the other rows are dropped pairs (they read nothing back)."""
-    pair_row = np.full(total, plan.num_rows, np.int32)
-    pair_row[rows] = plan.pair_row
+def spread_plan(plan: DispatchPlan, slots: np.ndarray, num_tokens: int,
+                top_k: int = 1) -> DispatchPlan:
+    """``plan`` (of one pair per token, k = 1) with its pairs placed at ``slots`` of a
+    ``num_tokens`` x ``top_k`` layout of (token, slot) pairs; every other slot is a dropped
+    pair (it reads nothing back)."""
+    slots = np.asarray(slots, np.int64)
+    pair_row = np.full(num_tokens * top_k, plan.num_rows, np.int32)
+    pair_row[slots] = plan.pair_row
     held = plan.row_token < plan.num_tokens
-    row_token = np.full(plan.row_token.size, total, np.int32)
-    row_token[held] = np.asarray(rows)[plan.row_token[held]]
-    return dataclasses.replace(plan, num_tokens=total, pair_row=pair_row, row_token=row_token)
+    row_token = np.full(plan.row_token.size, num_tokens, np.int32)
+    row_token[held] = slots[plan.row_token[held]] // top_k
+    return dataclasses.replace(plan, num_tokens=num_tokens, top_k=top_k, pair_row=pair_row,
+                               row_token=row_token)
+
+
+def route_locally(gate_w, topk_idx, num_experts: int, capacity_factor=None,
+                  drop_policy: str = "probs") -> DispatchPlan:
+    """This rank's ``dispatch.make_plan`` of its own pairs (drops by the capacity locally, as
+    one process does for the same tokens)."""
+    probs = None
+    if capacity_factor is not None and drop_policy == "probs":
+        probs = ops.stop_gradient(gate_w).asnumpy()
+    return make_plan(topk_idx.asnumpy(), num_experts, capacity_factor, drop_policy, probs)
 
 
 def make_ep_plan(local: DispatchPlan, counts: np.ndarray, rank: int,
@@ -182,10 +196,7 @@ def ep_expert_ffn(x2d, gate_w, topk_idx, weight1, weight2, ffn: int, comm, excha
     rank = comm.mesh.local_rank("ep", comm.rank)
     num_experts = weight1.shape[0] * ep
     t, h = x2d.shape
-    probs = None
-    if capacity_factor is not None and drop_policy == "probs":
-        probs = ops.stop_gradient(gate_w).asnumpy()
-    local = make_plan(topk_idx.asnumpy(), num_experts, capacity_factor, drop_policy, probs)
+    local = route_locally(gate_w, topk_idx, num_experts, capacity_factor, drop_policy)
     kept_counts = np.minimum(local.tokens_per_expert, local.capacity).astype(np.float32)
     counts = comm.all_gather(kept_counts.reshape(1, -1), "ep", 0)      # [ep, E], exact
     chunk = None

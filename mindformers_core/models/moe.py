@@ -25,6 +25,7 @@ from mindspore import mint, nn, ops
 
 from . import router as rt
 from .dispatch import expert_ffn
+from .ep_dedup import DEREDUNDANT, dedup_expert_ffn
 from .ep_dispatch import ep_expert_ffn
 from .layers import placeholder
 from .mlp import MLP
@@ -49,6 +50,7 @@ class MoESpec:
     capacity_factor: Optional[float]
     drop_policy: str
     pad_tokens: bool = False              # use_pad_tokens: static padded dispatch
+    deredundant: bool = False             # alltoall_deredundancy (models/ep_dedup.py)
 
     @classmethod
     def from_model_config(cls, cfg) -> "MoESpec":
@@ -61,7 +63,8 @@ class MoESpec:
                    load_balancing_type=cfg.moe_router_load_balancing_type,
                    aux_loss_coeff=cfg.moe_aux_loss_coeff,
                    capacity_factor=cfg.moe_expert_capacity_factor,
-                   drop_policy=cfg.moe_token_drop_policy, pad_tokens=cfg.use_pad_tokens)
+                   drop_policy=cfg.moe_token_drop_policy, pad_tokens=cfg.use_pad_tokens,
+                   deredundant=cfg.moe_token_dispatcher_type == DEREDUNDANT)
 
 
 class Router(nn.Cell):
@@ -96,6 +99,7 @@ class GroupedExperts(nn.Cell):
         self.weight2 = placeholder((num_experts, ffn, hidden_size), precision.param, "weight2")
         self.ep_comm = None       # GroupCommunicator once the experts are split over "ep"
         self.exchange = None      # ep_dispatch.AllToAll over "ep"
+        self.deredundant = False  # each token sent once per EP rank (models/ep_dedup.py)
         self.specs = {}           # parameter name -> ShardSpec (empty: replicated)
 
     def sharded_params(self) -> dict:
@@ -112,6 +116,10 @@ class GroupedExperts(nn.Cell):
         """``construct`` with the two expert weights as arguments; ``pad_tokens``: the padded
         dispatch (``model.use_pad_tokens``, models/dispatch.py)."""
         p = self.precision
+        if self.ep_comm is not None and self.deredundant:
+            return dedup_expert_ffn(p.cast(x2d), gate_w, topk_idx, p.cast(weight1),
+                                    p.cast(weight2), self.ffn, self.ep_comm, self.exchange,
+                                    capacity_factor, drop_policy, pad_tokens)
         if self.ep_comm is not None:
             return ep_expert_ffn(p.cast(x2d), gate_w, topk_idx, p.cast(weight1),
                                  p.cast(weight2), self.ffn, self.ep_comm, self.exchange,
@@ -130,6 +138,7 @@ class MoE(nn.Cell):
         self.top_k = spec.top_k
         self.router = Router(hidden_size, spec.num_experts, precision)
         self.experts = GroupedExperts(hidden_size, spec.num_experts, spec.ffn, precision)
+        self.experts.deredundant = spec.deredundant
         self.shared_experts = MLP(hidden_size, spec.shared_ffn, precision) if spec.shared_ffn > 0 else None
         self.last_topk = None
         self.expert_parallel = 1   # ranks the experts are split over (models/expert_parallel.py)

@@ -7,7 +7,9 @@ checkpoints.
 name -> (optimizer, Muon comm_strategy, moe_expert_capacity_factor); ``reference(name)`` is
 the single-process run it is compared with (the comm strategy is irrelevant on one rank). A
 name ending in ``_pad`` runs with ``model.use_pad_tokens: True`` (the padded exchange and
-expert compute) and is compared with the unpadded single-process run."""
+expert compute), one ending in ``_dedup`` with ``parallelism.moe_token_dispatcher_type:
+alltoall_deredundancy`` (models/ep_dedup.py); both are compared with the plain single-process
+run."""
 import copy
 import os
 
@@ -23,6 +25,7 @@ CASES = {
     "muon": ("muon", "allgather", None),
     "muon_deredundency": ("muon", "allgather_deredundency", None),
     "adamw_pad": ("adamw", None, None),          # use_pad_tokens: True
+    "adamw_dedup": ("adamw", None, None),        # alltoall_deredundancy
 }
 
 
@@ -53,6 +56,8 @@ def case_config(name: str, expert_parallel: int, global_batch: int = 4, override
     if name.endswith("_pad"):
         data["model"]["use_pad_tokens"] = True
     data["parallelism"] = {"expert_parallel": expert_parallel}
+    if name.endswith("_dedup"):
+        data["parallelism"]["moe_token_dispatcher_type"] = "alltoall_deredundancy"
     return load_config(data, overrides=list(overrides))
 
 

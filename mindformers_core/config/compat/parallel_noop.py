@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 from ...errors import ConfigError
 from .noop import require_noop
+from ..moe import DISPATCHER_TYPES
 from ..shard_strategy import SHARD_STRATEGIES, check_shard_strategy
 
 __all__ = ["check_parallel_noop", "SHARD_STRATEGIES", "PERFORMANCE_FLAGS",
@@ -32,7 +33,6 @@ _NOOP = {
     "ulysses_degree_in_cp": ((None,), "Ulysses context parallelism"),
     "context_parallel_mask_type": (("causal",), "a non-causal context-parallel mask"),
     "pipeline_parallel_enable_dxdw_split": ((False,), "pipeline dx/dw split"),
-    "moe_token_dispatcher_type": (("alltoall",), "the alltoall_deredundancy dispatcher"),
     "expert_parallel_async_d2h": ((False,), "asynchronous expert-parallel counts"),
     "hsdp_shard_size": ((1,), "HSDP sharding"),
 }
@@ -67,6 +67,8 @@ _CHOICES = {
     "reshard_after_forward_policy": ("default", "always", "never"),
     "hsdp_optimizer_level": ("level1", "level2", "level3"),
     "data_parallel_shard_strategy": SHARD_STRATEGIES,
+    # read by the MoE layers through model.moe_token_dispatcher_type (config/moe.py)
+    "moe_token_dispatcher_type": DISPATCHER_TYPES,
 }
 
 
