@@ -32,7 +32,7 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from .dispatch import DispatchPlan, block_expert_ffn, make_plan, padded_rows
-from .ep_dispatch import AllToAll, route_locally, spread_plan
+from .ep_dispatch import AllToAll, chunk_rows, route_locally, spread_plan
 
 __all__ = ["DedupPlan", "make_dedup_plan", "dedup_expert_ffn", "DEREDUNDANT"]
 
@@ -79,12 +79,7 @@ def make_dedup_plan(local: DispatchPlan, unique: np.ndarray, rank: int,
     if not np.array_equal(unique[rank], mine):
         raise ValueError(f"row {rank} of the exchanged unique-token counts "
                          f"{unique[rank].tolist()} is not this rank's {mine.tolist()}")
-    m = max(1, int(unique.max()))
-    if chunk is not None:
-        if chunk < m:
-            raise ValueError(f"padded exchange: {m} tokens go to one rank, more than the fixed "
-                             f"chunk of {chunk} rows")
-        m = int(chunk)
+    m = chunk_rows(int(unique.max()), chunk, "tokens")
     t, k, e = local.num_tokens, local.top_k, local.num_experts
     el = e // ep
     expert = local_expert_of(local)

@@ -51,7 +51,7 @@ from mindspore import Tensor, nn, ops
 from .dispatch import DispatchPlan, block_expert_ffn, make_plan, padded_rows
 
 __all__ = ["EPDispatchPlan", "make_ep_plan", "rank_of_expert", "AllToAll", "ep_expert_ffn",
-           "padded_chunk", "spread_plan", "route_locally"]
+           "padded_chunk", "spread_plan", "route_locally", "chunk_rows"]
 
 
 def rank_of_expert(expert: np.ndarray, num_experts: int, ep: int) -> np.ndarray:
@@ -129,6 +129,18 @@ def route_locally(gate_w, topk_idx, num_experts: int, capacity_factor=None,
     return make_plan(topk_idx.asnumpy(), num_experts, capacity_factor, drop_policy, probs)
 
 
+def chunk_rows(largest: int, chunk: Optional[int], what: str) -> int:
+    """Rows of every chunk: the largest (source, destination) count, or the fixed ``chunk``
+    of the padded exchange, which must hold it."""
+    m = max(1, int(largest))
+    if chunk is None:
+        return m
+    if chunk < m:
+        raise ValueError(f"padded exchange: {m} {what} go to one rank, more than the fixed "
+                         f"chunk of {chunk} rows")
+    return int(chunk)
+
+
 def make_ep_plan(local: DispatchPlan, counts: np.ndarray, rank: int,
                  chunk: Optional[int] = None) -> EPDispatchPlan:
     """The exchange of this rank's pairs ``local`` (its ``make_plan``) given every rank's kept
@@ -142,12 +154,7 @@ def make_ep_plan(local: DispatchPlan, counts: np.ndarray, rank: int,
         raise ValueError(f"row {rank} of the exchanged counts {counts[rank].tolist()} is not "
                          f"this rank's kept pairs per expert {kept_counts.tolist()}")
     pair_counts = counts.reshape(ep, ep, el).sum(-1)
-    m = max(1, int(pair_counts.max()))
-    if chunk is not None:
-        if chunk < m:
-            raise ValueError(f"padded exchange: {m} pairs go to one rank, more than the fixed "
-                             f"chunk of {chunk} rows")
-        m = int(chunk)
+    m = chunk_rows(int(pair_counts.max()), chunk, "pairs")
     num_pairs = local.num_tokens * local.top_k
     kept = local.kept
     sent = local.order[kept[local.order]]                 # kept pairs, by expert

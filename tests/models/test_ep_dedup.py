@@ -15,17 +15,7 @@ from mindformers_core.models.ep_dedup import make_dedup_plan, unique_per_destina
 from mindformers_core.models.ep_dispatch import AllToAll, make_ep_plan
 from moe_test_utils import build_layer, inputs, moe_cfg, objective
 
-H, F = 6, 5
-
-
-def _expert(x, w1, w2):
-    hdn = x @ w1
-    g, u = hdn[..., :F], hdn[..., F:]
-    return (g / (1 + np.exp(-g)) * u) @ w2
-
-
-def _a2a(buffers, ep):
-    return [np.concatenate([np.split(buffers[s], ep)[d] for s in range(ep)]) for d in range(ep)]
+from ep_numpy_reference import F, H, all_to_all, reference, swiglu_expert
 
 
 @pytest.mark.parametrize("ep,e,k,cap,pad", [(2, 4, 2, None, False), (2, 4, 3, None, False),
@@ -56,26 +46,20 @@ def test_each_token_is_sent_once_per_rank_and_the_combine_is_exact(ep, e, k, cap
     sends = [np.concatenate([x, np.zeros((1, H))])[p.send_token] for x, p in zip(xs, plans)]
     sides = [np.concatenate([g.reshape(-1), [0.0]])[p.send_pair] for g, p in zip(gates, plans)]
     masks = [(p.send_pair < t * k) for p in plans]
-    recv, recv_gate, recv_mask = _a2a(sends, ep), _a2a(sides, ep), _a2a(masks, ep)
+    recv, recv_gate, recv_mask = all_to_all(sends, ep), all_to_all(sides, ep), all_to_all(masks, ep)
     outs = []
     for r in range(ep):
         y = np.zeros_like(recv[r])
         for row in range(ep * m):
             for le in np.flatnonzero(recv_mask[r][row]):
                 ex = r * el + le
-                y[row] += recv_gate[r][row, le] * _expert(recv[r][row], w1[ex], w2[ex])
+                y[row] += recv_gate[r][row, le] * swiglu_expert(recv[r][row], w1[ex], w2[ex])
         outs.append(y)
-    back = _a2a(outs, ep)
+    back = all_to_all(outs, ep)
     for r in range(ep):
         bz = np.concatenate([back[r], np.zeros((1, H))])
         got = bz[plans[r].token_slot].sum(1)
-        kept = locals_[r].kept.reshape(t, k)
-        want = np.zeros((t, H))
-        for i in range(t):
-            for j in range(k):
-                if kept[i, j]:
-                    ex = topk[r][i, j]
-                    want[i] += gates[r][i, j] * _expert(xs[r][i], w1[ex], w2[ex])
+        want = reference(xs[r], topk[r], gates[r], w1, w2, locals_[r].kept.reshape(t, k))
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 

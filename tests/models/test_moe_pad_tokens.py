@@ -10,6 +10,7 @@ import mindspore as ms
 from mindformers_core.config import ConfigError, load_config
 from mindformers_core.models.dispatch import make_plan, padded_rows
 from mindformers_core.models.ep_dispatch import make_ep_plan, padded_chunk, spread_plan
+from ep_numpy_reference import F, H, all_to_all, reference, swiglu_expert
 from moe_numpy_reference import moe_forward
 from moe_test_utils import build_layer, inputs, layer_params, moe_cfg, objective
 
@@ -87,15 +88,6 @@ def test_padded_plan_refuses_more_pairs_than_rows():
         make_plan(np.array([[0, 0]]), 2, pad_to=1)
 
 
-H, F = 6, 5
-
-
-def _expert(x, w1, w2):
-    hdn = x @ w1
-    g, u = hdn[..., :F], hdn[..., F:]
-    return (g / (1 + np.exp(-g)) * u) @ w2
-
-
 @pytest.mark.parametrize("ep,e,k,cap", [(2, 4, 2, None), (4, 8, 3, None), (2, 4, 2, 0.75)])
 def test_padded_exchange_is_static_and_exact(ep, e, k, cap):
     """ep simulated ranks: fixed chunks (padded_chunk) whatever the routing, each rank's local
@@ -117,7 +109,7 @@ def test_padded_exchange_is_static_and_exact(ep, e, k, cap):
     sends = [np.concatenate([x, np.zeros((1, H))])[np.where(p.send_pair < t * k,
                                                             p.send_pair // k, t)]
              for x, p in zip(xs, plans)]
-    recv = [np.concatenate([np.split(sends[s], ep)[d] for s in range(ep)]) for d in range(ep)]
+    recv = all_to_all(sends, ep)
     pad = ep * padded_rows(t, k, e, cap)
     outs = []
     for r, (p, buf) in enumerate(zip(plans, recv)):
@@ -128,22 +120,16 @@ def test_padded_exchange_is_static_and_exact(ep, e, k, cap):
         for row, tok in enumerate(inner.row_token):
             if tok < ep * chunk:
                 ex = r * el + inner.block_expert[row // inner.block_rows]
-                y_rows[row] = _expert(buf[tok], w1[ex], w2[ex])
+                y_rows[row] = swiglu_expert(buf[tok], w1[ex], w2[ex])
         y = np.zeros_like(buf)
         y[inner.kept] = y_rows[inner.pair_row[inner.kept]]
         assert inner.kept.sum() == p.recv_rows.size
         outs.append(y)
-    back = [np.concatenate([np.split(outs[s], ep)[d] for s in range(ep)]) for d in range(ep)]
+    back = all_to_all(outs, ep)
     for r in range(ep):
         bz = np.concatenate([back[r], np.zeros((1, H))])
         got = (bz[plans[r].pair_slot].reshape(t, k, H) * gates[r][..., None]).sum(1)
-        kept = locals_[r].kept.reshape(t, k)
-        want = np.zeros((t, H))
-        for i in range(t):
-            for j in range(k):
-                if kept[i, j]:
-                    ex = topk[r][i, j]
-                    want[i] += gates[r][i, j] * _expert(xs[r][i], w1[ex], w2[ex])
+        want = reference(xs[r], topk[r], gates[r], w1, w2, locals_[r].kept.reshape(t, k))
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match=r"padded exchange: \d+ pairs go to one rank, more "
                                          r"than the fixed chunk of 0 rows"):
