@@ -5,11 +5,12 @@
                              [--output_dir ./output] [--check [--json] [--strict]]
                              [--groups [--groups-out FILE]] [--plot-lr OUT.png]
 
-Exit codes: 0 ok; 2 invalid configuration or missing data file (one line
-``error: field.path: message`` on stderr, no traceback); 1 when ``--check``'s launch doctor
-reports FAIL (WARN too with ``--strict``; the memory planner's FAIL means the run does not fit
-the device) or the run failed (``ERROR: ...`` on stderr); otherwise the trainer's code. Only
-PyNative (``--mode 1``) is supported. ``--check`` never imports MindSpore.
+Exit codes (:data:`CHECK_EXIT_CODES`, also in ``--help`` and the README): 0 valid, and it fits
+(warnings allowed); 1 valid, but it will not fit or will not work (the memory planner's FAIL or a
+launch-doctor FAIL; a WARN too with ``--strict``), or the run failed (``ERROR: ...`` on stderr);
+2 invalid configuration or missing data file (one line ``error: field.path: message`` on stderr,
+no traceback); otherwise the trainer's code. Only PyNative (``--mode 1``) is supported.
+``--check`` never imports MindSpore.
 """
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ from typing import List, Optional
 
 EXIT_OK, EXIT_VERDICT, EXIT_CONFIG = 0, 1, 2
 EXIT_SIGPIPE = 128 + 13   # what a process killed by SIGPIPE reports
+#: what ``--check`` exits with (``--help`` prints it)
+CHECK_EXIT_CODES = (
+    f"--check exit codes: {EXIT_OK} valid, and it fits (warnings allowed); {EXIT_VERDICT} valid, "
+    "but it will not fit or will not work (the memory planner's FAIL or a launch-doctor FAIL; "
+    f"a WARN too with --strict); {EXIT_CONFIG} invalid (config error or missing data file)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,7 +39,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="run_mindformer.py",
-                description="MindSpore PyNative LLM pretraining (mindformers_core).")
+                description="MindSpore PyNative LLM pretraining (mindformers_core).",
+                epilog=CHECK_EXIT_CODES)
     p.add_argument("--config", required=True, help="YAML run config")
     p.add_argument("--mode", required=True, type=int,
                    help="execution mode; 1 = PyNative (the only mode this trainer supports)")
@@ -45,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start a new run in a directory holding another run's files: move them "
                         "into superseded/ (nothing is deleted)")
     p.add_argument("--check", action="store_true",
-                   help="validate the config, print the resolved plan and exit (0 valid, 2 invalid)")
+                   help="validate the config, print the resolved plan and the launch doctor's "
+                        "verdicts and exit (exit codes below)")
     p.add_argument("--json", action="store_true", help="with --check: print the plan as JSON")
     p.add_argument("--strict", action="store_true",
                    help="with --check: also build the model for the doctor's group checks, and "
@@ -107,11 +115,13 @@ def _check(cfg, args) -> int:
     verdicts = doctor_from_args(cfg, args, inspect_model=args.strict or args.groups)
     if args.json:
         out = {"plan": plan.to_dict(), "memory": memory.to_dict(), "config": cfg.to_dict(),
-               "data": data,
+               "defaulted_sections": list(cfg.defaulted_sections()), "data": data,
                "verdicts": verdicts_to_json(verdicts)}
         print(json.dumps(out, indent=2, default=str))
     else:
         print(f"config OK: {args.config}")
+        if cfg.defaulted_sections():
+            print(cfg.format_defaulted_sections())
         print(plan.format())
         print(data)
         print(format_memory_plan(memory))

@@ -124,3 +124,49 @@ def test_strict_without_doctor_or_with_it():
         statuses = {row["status"] for row in doc["verdicts"]}
         assert statuses <= {"PASS", "WARN", "FAIL"}
         assert r.returncode == (1 if statuses & {"WARN", "FAIL"} else 0)
+
+
+def test_check_of_a_config_with_only_model_exits_0_and_names_defaulted_sections(tmp_path):
+    """Upstream's docs snippets and start_task example leave out training / optimizer /
+    lr_scheduler: they take upstream's defaults, and no warmup is a WARN, not a FAIL."""
+    p = tmp_path / "only_model.yaml"
+    p.write_text("model:\n  model_type: gpt\n")
+    r = run("--config", str(p), "--mode", "1", "--check")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[1] == ("defaulted        : training, optimizer, lr_scheduler (absent from "
+                        "the config: upstream MindFormers' defaults)")
+    assert lines[2].startswith("  training: {steps: 1000, local_batch_size: 1, "
+                               "global_batch_size: 1, max_norm: 1.0,")
+    assert lines[3].startswith("  optimizer: {type: AdamW, weight_decay: 0.01,")
+    assert "betas: [0.9, 0.95], eps: 1e-08" in lines[3]
+    assert lines[4].startswith("  lr_scheduler: {type: ConstantWarmUpLR, learning_rate: 1e-05, "
+                               "warmup_steps: 0")
+    assert "[WARN] warmup" in r.stdout and "[FAIL]" not in r.stdout
+    r = run("--config", str(p), "--mode", "1", "--check", "--json")
+    assert json.loads(r.stdout)["defaulted_sections"] == ["training", "optimizer",
+                                                          "lr_scheduler"]
+    # with every section written there is no note
+    r = run("--config", SEED_41_MODEL, "--mode", "1", "--check")
+    assert "defaulted" not in r.stdout
+
+
+def test_check_exit_codes_are_in_help():
+    r = run("--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert ("--check exit codes: 0 valid, and it fits (warnings allowed); 1 valid, but it will "
+            "not fit or will not work (the memory planner's FAIL or a launch-doctor FAIL; a WARN "
+            "too with --strict); 2 invalid (config error or missing data file)") in text
+
+
+def test_no_warmup_exits_0_and_strict_makes_the_warn_exit_1():
+    r = run("--config", SEED_41_MODEL, "--mode", "1", "--check", "--json",
+            "--set", "lr_scheduler.warmup_ratio=null", "--set", "lr_scheduler.warmup_steps=0")
+    assert r.returncode == 0, r.stderr
+    verdicts = {v["item"]: v for v in json.loads(r.stdout)["verdicts"]}
+    assert verdicts["warmup"]["status"] == "WARN"
+    assert verdicts["warmup"]["reason"].startswith("no warmup")
+    r = run("--config", SEED_41_MODEL, "--mode", "1", "--check", "--strict",
+            "--set", "lr_scheduler.warmup_ratio=null", "--set", "lr_scheduler.warmup_steps=0")
+    assert r.returncode == 1

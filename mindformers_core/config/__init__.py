@@ -16,12 +16,12 @@ from .model import ModelConfig
 from .optimizer import OPTIMIZER_KEYS, OPTIMIZER_TYPES, OptimizerConfig
 from .param_overrides import MupConfig, ParamOverrideConfig
 from .parallelism import ParallelismConfig
-from .run_config import REQUIRED_SECTIONS, RunConfig, RunPlan, apply_overrides, load_config
+from .run_config import DEFAULTED_SECTIONS, RunConfig, RunPlan, apply_overrides, load_config
 from .training import TrainingConfig
 
 __all__ = [
     "CheckpointConfig", "ConfigError", "DatasetConfig", "LrSchedulerConfig", "ModelConfig",
     "MupConfig", "OPTIMIZER_KEYS", "OPTIMIZER_TYPES", "OptimizerConfig", "ParallelismConfig",
-    "ParamOverrideConfig", "REQUIRED_SECTIONS", "RunConfig", "RunPlan", "TrainingConfig",
+    "ParamOverrideConfig", "DEFAULTED_SECTIONS", "RunConfig", "RunPlan", "TrainingConfig",
     "apply_overrides", "load_config",
 ]

@@ -17,7 +17,13 @@ from typing import Any, Dict
 from ..errors import ConfigError, as_float, to_float
 from .schema import Section
 
-__all__ = ["LrSchedulerConfig"]
+__all__ = ["LrSchedulerConfig", "ABSENT_LR_SCHEDULER"]
+
+#: The section a config without ``lr_scheduler:`` gets. Upstream's ``LrSchedulerConfig`` has no
+#: default ``type`` (its empty ``TrainConfig`` fails on it); we take the schedule every upstream
+#: PyNative YAML writes (tests/fixtures/upstream_yaml/), ConstantWarmUpLR without warmup, at
+#: the field default ``learning_rate`` (upstream's 1e-5). A written section still needs ``type``.
+ABSENT_LR_SCHEDULER = {"type": "ConstantWarmUpLR", "warmup_steps": 0}
 
 
 def _lr_registry():

@@ -83,6 +83,14 @@ class ModelConfig(Section):
     moe_shared_expert_intermediate_size: Optional[int] = None  # None = n_shared * moe_intermediate
     moe_expert_capacity_factor: Optional[float] = None         # None = dropless
     moe_token_drop_policy: Literal["probs", "position"] = "probs"
+    #: upstream's padded dispatch: every expert computes a fixed number of rows (its capacity,
+    #: or the micro-batch's tokens when dropless) so the shapes never depend on the routing;
+    #: the same loss and gradients as the unpadded dispatch (models/dispatch.py)
+    use_pad_tokens: bool = False
+    #: expert-parallel token exchange: one row per (token, expert) pair, or
+    #: ``alltoall_deredundancy``: a token routed to several experts of one rank goes there once
+    #: (models/ep_dedup.py); ``parallelism.moe_token_dispatcher_type`` sets it too (config/moe.py)
+    moe_token_dispatcher_type: Literal["alltoall", "alltoall_deredundancy"] = "alltoall"
 
     # ------------------------------------------------------------------ both naming schemes
     @classmethod

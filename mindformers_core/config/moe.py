@@ -42,6 +42,29 @@ def check_topk_within_groups(num_experts: int, top_k: int, n_group: Optional[int
                          f"/ n_group ({eligible}), the experts a token may still choose from.")
 
 
+DISPATCHER_KEY = "moe_token_dispatcher_type"
+#: its values (models/ep_dispatch.py, models/ep_dedup.py)
+DISPATCHER_TYPES = ("alltoall", "alltoall_deredundancy")
+
+
+def dispatcher_into_model(data: dict) -> dict:
+    """The raw config with ``parallelism.moe_token_dispatcher_type`` (upstream's newer place)
+    copied into ``model:`` when that does not write it, since the MoE layers read the model's
+    field; both written with different values is a ConfigError. ``data`` is not modified."""
+    par, model = data.get("parallelism"), data.get("model")
+    if not isinstance(par, dict) or par.get(DISPATCHER_KEY) not in DISPATCHER_TYPES:
+        return data   # absent, or a value whose error parallelism's check names
+    if model is not None and not isinstance(model, dict):
+        return data   # the model section's own error names it
+    model = dict(model or {})
+    if DISPATCHER_KEY in model and model[DISPATCHER_KEY] != par[DISPATCHER_KEY]:
+        raise ConfigError(f"parallelism.{DISPATCHER_KEY}",
+                          f"{par[DISPATCHER_KEY]!r} disagrees with model.{DISPATCHER_KEY}: "
+                          f"{model[DISPATCHER_KEY]!r}; write one of them")
+    model[DISPATCHER_KEY] = par[DISPATCHER_KEY]
+    return {**data, "model": model}
+
+
 def _wrap(path: str, rule: Callable, *args) -> None:
     try:
         rule(*args)

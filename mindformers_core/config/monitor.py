@@ -9,8 +9,12 @@
 * ``health_checkpoint``: upstream's thresholds, range-checked. Upstream's PyNative trainer
   declares them and never reads them; they have no effect here either (the migration guide
   lists this).
-* ``tensorboard``: only the off value (empty ``output_dir``) is accepted: TensorBoard output is
-  not implemented.
+* ``tensorboard``: a non-empty ``output_dir`` (older branches: ``tensorboard_dir``) writes the
+  TensorBoard event files that ``logging.tensorboard: True`` writes (trainer/tensorboard.py: the
+  scalars of every ``metrics.jsonl`` row) to that directory (a relative one under the run's
+  ``--output_dir``), for the steps that are multiples of ``log_interval``, through a writer
+  queue of ``queue_size`` events. :func:`tensorboard_target` resolves the two spellings and
+  ``logging.tensorboard`` into one target.
 * ``moe_monitor``: tokens-per-expert output is not implemented; only its off values.
 """
 from __future__ import annotations
@@ -23,7 +27,7 @@ from .compat.noop import require_noop
 from .schema import Section, check_range
 
 __all__ = ["MonitorConfig", "TrainStateConfig", "HealthCheckpointConfig", "TensorboardConfig",
-           "MoeMonitorConfig", "norm_patterns"]
+           "MoeMonitorConfig", "norm_patterns", "TensorBoardTarget", "tensorboard_target"]
 
 NormOption = Union[bool, str, List[str]]
 
@@ -75,12 +79,29 @@ class TensorboardConfig(Section):
     tensorboard_log_interval: int = 1
     tensorboard_queue_size: int = 1000
 
+    #: upstream spelling -> the older branches' spelling of the same field
+    SPELLINGS = {"output_dir": "tensorboard_dir", "log_interval": "tensorboard_log_interval",
+                 "queue_size": "tensorboard_queue_size"}
+
     def validate(self, path: str) -> None:
-        for name in ("output_dir", "tensorboard_dir"):
-            require_noop(f"{path}.{name}", getattr(self, name), ("",), "TensorBoard output")
         for name in ("log_interval", "queue_size", "tensorboard_log_interval",
                      "tensorboard_queue_size"):
             check_range(getattr(self, name), f"{path}.{name}", lo=1)
+        self.resolved(path)
+
+    def resolved(self, path: str = "monitor.tensorboard") -> tuple:
+        """``(output_dir, log_interval, queue_size)``: of each field, the spelling that is not at
+        its default (so ``to_dict()``, which writes both, reloads the same); both spellings set
+        to different values is a ConfigError."""
+        out = []
+        for new, old in self.SPELLINGS.items():
+            a, b = getattr(self, new), getattr(self, old)
+            default = getattr(type(self), new)
+            if a != default and b != default and a != b:
+                raise ConfigError(f"{path}.{old}", f"{b!r} disagrees with {new}: {a!r} (the "
+                                                   "same field in two spellings: write one)")
+            out.append(a if a != default else b)
+        return tuple(out)
 
 
 @dataclass
@@ -91,6 +112,36 @@ class MoeMonitorConfig(Section):
     def validate(self, path: str) -> None:
         require_noop(f"{path}.save_tokens_per_expert_interval",
                      self.save_tokens_per_expert_interval, (None,), "the tokens-per-expert monitor")
+
+
+@dataclass(frozen=True)
+class TensorBoardTarget:
+    """Where and how often the trainer writes TensorBoard event files."""
+    logdir: str          # absolute, or relative to the run's output directory
+    log_interval: int    # steps that are multiples of it
+    queue_size: int      # events the writer queues before it writes them out
+    field: str           # the config field that asked for it (for error messages)
+
+
+def tensorboard_target(monitor: "MonitorConfig", logging_tensorboard: bool
+                       ) -> Optional[TensorBoardTarget]:
+    """The TensorBoard output of a run: ``logging.tensorboard: True`` is ``<output_dir>/
+    tensorboard`` every step; ``monitor.tensorboard.output_dir`` (or ``tensorboard_dir``) its
+    own directory, interval and queue. Both asking for different directories is a ConfigError;
+    None when neither is on."""
+    logdir, interval, queue = monitor.tensorboard.resolved()
+    if logdir:
+        spelling = "output_dir" if logdir == monitor.tensorboard.output_dir else "tensorboard_dir"
+        if logging_tensorboard and logdir.rstrip("/") != "tensorboard":
+            raise ConfigError("logging.tensorboard",
+                              f"True writes <output_dir>/tensorboard, but "
+                              f"monitor.tensorboard.{spelling} asks for {logdir!r}: write one "
+                              "of the two")
+        return TensorBoardTarget(logdir, interval, queue, f"monitor.tensorboard.{spelling}")
+    if logging_tensorboard:
+        return TensorBoardTarget("tensorboard", 1, TensorboardConfig.queue_size,
+                                 "logging.tensorboard")
+    return None
 
 
 @dataclass

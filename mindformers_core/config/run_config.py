@@ -34,9 +34,10 @@ from .dataset import DatasetConfig
 from ..core.parallel_dims import ParallelDims, make_mesh
 from ..errors import ConfigError
 from .logging import LoggingConfig
-from .lr_scheduler import LrSchedulerConfig
+from .lr_scheduler import ABSENT_LR_SCHEDULER, LrSchedulerConfig
 from .model import ModelConfig
-from .monitor import MonitorConfig
+from .moe import dispatcher_into_model
+from .monitor import MonitorConfig, TensorBoardTarget, tensorboard_target
 from .compat.disabled_sections import LoraConfig, RecomputeCommConfig, SwapConfig
 from .optimizer import OptimizerConfig
 from .compat.megatron_loader import check_loader_vs_model
@@ -52,15 +53,17 @@ from .training import TrainingConfig
 from .compat.upstream_names import spelling_in_use
 from .strict_yaml import load_strict_yaml
 
-__all__ = ["RunConfig", "RunPlan", "load_config", "apply_overrides", "REQUIRED_SECTIONS"]
+__all__ = ["RunConfig", "RunPlan", "load_config", "apply_overrides", "DEFAULTED_SECTIONS"]
 
-REQUIRED_SECTIONS = ("training", "optimizer", "lr_scheduler")
 WORLD_OF_LAYOUT = (" (parallelism.tensor_parallel, parallelism.pipeline_parallel and "
                    "parallelism.context_parallel against the launcher's worker count)")
 #: where data_parallel comes from, for a batch rule a layout breaks (config/layout.py: every
 #: refusal of a layout names a parallelism field)
 DP_OF_LAYOUT = (" (data_parallel = world_size / (parallelism.tensor_parallel * "
                 "parallelism.pipeline_parallel * parallelism.context_parallel))")
+#: sections upstream's ``TrainConfig`` defaults: an absent one is built from this mapping (each
+#: field then takes its section's default; ``lr_scheduler``'s type: config/lr_scheduler.py)
+DEFAULTED_SECTIONS = {"training": {}, "optimizer": {}, "lr_scheduler": ABSENT_LR_SCHEDULER}
 #: upstream MindFormers' PyNative sections, written back by to_dict() only when given
 UPSTREAM_SECTIONS = ("monitor", "profiler", "context", "callbacks", "recompute", "recompute_comm",
                      "swap", "lora_config")
@@ -130,17 +133,20 @@ class RunPlan:
         return "\n".join(lines)
 
 
-def _required(name: str):
-    def fail():
-        raise ConfigError(name, "required section missing")
-    return field(default_factory=fail)
+def _absent(name: str):
+    """The field default of a section of DEFAULTED_SECTIONS: the section built from its
+    absent-section mapping."""
+    def build():
+        return RunConfig.section_types()[name].from_dict(copy.deepcopy(DEFAULTED_SECTIONS[name]),
+                                                         name)
+    return field(default_factory=build)
 
 
 @dataclass
 class RunConfig(Section):
-    training: TrainingConfig = _required("training")
-    optimizer: OptimizerConfig = _required("optimizer")
-    lr_scheduler: LrSchedulerConfig = _required("lr_scheduler")
+    training: TrainingConfig = _absent("training")
+    optimizer: OptimizerConfig = _absent("optimizer")
+    lr_scheduler: LrSchedulerConfig = _absent("lr_scheduler")
     model: ModelConfig = field(default_factory=ModelConfig)
     train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
@@ -181,18 +187,18 @@ class RunConfig(Section):
         for key in data:
             if key not in names:
                 raise unknown_key_error("", key, names, what="section")
-        for name in REQUIRED_SECTIONS:
-            if data.get(name) is None:
-                raise ConfigError(name, "required section missing (training, optimizer and "
-                                        "lr_scheduler must be given)")
+        data = dispatcher_into_model(data)   # parallelism's spelling of it (config/moe.py)
         kwargs = {}
-        # sections are built in field order, so the first error is deterministic
+        # sections are built in field order, so the first error is deterministic; an absent
+        # section of DEFAULTED_SECTIONS comes from the field default
         section_types = cls.section_types()
         for name in names:
             if data.get(name) is not None:
                 kwargs[name] = section_types[name].from_dict(data[name], name)
         obj = cls(**kwargs)
         object.__setattr__(obj, "_explicit", frozenset(data.keys()))
+        object.__setattr__(obj, "_defaulted", tuple(n for n in DEFAULTED_SECTIONS
+                                                    if data.get(n) is None))
         obj.validate(path)
         return obj
 
@@ -205,9 +211,32 @@ class RunConfig(Section):
             if getattr(self, name) is not None:
                 check_loader_vs_model(getattr(self, name), self.model.seq_length, name)
         self._check_recompute_vs_jit()
+        self.tensorboard_target()   # logging.tensorboard vs monitor.tensorboard (config/monitor.py)
         check_pipeline_vs_model(self.parallelism, self.model, self.training)   # config/pipeline.py
         self.plan()  # schedule against training.steps, data parallel, accumulation
         check_tensor_parallel(self)   # tp > 1: sequence parallel, sizes (tensor_parallel_rules)
+
+    def tensorboard_target(self) -> Optional[TensorBoardTarget]:
+        """Where the run writes TensorBoard event files (``logging.tensorboard`` or upstream's
+        ``monitor.tensorboard``), None when it does not."""
+        return tensorboard_target(self.monitor, self.logging.tensorboard)
+
+    def defaulted_sections(self) -> tuple:
+        """The sections of DEFAULTED_SECTIONS the user did not write (they hold the defaults)."""
+        return getattr(self, "_defaulted", ())
+
+    def format_defaulted_sections(self) -> str:
+        """For ``--check``: the note naming the defaulted sections and their resolved values
+        ("" when every one was written)."""
+        names = self.defaulted_sections()
+        if not names:
+            return ""
+        lines = [f"defaulted        : {', '.join(names)} (absent from the config: upstream "
+                 "MindFormers' defaults)"]
+        for name in names:
+            values = ", ".join(f"{k}: {v}" for k, v in getattr(self, name).to_dict().items())
+            lines.append(f"  {name}: {{{values}}}")
+        return "\n".join(lines)
 
     def recompute_layers(self) -> list:
         """The decoder layers ``recompute:`` selects (ConfigError naming the field)."""

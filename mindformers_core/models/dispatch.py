@@ -13,7 +13,13 @@ are laid out by ``make_plan`` (pure numpy):
 * blocks: each expert's kept pairs fill ceil(n_e / b) blocks of b rows (``block_size``: b =
   the largest segment, i.e. one block per expert, or the mean segment when that computes
   fewer rows). Rows <= T k + nb (b - 1) whatever the imbalance; ``pair_row`` is the row of
-  each pair, ``row_token`` the token of each row.
+  each pair, ``row_token`` the token of each row;
+* padded (``pad_to``, ``model.use_pad_tokens: True``, upstream's padded dispatch): one block
+  per expert, empty ones included, of a fixed ``pad_to`` rows (:func:`padded_rows`: the
+  capacity, or T when dropless, the most one expert can get since a token's k experts are
+  distinct), so the shapes, [E, pad_to, H], depend on T and E only, never on the routing. The
+  pad rows compute on token 0 and nothing reads them back, so the loss and the gradients equal
+  the unpadded dispatch's; the cost is E * pad_to rows instead of about T k.
 
 ``expert_ffn`` is the one dispatch function; it picks the kernel the backend has:
 
@@ -86,10 +92,22 @@ def block_size(kept_counts: np.ndarray) -> int:
     return largest if rows[0] <= rows[1] else mean
 
 
+def padded_rows(num_tokens: int, top_k: int, num_experts: int,
+                capacity_factor: Optional[float] = None) -> int:
+    """Rows per expert of the padded dispatch: the capacity under a capacity factor, else
+    ``num_tokens`` (each token sends an expert at most one of its k distinct pairs)."""
+    if capacity_factor is None:
+        return max(1, num_tokens)
+    return min(max(1, num_tokens), expert_capacity(num_tokens * top_k, num_experts,
+                                                   capacity_factor))
+
+
 def make_plan(topk_idx: np.ndarray, num_experts: int, capacity_factor: Optional[float] = None,
-              drop_policy: str = "probs", gate_weights: Optional[np.ndarray] = None) -> DispatchPlan:
+              drop_policy: str = "probs", gate_weights: Optional[np.ndarray] = None,
+              pad_to: Optional[int] = None) -> DispatchPlan:
     """The dispatch plan of selected experts ``topk_idx`` [T, k] (``gate_weights`` [T, k] is
-    read only by the ``probs`` drop policy under a capacity)."""
+    read only by the ``probs`` drop policy under a capacity); ``pad_to``: one block of that
+    many rows per expert (the padded dispatch, module docstring)."""
     if drop_policy not in DROP_POLICIES:
         raise ValueError(f"moe_token_drop_policy must be one of {DROP_POLICIES}, got {drop_policy!r}")
     topk_idx = np.asarray(topk_idx)
@@ -108,8 +126,15 @@ def make_plan(topk_idx: np.ndarray, num_experts: int, capacity_factor: Optional[
     else:
         capacity = expert_capacity(flat.size, num_experts, capacity_factor)
     kept_counts = np.minimum(counts, capacity)
-    b = block_size(kept_counts)
-    blocks = -(-kept_counts // b)                                       # blocks per expert
+    if pad_to is None:
+        b = block_size(kept_counts)
+        blocks = -(-kept_counts // b)                                   # blocks per expert
+    else:
+        if int(kept_counts.max()) > pad_to:
+            raise ValueError(f"padded dispatch: an expert keeps {int(kept_counts.max())} pairs, "
+                             f"more than its {pad_to} padded rows (repeated experts in a "
+                             "token's top-k?)")
+        b, blocks = int(pad_to), np.ones(num_experts, np.int64)
     block_expert = np.repeat(np.arange(num_experts), blocks).astype(np.int32)
     first_row = np.concatenate([[0], np.cumsum(blocks * b)[:-1]])       # of each expert
     num_rows = int(blocks.sum() * b)
@@ -172,24 +197,30 @@ def grouped_matmul_expert_ffn(x2d, gate_w, topk_idx, counts, weight1, weight2, f
     return ops.moe_token_unpermute(y, sorted_indices, probs=gate_w.astype(y.dtype))
 
 
-def uses_grouped_matmul(capacity_factor: Optional[float]) -> bool:
-    """True where the grouped-matmul kernels exist (Ascend) and no capacity is set."""
-    return capacity_factor is None and ms.get_context("device_target") == "Ascend"
+def uses_grouped_matmul(capacity_factor: Optional[float], pad_tokens: bool = False) -> bool:
+    """True where the grouped-matmul kernels exist (Ascend), no capacity is set and the
+    dispatch is not padded (the padded one is the block path, static shapes everywhere)."""
+    return (capacity_factor is None and not pad_tokens
+            and ms.get_context("device_target") == "Ascend")
 
 
 def expert_ffn(x2d, gate_w, topk_idx, weight1, weight2, ffn: int,
-               capacity_factor: Optional[float] = None, drop_policy: str = "probs"):
+               capacity_factor: Optional[float] = None, drop_policy: str = "probs",
+               pad_tokens: bool = False):
     """Routed-expert output [T, H] for tokens x2d [T, H] (compute dtype), gate weights
     [T, k] and selected experts ``topk_idx`` [T, k]; returns (output, tokens_per_expert [E]
-    float32 Tensor (routed pairs, before drops), dropped pairs (int))."""
+    float32 Tensor (routed pairs, before drops), dropped pairs (int)). ``pad_tokens``: the
+    padded dispatch (module docstring)."""
     num_experts = weight1.shape[0]
-    if uses_grouped_matmul(capacity_factor):
+    if uses_grouped_matmul(capacity_factor, pad_tokens):
         onehot = ops.one_hot(topk_idx, num_experts, Tensor(1.0, ms.float32), Tensor(0.0, ms.float32))
         counts = ops.stop_gradient(onehot.sum((0, 1)))
         return grouped_matmul_expert_ffn(x2d, gate_w, topk_idx, counts, weight1, weight2, ffn), counts, 0
     probs = None
     if capacity_factor is not None and drop_policy == "probs":
         probs = ops.stop_gradient(gate_w).asnumpy()
-    plan = make_plan(topk_idx.asnumpy(), num_experts, capacity_factor, drop_policy, probs)
+    t, k = topk_idx.shape
+    pad_to = padded_rows(t, k, num_experts, capacity_factor) if pad_tokens else None
+    plan = make_plan(topk_idx.asnumpy(), num_experts, capacity_factor, drop_policy, probs, pad_to)
     out = block_expert_ffn(x2d, gate_w, plan, weight1, weight2, ffn)
     return out, Tensor(plan.tokens_per_expert.astype(np.float32)), plan.dropped

@@ -23,6 +23,13 @@ exchange but moves ``ep`` times more rows when balanced; the counts cost ``E`` f
 Because M depends on the data, the dispatch runs in PyNative only (no ``mindspore.jit``: the
 shapes change from step to step), as the MoE layer's dispatch already does.
 
+**Padded** (``model.use_pad_tokens: True``): the chunk is fixed instead, M = ``padded_chunk``
+(T * min(k, E/ep) dropless: each of a rank's T tokens sends a rank at most min(k, E/ep) pairs;
+under a capacity at most E/ep * capacity), and the receiver computes each local expert in one
+block of a fixed ep * ``dispatch.padded_rows`` rows over the whole received buffer (pad rows
+are dropped pairs), so every exchanged and computed shape depends on T, E and ep only. The
+counts are still exchanged: they say which received row is which expert's.
+
 The received rows are computed by ``dispatch.block_expert_ffn`` with each row's local expert and
 a gate weight of 1 (exact), and go back by the reverse all-to-all into the positions they came
 from; the source multiplies by its gate weights and sums over the k slots (the single-process
@@ -33,15 +40,18 @@ returns to its source rank.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from .dispatch import DispatchPlan, block_expert_ffn, make_plan
+from .dispatch import DispatchPlan, block_expert_ffn, make_plan, padded_rows
 
-__all__ = ["EPDispatchPlan", "make_ep_plan", "rank_of_expert", "AllToAll", "ep_expert_ffn"]
+__all__ = ["EPDispatchPlan", "make_ep_plan", "rank_of_expert", "AllToAll", "ep_expert_ffn",
+           "padded_chunk", "spread_plan", "route_locally", "chunk_rows"]
 
 
 def rank_of_expert(expert: np.ndarray, num_experts: int, ep: int) -> np.ndarray:
@@ -83,9 +93,59 @@ class EPDispatchPlan:
         return self.counts.reshape(self.ep, self.ep, self.experts_per_rank).sum(-1)
 
 
-def make_ep_plan(local: DispatchPlan, counts: np.ndarray, rank: int) -> EPDispatchPlan:
+def padded_chunk(num_tokens: int, top_k: int, num_experts: int, ep: int,
+                 capacity_factor: Optional[float] = None) -> int:
+    """Rows of every chunk of the padded exchange (module docstring): the most pairs one rank
+    can send another."""
+    per_rank = num_experts // ep
+    most = num_tokens * min(top_k, per_rank)
+    if capacity_factor is not None:
+        most = min(most, per_rank * padded_rows(num_tokens, top_k, num_experts, capacity_factor))
+    return max(1, most)
+
+
+def spread_plan(plan: DispatchPlan, slots: np.ndarray, num_tokens: int,
+                top_k: int = 1) -> DispatchPlan:
+    """``plan`` (of one pair per token, k = 1) with its pairs placed at ``slots`` of a
+    ``num_tokens`` x ``top_k`` layout of (token, slot) pairs; every other slot is a dropped
+    pair (it reads nothing back)."""
+    slots = np.asarray(slots, np.int64)
+    pair_row = np.full(num_tokens * top_k, plan.num_rows, np.int32)
+    pair_row[slots] = plan.pair_row
+    held = plan.row_token < plan.num_tokens
+    row_token = np.full(plan.row_token.size, num_tokens, np.int32)
+    row_token[held] = slots[plan.row_token[held]] // top_k
+    return dataclasses.replace(plan, num_tokens=num_tokens, top_k=top_k, pair_row=pair_row,
+                               row_token=row_token)
+
+
+def route_locally(gate_w, topk_idx, num_experts: int, capacity_factor=None,
+                  drop_policy: str = "probs") -> DispatchPlan:
+    """This rank's ``dispatch.make_plan`` of its own pairs (drops by the capacity locally, as
+    one process does for the same tokens)."""
+    probs = None
+    if capacity_factor is not None and drop_policy == "probs":
+        probs = ops.stop_gradient(gate_w).asnumpy()
+    return make_plan(topk_idx.asnumpy(), num_experts, capacity_factor, drop_policy, probs)
+
+
+def chunk_rows(largest: int, chunk: Optional[int], what: str) -> int:
+    """Rows of every chunk: the largest (source, destination) count, or the fixed ``chunk``
+    of the padded exchange, which must hold it."""
+    m = max(1, int(largest))
+    if chunk is None:
+        return m
+    if chunk < m:
+        raise ValueError(f"padded exchange: {m} {what} go to one rank, more than the fixed "
+                         f"chunk of {chunk} rows")
+    return int(chunk)
+
+
+def make_ep_plan(local: DispatchPlan, counts: np.ndarray, rank: int,
+                 chunk: Optional[int] = None) -> EPDispatchPlan:
     """The exchange of this rank's pairs ``local`` (its ``make_plan``) given every rank's kept
-    pairs per expert ``counts`` [ep, E] (row ``rank`` must be this rank's)."""
+    pairs per expert ``counts`` [ep, E] (row ``rank`` must be this rank's); ``chunk``: a fixed
+    M (the padded exchange), at least the largest C[s, d]."""
     counts = np.asarray(counts).astype(np.int64)
     ep, e = counts.shape
     el = e // ep
@@ -94,7 +154,7 @@ def make_ep_plan(local: DispatchPlan, counts: np.ndarray, rank: int) -> EPDispat
         raise ValueError(f"row {rank} of the exchanged counts {counts[rank].tolist()} is not "
                          f"this rank's kept pairs per expert {kept_counts.tolist()}")
     pair_counts = counts.reshape(ep, ep, el).sum(-1)
-    m = max(1, int(pair_counts.max()))
+    m = chunk_rows(int(pair_counts.max()), chunk, "pairs")
     num_pairs = local.num_tokens * local.top_k
     kept = local.kept
     sent = local.order[kept[local.order]]                 # kept pairs, by expert
@@ -133,25 +193,33 @@ def _with_zero_row(x):
 
 
 def ep_expert_ffn(x2d, gate_w, topk_idx, weight1, weight2, ffn: int, comm, exchange: AllToAll,
-                  capacity_factor=None, drop_policy: str = "probs"):
+                  capacity_factor=None, drop_policy: str = "probs", pad_tokens: bool = False):
     """The routed-expert output [T, H] of this rank's tokens, its experts being the local
     ``weight1`` [E/ep, H, 2F] / ``weight2`` [E/ep, F, H] of the ``ep`` group of ``comm``;
     returns (output, tokens_per_expert [E] float32 (this rank's routed pairs, before drops),
-    dropped pairs), as ``dispatch.expert_ffn``."""
+    dropped pairs), as ``dispatch.expert_ffn``; ``pad_tokens``: the padded exchange and
+    compute (module docstring)."""
     ep = len(comm.ranks("ep"))
     rank = comm.mesh.local_rank("ep", comm.rank)
     num_experts = weight1.shape[0] * ep
     t, h = x2d.shape
-    probs = None
-    if capacity_factor is not None and drop_policy == "probs":
-        probs = ops.stop_gradient(gate_w).asnumpy()
-    local = make_plan(topk_idx.asnumpy(), num_experts, capacity_factor, drop_policy, probs)
+    local = route_locally(gate_w, topk_idx, num_experts, capacity_factor, drop_policy)
     kept_counts = np.minimum(local.tokens_per_expert, local.capacity).astype(np.float32)
     counts = comm.all_gather(kept_counts.reshape(1, -1), "ep", 0)      # [ep, E], exact
-    plan = make_ep_plan(local, counts, rank)
+    chunk = None
+    if pad_tokens:
+        chunk = padded_chunk(t, local.top_k, num_experts, ep, capacity_factor)
+    plan = make_ep_plan(local, counts, rank, chunk)
     send_token = np.where(plan.send_pair < t * local.top_k, plan.send_pair // local.top_k, t)
     received = exchange(ops.gather(_with_zero_row(x2d), Tensor(send_token.astype(np.int32)), 0))
-    if plan.recv_rows.size:
+    if pad_tokens:
+        # every received row in one static [E/ep, ep * padded_rows] block layout
+        pad_to = ep * padded_rows(t, local.top_k, num_experts, capacity_factor)
+        inner = make_plan(plan.recv_expert.reshape(-1, 1), plan.experts_per_rank, pad_to=pad_to)
+        inner = spread_plan(inner, plan.recv_rows, ep * plan.chunk)
+        ones = ops.ones((ep * plan.chunk, 1), ms.float32)
+        out_rows = block_expert_ffn(received, ones, inner, weight1, weight2, ffn)
+    elif plan.recv_rows.size:
         rows = ops.gather(received, Tensor(plan.recv_rows.astype(np.int32)), 0)
         inner = make_plan(plan.recv_expert.reshape(-1, 1), plan.experts_per_rank)
         ones = ops.ones((rows.shape[0], 1), ms.float32)

@@ -25,6 +25,7 @@ from mindspore import mint, nn, ops
 
 from . import router as rt
 from .dispatch import expert_ffn
+from .ep_dedup import DEREDUNDANT, dedup_expert_ffn
 from .ep_dispatch import ep_expert_ffn
 from .layers import placeholder
 from .mlp import MLP
@@ -48,6 +49,8 @@ class MoESpec:
     aux_loss_coeff: float
     capacity_factor: Optional[float]
     drop_policy: str
+    pad_tokens: bool = False              # use_pad_tokens: static padded dispatch
+    deredundant: bool = False             # alltoall_deredundancy (models/ep_dedup.py)
 
     @classmethod
     def from_model_config(cls, cfg) -> "MoESpec":
@@ -60,7 +63,8 @@ class MoESpec:
                    load_balancing_type=cfg.moe_router_load_balancing_type,
                    aux_loss_coeff=cfg.moe_aux_loss_coeff,
                    capacity_factor=cfg.moe_expert_capacity_factor,
-                   drop_policy=cfg.moe_token_drop_policy)
+                   drop_policy=cfg.moe_token_drop_policy, pad_tokens=cfg.use_pad_tokens,
+                   deredundant=cfg.moe_token_dispatcher_type == DEREDUNDANT)
 
 
 class Router(nn.Cell):
@@ -95,26 +99,33 @@ class GroupedExperts(nn.Cell):
         self.weight2 = placeholder((num_experts, ffn, hidden_size), precision.param, "weight2")
         self.ep_comm = None       # GroupCommunicator once the experts are split over "ep"
         self.exchange = None      # ep_dispatch.AllToAll over "ep"
+        self.deredundant = False  # each token sent once per EP rank (models/ep_dedup.py)
         self.specs = {}           # parameter name -> ShardSpec (empty: replicated)
 
     def sharded_params(self) -> dict:
         """Parameter name -> ShardSpec of the split weights (``shard_spec.ShardedCell``)."""
         return dict(self.specs)
 
-    def construct(self, x2d, gate_w, topk_idx, capacity_factor=None, drop_policy="probs"):
+    def construct(self, x2d, gate_w, topk_idx, capacity_factor=None, drop_policy="probs",
+                  pad_tokens=False):
         return self.apply(x2d, gate_w, topk_idx, self.weight1, self.weight2, capacity_factor,
-                          drop_policy)
+                          drop_policy, pad_tokens)
 
     def apply(self, x2d, gate_w, topk_idx, weight1, weight2, capacity_factor=None,
-              drop_policy="probs"):
-        """``construct`` with the two expert weights as arguments."""
+              drop_policy="probs", pad_tokens=False):
+        """``construct`` with the two expert weights as arguments; ``pad_tokens``: the padded
+        dispatch (``model.use_pad_tokens``, models/dispatch.py)."""
         p = self.precision
+        if self.ep_comm is not None and self.deredundant:
+            return dedup_expert_ffn(p.cast(x2d), gate_w, topk_idx, p.cast(weight1),
+                                    p.cast(weight2), self.ffn, self.ep_comm, self.exchange,
+                                    capacity_factor, drop_policy, pad_tokens)
         if self.ep_comm is not None:
             return ep_expert_ffn(p.cast(x2d), gate_w, topk_idx, p.cast(weight1),
                                  p.cast(weight2), self.ffn, self.ep_comm, self.exchange,
-                                 capacity_factor, drop_policy)
+                                 capacity_factor, drop_policy, pad_tokens)
         return expert_ffn(p.cast(x2d), gate_w, topk_idx, p.cast(weight1),
-                          p.cast(weight2), self.ffn, capacity_factor, drop_policy)
+                          p.cast(weight2), self.ffn, capacity_factor, drop_policy, pad_tokens)
 
 
 class MoE(nn.Cell):
@@ -127,6 +138,7 @@ class MoE(nn.Cell):
         self.top_k = spec.top_k
         self.router = Router(hidden_size, spec.num_experts, precision)
         self.experts = GroupedExperts(hidden_size, spec.num_experts, spec.ffn, precision)
+        self.experts.deredundant = spec.deredundant
         self.shared_experts = MLP(hidden_size, spec.shared_ffn, precision) if spec.shared_ffn > 0 else None
         self.last_topk = None
         self.expert_parallel = 1   # ranks the experts are split over (models/expert_parallel.py)
@@ -180,7 +192,8 @@ class MoE(nn.Cell):
         idx = rt.select_experts(scores, self.router.expert_bias, s.top_k, s.n_group, s.topk_group)
         gate_w = rt.gate_weights(scores, idx, s.norm_topk_prob, s.routed_scaling_factor)
         out, counts, dropped = self.experts.apply(x2d, gate_w, idx, weight1, weight2,
-                                                  s.capacity_factor, s.drop_policy)
+                                                  s.capacity_factor, s.drop_policy,
+                                                  s.pad_tokens)
         aux = None
         if s.load_balancing_type != "none" and s.aux_loss_coeff > 0:
             onehot = ops.one_hot(idx, s.num_experts, ms.Tensor(1.0, ms.float32),

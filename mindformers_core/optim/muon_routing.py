@@ -6,6 +6,9 @@ Upstream MindFormers 2.1 `_build_muon_filter`:
     a bare string is one pattern, and setting it replaces the defaults;
   - otherwise 2-D weights and grouped-expert 3-D weights (`experts.weight1/2`, exact or ending in
     `.experts.weight1/2`) go to Muon; 0-D / 1-D parameters go to AdamW;
+  - a 3-D `experts.weight` (exact or ending in `.experts.weight`, [E, A, B]: one matrix per
+    expert) goes to Muon too, orthogonalised per expert (muon_split.py: one (E, A, B) batch), as
+    upstream's master routes it (2.1.0 refuses it; its own models name them weight1/weight2);
   - any other 3-D weight, or a weight with more than 3 dimensions, is an error. Upstream reports
     it at the first step; we raise while building the groups so nothing runs first.
 """
@@ -15,7 +18,7 @@ import fnmatch
 from typing import Iterable, List, Sequence, Tuple
 
 DEFAULT_ADAMW_INCLUDE: Tuple[str, ...] = ("*word_embeddings*", "*output_layer*")
-_EXPERT_WEIGHTS = ("experts.weight1", "experts.weight2")
+_EXPERT_WEIGHTS = ("experts.weight1", "experts.weight2", "experts.weight")
 
 
 def normalize_adamw_include(adamw_include) -> Tuple[str, ...]:
@@ -47,7 +50,8 @@ def routes_to_muon(name: str, shape: Sequence[int], patterns: Tuple[str, ...]) -
         if is_grouped_expert_weight(name):
             return True
         raise ValueError(
-            "Muon only supports 3D weights from grouped experts (`*.experts.weight1/weight2`), "
+            "Muon only supports 3D weights from grouped experts (`*.experts.weight1/weight2`, "
+            "`*.experts.weight`), "
             f"but got param={name!r}, shape={shape_t}")
     raise ValueError(
         f"Muon only supports 2D weights and grouped 3D expert weights, but got param={name!r}, shape={shape_t}")

@@ -18,6 +18,8 @@ upstream rules as follows:
   (F, H) and (F, H).
 * `experts.weight1` [E, H, 2F] ([gate F | up F] columns): halves of the last dim, (E, H, F) x 2.
 * `experts.weight2` [E, F, H]: one (E, F, H) batch.
+* `experts.weight` [E, A, B] (one matrix per expert): one (E, A, B) batch, i.e. each expert's
+  matrix orthogonalised and scaled by sqrt(max(A, B)) on its own.
 * anything else: the whole matrix.
 
 With `muon_split_qkv=False` every 2-D weight is one piece (the 3-D expert rule is kept: its two

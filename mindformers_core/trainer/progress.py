@@ -70,8 +70,9 @@ class RunProgress:
         files = [os.path.join(out, name) for name in
                  ("metrics.jsonl", "resolved_config.yaml", "run_plan.yaml")]
         files.append(self.t.save_dir + os.sep)
-        if self.t.cfg.logging.tensorboard:
-            files.append(os.path.join(out, "tensorboard") + os.sep)
+        tb = self.t.cfg.tensorboard_target()
+        if tb is not None:
+            files.append(os.path.join(out, tb.logdir) + os.sep)
         return files
 
     def _log_files(self, when: str) -> None:
@@ -90,9 +91,13 @@ class RunProgress:
         self.t.log(f"model FLOPs/token: {self.flops_per_token:.4g} (6N + 12*L*H*S); MFU peak "
                    f"{self.peak_flops:.3g} FLOP/s per device ({self.peak_source})")
         self._log_files("start")
-        if self.t.cfg.logging.tensorboard and self.t.rank == 0:
+        tb = self.t.cfg.tensorboard_target()
+        if tb is not None and self.t.rank == 0:
             from .tensorboard import TensorBoardWriter
-            self.tb = TensorBoardWriter(os.path.join(self.t.output_dir or ".", "tensorboard"))
+            # os.path.join keeps an absolute logdir as is
+            self.tb = TensorBoardWriter(os.path.join(self.t.output_dir or ".", tb.logdir),
+                                        log_interval=tb.log_interval, queue_size=tb.queue_size,
+                                        field=tb.field)
 
     def _evaluate(self, step: int) -> EvalResult:
         result = evaluate(self.t.model, self.held_out, self.eval_steps,

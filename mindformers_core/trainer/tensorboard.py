@@ -1,9 +1,11 @@
-"""TensorBoard event files (``logging.tensorboard: True``) through the optional
-``tensorboardX`` package (``pip install -e .[tensorboard]``).
+"""TensorBoard event files (``logging.tensorboard: True``, or upstream's
+``monitor.tensorboard.output_dir``: config/monitor.py ``tensorboard_target``) through the
+optional ``tensorboardX`` package (``pip install -e .[tensorboard]``).
 
 Every numeric scalar of a ``metrics.jsonl`` row is written under the same name (``loss``,
 ``lr``, ``grad_norm``, ``eval_loss``, ...; per-group lrs as ``lrs/<i>``) at the row's
-``step``, so the dashboard and the JSON lines hold the same numbers.
+``step``, so the dashboard and the JSON lines hold the same numbers; with ``log_interval`` N
+only the rows of steps that are multiples of N.
 """
 from __future__ import annotations
 
@@ -32,18 +34,22 @@ def scalars_of_row(row: dict) -> dict:
 class TensorBoardWriter:
     """Scalars of metrics rows to an event file in ``logdir``."""
 
-    def __init__(self, logdir: str):
+    def __init__(self, logdir: str, log_interval: int = 1, queue_size: int = 10,
+                 field: str = "logging.tensorboard"):
         try:
             from tensorboardX import SummaryWriter
         except ModuleNotFoundError:
             from ..errors import ConfigError
-            raise ConfigError("logging.tensorboard", "needs the 'tensorboardX' package: "
-                                                     "pip install -e .[tensorboard]") from None
+            raise ConfigError(field, "needs the 'tensorboardX' package: "
+                                     "pip install -e .[tensorboard]") from None
         self.logdir = logdir
-        self._writer: Optional[object] = SummaryWriter(logdir=logdir)
+        self.log_interval = int(log_interval)
+        self._writer: Optional[object] = SummaryWriter(logdir=logdir, max_queue=int(queue_size))
 
     def write_row(self, row: dict) -> None:
         step = int(row["step"])
+        if step % self.log_interval:
+            return
         for name, value in scalars_of_row(row).items():
             self._writer.add_scalar(name, value, step)
 

@@ -76,19 +76,69 @@ def test_unknown_section_suggests_closest():
         load_config(d)
 
 
+#: upstream MindFormers 2.1's TrainConfig defaults (reference file §1.2-1.4); lr_scheduler has
+#: no upstream default type, ours is config/lr_scheduler.py's ABSENT_LR_SCHEDULER
+UPSTREAM_DEFAULTS = {
+    "training": {"steps": 1000, "local_batch_size": 1, "global_batch_size": 1, "max_norm": 1.0,
+                 "use_skip_step_on_nan": False, "max_consecutive_skipped_steps": 0,
+                 "seed": 42, "deterministic": False, "rampup_batch_size": None},
+    "optimizer": {"type": "AdamW", "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01,
+                  "weight_decay_include": None, "weight_decay_exclude": None},
+    "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": 1e-5, "warmup_steps": 0},
+}
+
+
 @pytest.mark.parametrize("name", ["training", "optimizer", "lr_scheduler"])
-def test_required_sections(name):
+def test_absent_section_takes_upstream_defaults(name):
     d = base()
     del d[name]
-    with pytest.raises(ConfigError, match=rf"^{name}: required section missing"):
-        load_config(d)
+    cfg = load_config(d)
+    written = getattr(cfg, name).to_dict()
+    assert {k: written[k] for k in UPSTREAM_DEFAULTS[name]} == UPSTREAM_DEFAULTS[name]
+    assert cfg.defaulted_sections() == (name,)
+    # a null section is absent too; the other sections stay as written
+    assert load_config({**d, name: None}).defaulted_sections() == (name,)
+    assert cfg.training.steps == (1000 if name == "training" else 100)
 
 
-def test_empty_file_names_missing_section(tmp_path):
+def test_only_model_section_defaults_the_three_and_round_trips():
+    cfg = load_config({"model": {"model_type": "gpt"}})
+    assert cfg.defaulted_sections() == ("training", "optimizer", "lr_scheduler")
+    assert cfg.plan().warmup_steps == 0 and cfg.build_lr_scheduler().lr_at(0) == 1e-5
+    again = load_config(cfg.to_dict())
+    assert again.to_dict() == cfg.to_dict() and again.defaulted_sections() == ()
+    assert RunConfig().to_dict() == load_config({}).to_dict()
+    note = cfg.format_defaulted_sections()
+    assert note.splitlines()[0] == ("defaulted        : training, optimizer, lr_scheduler "
+                                    "(absent from the config: upstream MindFormers' defaults)")
+    assert "  lr_scheduler: {type: ConstantWarmUpLR, learning_rate: 1e-05, warmup_steps: 0" \
+        in note
+    assert load_config(base()).format_defaulted_sections() == ""
+
+
+def test_empty_file_is_every_default(tmp_path):
     p = tmp_path / "empty.yaml"
     p.write_text("")
-    with pytest.raises(ConfigError, match=r"^training: required section missing"):
-        load_config(str(p))
+    cfg = load_config(str(p))
+    assert cfg.defaulted_sections() == ("training", "optimizer", "lr_scheduler")
+    assert cfg.to_dict() == load_config({}).to_dict()
+
+
+@pytest.mark.parametrize("section,key,msg", [
+    ("training", "stepz", r"^training\.stepz: unknown key"),
+    ("optimizer", "betaz", r"^optimizer\.betaz: unknown key for type AdamW"),
+    ("lr_scheduler", "type", r"^lr_scheduler\.type: required"),
+])
+def test_written_sections_are_still_strict(section, key, msg):
+    """Defaults fill absent sections only: a written section keeps its required keys and
+    unknown keys stay errors."""
+    written = {"type": "AdamW"} if section == "optimizer" else {}
+    if key != "type":
+        written[key] = 1
+    else:
+        written["learning_rate"] = 1e-4   # a written lr_scheduler without its type
+    with pytest.raises(ConfigError, match=msg):
+        load_config({section: written})
 
 
 def test_top_level_not_a_mapping(tmp_path):

@@ -80,11 +80,9 @@ def test_unknown_key_hint_covers_both_schemes():
     ("hidden_dropout", 0.1, "hidden dropout"),
     ("attention_dropout", 0.5, "attention dropout"),
     ("add_bias_linear", True, "biases in the linear layers"),
-    ("use_pad_tokens", True, "pad tokens in MoE dispatch"),
     ("gated_linear_unit", False, "a non-gated MLP"),
     ("hidden_act", "gelu", "an MLP activation other than SwiGLU"),
     ("softmax_compute_dtype", "bfloat16", "a non-float32 softmax"),
-    ("moe_token_dispatcher_type", "alltoall_deredundancy", "the alltoall_deredundancy token"),
 ])
 def test_feature_values_are_refused_naming_the_field(key, value, feature):
     assert key not in ModelConfig.field_names()   # a key that became a field leaves this list

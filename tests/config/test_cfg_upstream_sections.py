@@ -101,7 +101,7 @@ def test_upstream_parallelism_keys_load_on_one_process(monkeypatch):
     ("hsdp_shard_size", 8, r"8 needs HSDP sharding"),
     ("pipeline_parallel_layers_per_stage", [[0, 1]],
      r"must be 'auto' or a list of one layer-range string per stage .*got \[\[0, 1\]\]"),
-    ("enable_loss_parallel", True, r"True needs vocab-parallel loss"),
+    ("pipeline_parallel_enable_dxdw_split", True, r"True needs pipeline dx/dw split"),
     ("context_parallel_method", "ring", r"must be one of \['colossal', 'ulysses', 'hybrid'\]"),
     ("data_parallel_shard_strategy", "zero3", r"must be one of \['no_shard', 'optim'"),
 ])
@@ -109,6 +109,18 @@ def test_parallelism_feature_values_are_refused(monkeypatch, key, value, msg):
     monkeypatch.delenv("MS_WORKER_NUM", raising=False)
     with pytest.raises(ConfigError, match=rf"^parallelism\.{key}: {msg}"):
         ParallelismConfig.from_dict({**UPSTREAM_PAR, key: value}, "parallelism")
+
+
+@pytest.mark.parametrize("key,value", [
+    ("enable_loss_parallel", True), ("enable_mc2", True), ("pipeline_parallel_overlap_p2p", True),
+    ("pipeline_parallel_overlap_b_f", True), ("dense_fsdp_shard_size", 8)])
+def test_performance_flags_are_accepted(monkeypatch, key, value):
+    """Upstream's performance choices load with any value (the doctor WARNs that they change
+    nothing here: tests/tools/test_doctor.py)."""
+    monkeypatch.delenv("MS_WORKER_NUM", raising=False)
+    cfg = ParallelismConfig.from_dict({**UPSTREAM_PAR, key: value}, "parallelism")
+    assert getattr(cfg, key) == value
+    assert ParallelismConfig.from_dict(cfg.to_dict(), "parallelism") == cfg
 
 
 def test_expert_parallel_is_a_feature_value_now(monkeypatch):
@@ -181,9 +193,13 @@ def test_monitor_loads_upstream_and_older_tensorboard_names():
                                    "tensorboard": {"tensorboard_dir": "", "queue_size": 10}},
                                   "monitor")
     assert cfg.train_state.local_norm == "embedding" and cfg.tensorboard.queue_size == 10
-    with pytest.raises(ConfigError, match=r"^monitor\.tensorboard\.output_dir: '/tb' needs "
-                                          r"TensorBoard output"):
-        MonitorConfig.from_dict({"tensorboard": {"output_dir": "/tb"}}, "monitor")
+    assert MonitorConfig.from_dict({"tensorboard": {"output_dir": "/tb"}},
+                                   "monitor").tensorboard.resolved() == ("/tb", 1, 1000)
+    with pytest.raises(ConfigError, match=r"^monitor\.tensorboard\.tensorboard_log_interval: 3 "
+                                          r"disagrees with log_interval: 2 \(the same field in "
+                                          r"two spellings: write one\)"):
+        MonitorConfig.from_dict({"tensorboard": {"log_interval": 2,
+                                                 "tensorboard_log_interval": 3}}, "monitor")
     with pytest.raises(ConfigError, match=r"^monitor\.train_state\.local_norm: expected bool "
                                           r"or str or list of str, got int"):
         MonitorConfig.from_dict({"train_state": {"local_norm": 3}}, "monitor")

@@ -5,7 +5,11 @@ process: 2 micro-batches of 2; on 4 ranks global batch 8), a MoE log line every 
 checkpoints.
 
 name -> (optimizer, Muon comm_strategy, moe_expert_capacity_factor); ``reference(name)`` is
-the single-process run it is compared with (the comm strategy is irrelevant on one rank)."""
+the single-process run it is compared with (the comm strategy is irrelevant on one rank). A
+name ending in ``_pad`` runs with ``model.use_pad_tokens: True`` (the padded exchange and
+expert compute), one ending in ``_dedup`` with ``parallelism.moe_token_dispatcher_type:
+alltoall_deredundancy`` (models/ep_dedup.py); both are compared with the plain single-process
+run."""
 import copy
 import os
 
@@ -20,6 +24,8 @@ CASES = {
     "adamw_capacity": ("adamw", None, 1.0),     # pairs dropped on each rank before dispatch
     "muon": ("muon", "allgather", None),
     "muon_deredundency": ("muon", "allgather_deredundency", None),
+    "adamw_pad": ("adamw", None, None),          # use_pad_tokens: True
+    "adamw_dedup": ("adamw", None, None),        # alltoall_deredundancy
 }
 
 
@@ -47,7 +53,11 @@ def case_config(name: str, expert_parallel: int, global_batch: int = 4, override
     data["checkpoint"] = {"enable_save": False}
     if capacity is not None:
         data["model"]["moe_expert_capacity_factor"] = capacity
+    if name.endswith("_pad"):
+        data["model"]["use_pad_tokens"] = True
     data["parallelism"] = {"expert_parallel": expert_parallel}
+    if name.endswith("_dedup"):
+        data["parallelism"]["moe_token_dispatcher_type"] = "alltoall_deredundancy"
     return load_config(data, overrides=list(overrides))
 
 

@@ -39,6 +39,10 @@ def main(out_dir, cases, global_batch=4):
         except ValueError as exc:
             again = str(exc)
         params = {p.name: p for p in trainer.model.get_parameters()}
+        # the expert-parallel communicator's counters: logical bytes (what the algorithm
+        # moves) and the backend's wire bytes (the CPU emulation's AllReduce)
+        ep_comm = next(cell.ep_comm for _, cell in trainer.model.cells_and_names()
+                       if getattr(cell, "ep_comm", None) is not None)
         state = {k: list(v.shape) for k, v in trainer.optimizer.state_dict().items()
                  if hasattr(v, "shape") and any(k.endswith(n) for n in specs)}
         import numpy as np
@@ -49,6 +53,8 @@ def main(out_dir, cases, global_batch=4):
                                  for k, s in specs.items()},
                        "local_shapes": {k: list(params[k].shape) for k in specs},
                        "state_shapes": state, "split_again": again,
+                       "ep_comm": {"logical": ep_comm.stats.to_dict(),
+                                   "wire": ep_comm.transport.to_dict()},
                        "expert_bias": {k: params[k].asnumpy().tolist() for k in params
                                        if k.endswith("expert_bias")}}, fh)
     comm.barrier()

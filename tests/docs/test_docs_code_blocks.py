@@ -1,8 +1,9 @@
 """Every code block in docs/*.md that is YAML or a shell command is valid.
 
 * ``yaml`` blocks parse (YAML 1.2 floats). A block with top-level config sections loads with
-  ``load_config``: the required sections it lacks come from a minimal base (and a Muon block
-  without a model gets the tiny DeepSeek-V3 preset, since Muon needs MLA). A block marked
+  ``load_config``: the training/optimizer/lr_scheduler sections it lacks come from a minimal
+  base, a plausible run rather than the defaults (and a Muon block without a model gets the
+  tiny DeepSeek-V3 preset, since Muon needs MLA). A block marked
   ``<!-- check: invalid -->`` must fail with ``ConfigError``; ``fragment``/``skip`` are exempt.
 * ``bash``/``shell``/``sh`` blocks: every ``python run_mindformer.py ...`` command parses with
   the real argument parser and passes ``--check`` on its config (exit 0) after the documented

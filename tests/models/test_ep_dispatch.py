@@ -8,19 +8,7 @@ import pytest
 from mindformers_core.models.dispatch import make_plan
 from mindformers_core.models.ep_dispatch import make_ep_plan, rank_of_expert
 
-H, F = 6, 5
-
-
-def swiglu_expert(x, w1, w2):
-    h = x @ w1
-    g, u = h[..., :F], h[..., F:]
-    return (g / (1 + np.exp(-g)) * u) @ w2
-
-
-def all_to_all(buffers, ep):
-    """Chunk d of rank s goes to rank d, where it is chunk s (equal chunks along dim 0)."""
-    chunks = [np.split(b, ep) for b in buffers]
-    return [np.concatenate([chunks[s][d] for s in range(ep)]) for d in range(ep)]
+from ep_numpy_reference import F, H, all_to_all, reference, swiglu_expert
 
 
 def simulate(tokens, topk, gates, w1, w2, ep, capacity_factor=None, policy="probs"):
@@ -49,15 +37,6 @@ def simulate(tokens, topk, gates, w1, w2, ep, capacity_factor=None, policy="prob
         per_pair = bz[p.pair_slot].reshape(lp.num_tokens, lp.top_k, H)
         results.append((per_pair * g[..., None]).sum(1))
     return plans, locals_, results
-
-
-def reference(x, topk, gates, w1, w2, kept):
-    out = np.zeros_like(x)
-    for t in range(x.shape[0]):
-        for j in range(topk.shape[1]):
-            if kept[t, j]:
-                out[t] += gates[t, j] * swiglu_expert(x[t], w1[topk[t, j]], w2[topk[t, j]])
-    return out
 
 
 def routed(rng, ranks, tokens, e, k, skew=0.0):

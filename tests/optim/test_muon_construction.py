@@ -123,7 +123,8 @@ def test_adamw_include_must_be_globs(mla, params):
 def test_three_d_weight_that_is_not_an_expert_is_rejected_at_construction(mla, params):
     odd = Parameter(Tensor(np.zeros((2, 3, 4), np.float32)), name="decoder.layers.0.odd.weight")
     with pytest.raises(ValueError, match=r"Muon only supports 3D weights from grouped experts "
-                                         r"\(`\*.experts.weight1/weight2`\), but got "
+                                         r"\(`\*.experts.weight1/weight2`, `\*.experts.weight`\), "
+                                         r"but got "
                                          r"param='decoder.layers.0.odd.weight', shape=\(2, 3, 4\)"):
         Muon(list(params) + [odd], model=mla)
     four = Parameter(Tensor(np.zeros((1, 2, 3, 4), np.float32)), name="conv.weight")

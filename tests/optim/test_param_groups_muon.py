@@ -61,7 +61,8 @@ def test_adamw_include_must_be_glob_strings(bad):
 
 def test_3d_non_expert_and_4d_weights_are_rejected():
     bad3 = make_params([("decoder.layers.0.mlp.conv.weight", (2, 3, 4))])
-    msg = ("Muon only supports 3D weights from grouped experts (`*.experts.weight1/weight2`), "
+    msg = ("Muon only supports 3D weights from grouped experts (`*.experts.weight1/weight2`, "
+           "`*.experts.weight`), "
            "but got param='decoder.layers.0.mlp.conv.weight', shape=(2, 3, 4)")
     with pytest.raises(ValueError) as err:
         muon_routing(bad3)
@@ -75,6 +76,12 @@ def test_3d_non_expert_and_4d_weights_are_rejected():
     assert muon_routing(bad3 + bad4, adamw_include=["*conv*", "x.*"]) == ([], ["decoder.layers.0.mlp.conv.weight", "x.weight"])
     # exact names `experts.weight1/2` are grouped experts too; a look-alike suffix is not
     assert muon_routing(make_params([("experts.weight2", (2, 3, 4))]))[0] == ["experts.weight2"]
+    # a 3-D `experts.weight` (one matrix per expert) goes to Muon as upstream routes it
+    assert muon_routing(make_params([("decoder.layers.1.mlp.experts.weight", (2, 3, 4)),
+                                     ("experts.weight", (2, 3, 4))]))[0] == [
+        "decoder.layers.1.mlp.experts.weight", "experts.weight"]
+    with pytest.raises(ValueError, match="grouped experts"):
+        muon_routing(make_params([("a.myexperts.weight", (2, 3, 4))]))
     with pytest.raises(ValueError, match="grouped experts"):
         muon_routing(make_params([("a.myexperts.weight1", (2, 3, 4))]))
 

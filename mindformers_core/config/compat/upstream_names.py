@@ -76,9 +76,6 @@ UPSTREAM_ONLY: Dict[str, Upstream] = {
     "normalization": Upstream(str, "RMSNorm", ("RMSNorm",), "LayerNorm"),
     "attention_dropout": Upstream(float, 0.0, (0.0,), "attention dropout"),
     "hidden_dropout": Upstream(float, 0.0, (0.0,), "hidden dropout"),
-    "use_pad_tokens": Upstream(bool, False, (False,), "pad tokens in MoE dispatch"),
-    "moe_token_dispatcher_type": Upstream(str, "alltoall", ("alltoall",),
-                                          "the alltoall_deredundancy token dispatcher"),
     # precisions: norms, softmax, RoPE tables and the router already run in float32
     "layernorm_compute_dtype": Upstream(_DTYPE, "float32", _F32, "a non-float32 norm"),
     "softmax_compute_dtype": Upstream(_DTYPE, "float32", _F32, "a non-float32 softmax"),
