@@ -21,24 +21,16 @@ backend; ``attention_function`` selects it only when the device target is Ascend
 """
 from __future__ import annotations
 
-from typing import Callable, Dict
+from typing import Callable
 
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
+from ..distributed.ring_attention import diagonal_bias
 from .layers import batch_matmul, batch_matmul_tb, causal_attention
 
 DEFAULT_BLOCK_SIZE = 128
-_DIAGONAL_BIAS: Dict[int, Tensor] = {}
-
-
-def _diagonal_bias(n: int) -> Tensor:
-    """[n, n] float32: -inf above the diagonal, 0 elsewhere (cached per size)."""
-    if n not in _DIAGONAL_BIAS:
-        _DIAGONAL_BIAS[n] = Tensor(np.where(np.triu(np.ones((n, n), bool), 1), -np.inf,
-                                            0.0).astype(np.float32))
-    return _DIAGONAL_BIAS[n]
 
 
 def _query_block(qi, k, v, scale: float, block_size: int):
@@ -51,7 +43,7 @@ def _query_block(qi, k, v, scale: float, block_size: int):
         j1 = min(j0 + block_size, s)
         sc = batch_matmul_tb(qi, k[:, :, j0:j1]).astype(ms.float32) * scale
         if j0 == i0:   # the diagonal block (blocks share their starts): causal bias
-            sc = sc + _diagonal_bias(b)
+            sc = sc + diagonal_bias(b)
         blk_max = sc.max(axis=-1, keepdims=True)
         m_new = blk_max if m is None else ops.maximum(m, blk_max)
         p = ops.exp(sc - m_new)
