@@ -1,4 +1,5 @@
-"""The mesh's group math (pure): Megatron order, tp fastest, then cp, dp, pp; ep inside dp."""
+"""The mesh's group math (pure): Megatron order, tp fastest, then cp, dp, pp; ep folded over the
+tp x cp x dp ranks of a stage (upstream's MoE folding; without tp and cp: ep inside dp)."""
 import itertools
 
 import pytest
@@ -6,8 +7,7 @@ import pytest
 from mindformers_core.core.parallel_dims import Mesh, group_name, make_mesh
 
 SAME = {"tp": ("cp", "dp", "pp"), "cp": ("tp", "dp", "pp"), "dp": ("tp", "cp", "pp"),
-        "pp": ("tp", "cp", "dp"), "ep": ("tp", "cp", "pp", "edp"),
-        "edp": ("tp", "cp", "pp", "ep")}
+        "pp": ("tp", "cp", "dp"), "ep": ("pp", "edp"), "edp": ("pp", "ep")}
 
 
 def test_tp2_dp2_groups_on_four_ranks():
@@ -18,17 +18,19 @@ def test_tp2_dp2_groups_on_four_ranks():
     assert m.groups("world") == [(0, 1, 2, 3)]
     assert m.groups("pp") == [(0,), (1,), (2,), (3,)]
     assert m.group_of("dp", 3) == (1, 3) and m.local_rank("dp", 3) == 1
-    assert m.coords(3) == {"tp": 1, "cp": 0, "dp": 1, "pp": 0, "ep": 0, "edp": 1, "world": 3}
+    # without expert parallel every rank of the stage holds the same experts: edp = tp x dp
+    assert m.coords(3) == {"tp": 1, "cp": 0, "dp": 1, "pp": 0, "ep": 0, "edp": 3, "world": 3}
 
 
 def test_rank_formula_and_partition_for_a_full_mesh():
     m = make_mesh(48, tp=2, cp=3, pp=2, ep=2)
-    assert m.dp == 4 and m.size("edp") == 2
+    assert m.dp == 4 and m.size("edp") == 12   # tp * cp * dp / ep
     for r in range(48):
         c = m.coords(r)
         # the closed form of the module docstring
         assert r == c["tp"] + 2 * (c["cp"] + 3 * (c["dp"] + 4 * c["pp"]))
-        assert c["dp"] == c["ep"] + 2 * c["edp"]
+        # MoE folding: ep fastest over the stage's tp x cp x dp ranks
+        assert c["tp"] + 2 * (c["cp"] + 3 * c["dp"]) == c["ep"] + 2 * c["edp"]
     for axis in ("tp", "cp", "dp", "pp", "ep", "edp"):
         groups = m.groups(axis)
         assert sorted(itertools.chain(*groups)) == list(range(48))   # a partition
@@ -44,9 +46,9 @@ def test_expert_groups_are_consecutive_data_parallel_ranks():
     m = make_mesh(8, ep=4)      # dp 8, tp 1
     assert m.groups("ep") == [(0, 1, 2, 3), (4, 5, 6, 7)]
     assert m.groups("edp") == [(0, 4), (1, 5), (2, 6), (3, 7)]
-    m = make_mesh(8, tp=2, ep=2)   # dp 4
-    assert m.groups("ep") == [(0, 2), (1, 3), (4, 6), (5, 7)]
-    assert m.groups("edp") == [(0, 4), (1, 5), (2, 6), (3, 7)]
+    m = make_mesh(8, tp=2, ep=2)   # dp 4: ep folded over tp x dp (upstream), tp ranks first
+    assert m.groups("ep") == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert m.groups("edp") == [(0, 2, 4, 6), (1, 3, 5, 7)]
 
 
 def test_group_names_come_from_the_members():
