@@ -143,3 +143,35 @@ def test_a_full_disk_names_the_rank_whose_write_failed(tmp_path):
     assert re.search(r"msrun_launcher: failing worker: rank 1\b.*\n  ERROR: cannot write checkpoint "
                      r".*rank00001-of-00002.*: No space left on device", err), err
     assert "failing worker: rank 0" not in err, err
+
+
+def test_a_real_full_tmpfs_names_a_rank_that_ran_out_and_keeps_the_previous_checkpoint(
+        tmp_path):
+    """The same case on a size-limited tmpfs (a real ENOSPC from the kernel, no seam): the
+    launcher names a rank whose own write failed, the failed save leaves no rank file behind
+    and the step-2 checkpoint still resolves. Skipped where tmpfs cannot be mounted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        worker = os.path.join(ROOT, "tests", "distributed", "tmpfs_worker.py")
+        env = {k: v for k, v in os.environ.items() if k not in ("GLOG_v", "LOG_DIR", "MS_ROLE")}
+        proc = subprocess.run(["bash", LAUNCHER, f"python {worker} {tmp_path / 'run'} {disk}",
+                               "2", str(free_port()), str(tmp_path / "msrun_log"), "True",
+                               "300"], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=300)
+        err = proc.stderr
+        assert proc.returncode == 1, err
+        named = re.search(r"msrun_launcher: failing worker: rank (\d)\b", err)
+        assert named, err
+        log = open(tmp_path / "msrun_log" / f"worker_{named.group(1)}.log").read()
+        assert "No space left on device" in log, log[-2000:]
+        names = os.listdir(disk)
+        assert not [n for n in names if "step00000004" in n], names   # nothing of step 4
+        from mindformers_core.checkpoint.store import resolve_checkpoint
+        assert resolve_checkpoint(str(disk)).state["train_state"]["step"] == 2
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
