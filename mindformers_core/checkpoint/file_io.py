@@ -44,6 +44,8 @@ class CheckpointData:
     config: dict
     dtypes: Dict[str, str]
     run_id: Optional[str] = None
+    #: model weights only (another format, ``foreign.py``): a fine-tune start, no train state
+    weights_only: bool = False
 
 
 def digest(metadata: Dict[str, str], tensors: Dict[str, np.ndarray]) -> str:
