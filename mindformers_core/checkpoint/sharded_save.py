@@ -120,9 +120,9 @@ def save_sharded(trainer, write_hook=None) -> Optional[str]:
         return None
     path = save_index(trainer.save_dir, name, step, world,
                       {k: v for k, v in tensors.items() if param_of(k) is None}, state,
-                      trainer.cfg.to_dict(), trainer.run_id)
+                      trainer.cfg.to_dict(), trainer.run_id, lineage=trainer.lineage)
     prune_checkpoints(trainer.save_dir, ck.prefix, ck.save_max, run_id=trainer.run_id,
-                      protect=ck.keep_steps)
+                      protect=ck.keep_steps, lineage=trainer.lineage)
     trainer.log(f"saved checkpoint {path}")
     return path
 

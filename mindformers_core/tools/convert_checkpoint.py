@@ -123,7 +123,8 @@ def merge(src: str, output: str, weights_only: bool = False, overwrite: bool = F
         save_file({k[len("model."):]: np.ascontiguousarray(v) for k, v in data.tensors.items()
                    if k.startswith("model.")}, output)
         return output
-    meta = run_metadata(FORMAT, data.step, data.state, data.config, data.dtypes, data.run_id)
+    meta = run_metadata(FORMAT, data.step, data.state, data.config, data.dtypes, data.run_id,
+                        data.lineage)
     return write_atomic(directory, name, encode(data.tensors, meta))
 
 

@@ -44,6 +44,7 @@ from .config_diff import config_changes
 from .grad_reducer import default_grad_reducer, grad_norm_rule
 from .metrics import MetricsWriter, StepMetrics
 from ..checkpoint.async_writer import AsyncCheckpointWriter, snapshot
+from ..checkpoint.lineage import start_lineage
 from .monitor import TrainStateMonitor
 from .payload import jsonable, tensor_to_numpy
 from .moe_metrics import log_due, moe_step_stats
@@ -124,6 +125,7 @@ class Trainer:
         # the run lineage: kept by a resume, new for a run from scratch (trainer/run_dir.py)
         self.run_id = (loaded.run_id if loaded is not None and loaded.run_id else new_run_id())
         self.writer.run_id = self.run_id
+        self.lineage = start_lineage(new_run_id(), loaded)   # checkpoint/lineage.py
         if self.rank == 0:
             claim_run_dir(output_dir, self.save_dir, self.run_id, loaded is not None, overwrite)
 
@@ -350,9 +352,11 @@ class Trainer:
 
         def write():
             path = save_checkpoint(self.save_dir, self.ckpt_cfg.prefix, step, tensors, state,
-                                   config, dtypes, write_hook=write_hook, run_id=self.run_id)
+                                   config, dtypes, write_hook=write_hook, run_id=self.run_id,
+                                   lineage=self.lineage)
             prune_checkpoints(self.save_dir, self.ckpt_cfg.prefix, self.ckpt_cfg.save_max,
-                              run_id=self.run_id, protect=self.ckpt_cfg.keep_steps)
+                              run_id=self.run_id, protect=self.ckpt_cfg.keep_steps,
+                              lineage=self.lineage)
             self.log(f"saved checkpoint {path}")
             return path
         if self.ckpt_cfg.async_save:
