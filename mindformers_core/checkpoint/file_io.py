@@ -48,6 +48,8 @@ class CheckpointData:
     weights_only: bool = False
     #: where it stands in its run's history (``lineage.py``); None in older files
     lineage: Optional[dict] = None
+    #: why a directory resume passed over newer checkpoints of its line (damaged ones)
+    skipped: Tuple[str, ...] = ()
 
 
 def digest(metadata: Dict[str, str], tensors: Dict[str, np.ndarray]) -> str:

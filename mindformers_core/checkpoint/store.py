@@ -197,6 +197,7 @@ def resolve_checkpoint(load_path: str, log=None, read_workers: int = 1, merge_wo
             if log is not None:
                 log(f"WARNING: skipping unusable checkpoint: {exc}; trying the previous one")
             continue
+        data.skipped = tuple(problems)
         return data
     raise CheckpointError("checkpoint.load_path: every checkpoint in "
                           f"{load_path} is unusable: " + "; ".join(problems))

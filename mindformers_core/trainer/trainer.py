@@ -248,6 +248,10 @@ class Trainer:
             return None
         data = resolve_checkpoint(path, log=self.log, **load_options(   # [checkpoint: load_*]
             self.ckpt_cfg, self.rank, self.grad_reducer.world_size))
+        if data.skipped:   # repeated in the final summary, not only in the start-up warning
+            self.writer.notes.append(f"WARNING: resumed from {data.path}, skipping "
+                                     f"{len(data.skipped)} unusable newer checkpoint(s): "
+                                     + "; ".join(data.skipped))
         changes = config_changes(data.config, self.cfg.to_dict())
         if changes:
             self.log(f"resuming from {data.path} with a changed config ({len(changes)} "
@@ -573,6 +577,7 @@ class Trainer:
             wants_save = self.ckpt_cfg.enable_save or reason == "interrupted"
             if wants_save and last_saved != self.state.step and self.state.step > 0:
                 self.save()
+            self.async_writer.wait()   # an async save's failure comes before the summary
             self.writer.summary(self.state, self.entropy_floor, reason)
             self.progress.finish()
         finally:
