@@ -15,7 +15,10 @@ Formats (``fmt``), for ``model_type`` gpt (Llama-style), qwen3 and deepseek_v3:
   default); here RoPE rotates halves, so those rows are permuted ``[0,2,4,..,1,3,5,..]``.
 * ``mindformers``: upstream MindFormers' checkpoint names. ``qkv_concat=True`` (its PyNative
   model, ``mla_qkv_concat: True``): MLA's down projections fused as ``linear_qkv`` =
-  ``[q_down (or q_proj); kv_down]``, ``linear_qb``, ``linear_kvb``, ``k_layernorm``;
+  ``[q_down (or q_proj); kv_down]``, ``linear_qb``, ``linear_kvb``, ``k_layernorm``, and the
+  expert bias at ``mlp.expert_bias`` (here ``mlp.router.expert_bias``; both are read);
+  the MTP layers' transformer layer (``mtp.layers.K.transformer_layer.*``) is named and laid
+  out as a decoder layer;
   ``qkv_concat=False`` (its mcore DeepSeek-V3 converter): this project's MLA names with the
   experts flattened, ``weight1`` [E*H, 2F], ``weight2`` [E*F, H]. GPT's fused ``linear_qkv``
   is grouped per query group ``[q of the group's heads; k; v]`` (here: all q, all k, all v).
@@ -143,7 +146,11 @@ _QK_NORM_HF = {"self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
                "self_attention.k_layernorm.weight": "self_attn.k_norm.weight"}
 _LAYER_MF_FUSED = {"self_attention.linear_q_up_proj.weight": "self_attention.linear_qb.weight",
                    "self_attention.linear_kv_up_proj.weight": "self_attention.linear_kvb.weight",
-                   "self_attention.kv_layernorm.weight": "self_attention.k_layernorm.weight"}
+                   "self_attention.kv_layernorm.weight": "self_attention.k_layernorm.weight",
+                   # upstream's PyNative MoE keeps the expert bias on the MLP, not its router
+                   "mlp.router.expert_bias": "mlp.expert_bias"}
+#: names read as this project's in either MindFormers layout (written: the table above)
+_MF_ALIASES = {"mlp.expert_bias": "mlp.router.expert_bias"}
 
 
 def _layer_hf_table(g: Geometry) -> Dict[str, str]:
@@ -250,7 +257,7 @@ def _layer_to_mf(i: int, lw: Weights, g: Geometry, qkv_concat: bool) -> Weights:
         qkv = _pop(lw, "self_attention.linear_qkv.weight", where)
         lw["self_attention.linear_qkv.weight"] = qkv[grouped_qkv_order(g.heads, g.groups,
                                                                        g.head_dim)]
-    elif qkv_concat:
+    elif qkv_concat:   # (and the expert bias under its upstream name, _LAYER_MF_FUSED)
         lw["self_attention.linear_qkv.weight"] = np.concatenate(
             [_pop(lw, g.q_input_key, where),
              _pop(lw, "self_attention.linear_kv_down_proj.weight", where)], axis=0)
@@ -269,7 +276,8 @@ def _layer_from_mf(i: int, lw: Weights, g: Geometry, qkv_concat: bool) -> Weight
         qkv = _pop(lw, "self_attention.linear_qkv.weight", where)
         lw["self_attention.linear_qkv.weight"] = \
             qkv[np.argsort(grouped_qkv_order(g.heads, g.groups, g.head_dim))]
-    elif qkv_concat:
+    lw = _rename(lw, _MF_ALIASES)
+    if g.mla and qkv_concat:
         lw = _rename(lw, {v: k for k, v in _LAYER_MF_FUSED.items()})
         fused = _pop(lw, "self_attention.linear_qkv.weight", where)
         nq = g.heads * (g.dn + g.dr) if g.q_lora_rank is None else g.q_lora_rank
@@ -284,6 +292,7 @@ def _layer_from_mf(i: int, lw: Weights, g: Geometry, qkv_concat: bool) -> Weight
 # ------------------------------------------------------------------ entry points
 _NATIVE_PREFIX = "decoder.layers."
 _HF_PREFIX = "model.layers."
+_MTP_PREFIX, _MTP_LAYER = "mtp.layers.", "transformer_layer."
 
 
 def _by_layer(w: Weights, prefix: str, out_prefix: str,
@@ -291,6 +300,24 @@ def _by_layer(w: Weights, prefix: str, out_prefix: str,
     top, layers = _split_layers(w, prefix)
     return _join_layers(_rename(top, top_table), {i: fn(i, lw) for i, lw in layers.items()},
                         out_prefix)
+
+
+def _by_mtp_layer(w: Weights, fn: Callable[[int, Weights], Weights]) -> Weights:
+    """``fn`` applied to each MTP layer's transformer layer (``mtp.layers.K.transformer_layer.*``,
+    named as a decoder layer's tensors, in both projects)."""
+    mtp: Dict[int, Weights] = {}
+    out: Weights = {}
+    for name, value in w.items():
+        if name.startswith(_MTP_PREFIX) and f".{_MTP_LAYER}" in name:
+            idx, rest = name[len(_MTP_PREFIX):].split(".", 1)
+            if rest.startswith(_MTP_LAYER):
+                mtp.setdefault(int(idx), {})[rest[len(_MTP_LAYER):]] = value
+                continue
+        out[name] = value
+    for k in sorted(mtp):
+        for suffix, value in fn(k, mtp[k]).items():
+            out[f"{_MTP_PREFIX}{k}.{_MTP_LAYER}{suffix}"] = value
+    return out
 
 
 def from_native(w: Weights, fmt: str, cfg, qkv_concat: bool = True) -> Weights:
@@ -302,6 +329,7 @@ def from_native(w: Weights, fmt: str, cfg, qkv_concat: bool = True) -> Weights:
         return _by_layer(w, _NATIVE_PREFIX, _HF_PREFIX, lambda i, lw: _layer_to_hf(i, lw, g),
                          _COMMON_HF)
     if fmt == "mindformers":
+        w = _by_mtp_layer(w, lambda k, lw: _layer_to_mf(k, lw, g, qkv_concat))
         return _by_layer(w, _NATIVE_PREFIX, _NATIVE_PREFIX,
                          lambda i, lw: _layer_to_mf(i, lw, g, qkv_concat), {})
     raise ValueError(f"unknown format {fmt!r}; expected one of {list(FORMATS)}")
@@ -316,6 +344,7 @@ def to_native(w: Weights, fmt: str, cfg, qkv_concat: bool = True) -> Weights:
         return _by_layer(w, _HF_PREFIX, _NATIVE_PREFIX, lambda i, lw: _layer_from_hf(i, lw, g),
                          {v: k for k, v in _COMMON_HF.items()})
     if fmt == "mindformers":
+        w = _by_mtp_layer(w, lambda k, lw: _layer_from_mf(k, lw, g, qkv_concat))
         return _by_layer(w, _NATIVE_PREFIX, _NATIVE_PREFIX,
                          lambda i, lw: _layer_from_mf(i, lw, g, qkv_concat), {})
     raise ValueError(f"unknown format {fmt!r}; expected one of {list(FORMATS)}")
