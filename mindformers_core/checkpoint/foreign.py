@@ -27,6 +27,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from ..config.checkpoint import LOAD_FORMATS
 from .file_io import CheckpointData, CheckpointError, read_header
 from .sharded import INDEX_FORMAT
 from .store import FORMAT, resolve_checkpoint
@@ -35,7 +36,6 @@ from .weight_names import to_native
 __all__ = ["LOAD_FORMATS", "WEIGHTS_FORMAT", "HF_INDEX", "detect_format", "read_weights",
            "foreign_weights", "resolve_start"]
 
-LOAD_FORMATS = ("auto", "native", "hf", "mindformers")
 #: ``format`` metadata of a file holding only this project's model weights
 WEIGHTS_FORMAT = "mindformers_core.weights/1"
 HF_INDEX = "model.safetensors.index.json"

@@ -39,12 +39,13 @@ from ..core.memory_verdict import format_memory_plan
 from ..optim.host.adam import host_adam_notice
 from .accumulate import accumulate_gradients, count_loss_tokens, make_grad_fn
 from ..checkpoint.store import (CheckpointData, CheckpointError, checkpoint_name, list_checkpoints,
-                         prune_checkpoints, resolve_checkpoint, save_checkpoint)
+                         prune_checkpoints, save_checkpoint)
 from .config_diff import config_changes
 from .grad_reducer import default_grad_reducer, grad_norm_rule
 from .metrics import MetricsWriter, StepMetrics
 from ..checkpoint.async_writer import AsyncCheckpointWriter, snapshot
 from ..checkpoint.lineage import start_lineage
+from ..checkpoint.foreign import resolve_start
 from .monitor import TrainStateMonitor
 from .payload import jsonable, tensor_to_numpy
 from .moe_metrics import log_due, moe_step_stats
@@ -120,7 +121,7 @@ class Trainer:
 
         seed_everything(tr.seed, tr.deterministic)
         loaded = self._resolve_resume()
-        if loaded is not None:
+        if loaded is not None and not loaded.weights_only:
             check_train_payload(loaded, self.total_steps)
         # the run lineage: kept by a resume, new for a run from scratch (trainer/run_dir.py)
         self.run_id = (loaded.run_id if loaded is not None and loaded.run_id else new_run_id())
@@ -246,8 +247,11 @@ class Trainer:
         path = self.ckpt_cfg.load_path
         if not path:
             return None
-        data = resolve_checkpoint(path, log=self.log, **load_options(   # [checkpoint: load_*]
-            self.ckpt_cfg, self.rank, self.grad_reducer.world_size))
+        data = resolve_start(path, self.ckpt_cfg.load_format, self.cfg.model,  # foreign.py
+                             log=self.log, **load_options(   # [checkpoint: load_*]
+                                 self.ckpt_cfg, self.rank, self.grad_reducer.world_size))
+        if data.weights_only:   # weights of another format: a fine-tune start, no train state
+            return data
         if data.skipped:   # repeated in the final summary, not only in the start-up warning
             self.writer.notes.append(f"WARNING: resumed from {data.path}, skipping "
                                      f"{len(data.skipped)} unusable newer checkpoint(s): "
@@ -263,6 +267,10 @@ class Trainer:
         load_model_weights(self.model, data)
 
     def _load_rest(self, data: CheckpointData) -> None:
+        if data.weights_only:
+            self.log(f"initialised the model from the weights of {data.path}: a fine-tune start "
+                     "(step 0, a fresh optimizer; checkpoint.load_format)")
+            return
         try:
             self._restore_state(data)
         except ConfigError:
