@@ -17,7 +17,10 @@ Names and layouts go through the converter's tables (``weight_names.py``), the s
 ``tools/convert_weights.py`` uses. ``auto`` (the default) detects the format: this project's
 checkpoints by their ``format`` metadata (:data:`WEIGHTS_FORMAT` for weight files), a
 ``.ckpt`` as MindFormers, otherwise by the tensor names (``model.layers.*``,
-``model.embed_tokens.*``, ``lm_head.*``: hf; ``decoder.*``, ``embedding.*``: mindformers).
+``model.embed_tokens.*``, ``lm_head.*``: hf; ``decoder.*``, ``embedding.*`` with a name only
+MindFormers uses, or its optimizer state: mindformers). Names both projects use (a GPT's) with
+nothing that tells them apart are refused: the layouts differ (``linear_qkv``'s row order),
+so a guess could load permuted weights without any error.
 """
 from __future__ import annotations
 
@@ -43,6 +46,8 @@ HF_INDEX = "model.safetensors.index.json"
 _MF_STATE = ("adam_m.", "adam_v.", "accu_grads.", "moments.", "global_step", "learning_rate",
              "scale_sense", "current_iterator_step", "last_overflow_iterator_step", "epoch_num",
              "step_num", "loss_scale")
+#: tensor names only MindFormers' PyNative models use
+_MF_ONLY = ("linear_qb.weight", "linear_kvb.weight", "mlp.expert_bias")
 
 
 def _file_format(path: str) -> Optional[str]:
@@ -76,7 +81,14 @@ def detect_format(path: str) -> str:
     if any(n.startswith(("model.layers.", "model.embed_tokens.", "lm_head.")) for n in names):
         return "hf"
     if any(n.startswith(("decoder.", "embedding.")) for n in names):
-        return "mindformers"
+        if any(n.startswith(_MF_STATE) or n.endswith(_MF_ONLY) for n in names):
+            return "mindformers"
+        # both projects use these names, with other row layouts: guessing could load the
+        # weights permuted without an error, so the format must be said
+        raise CheckpointError(
+            f"{path}: its tensor names are both this project's and upstream MindFormers' (with "
+            "other row layouts), and nothing in the file tells which; set "
+            "checkpoint.load_format to native or mindformers")
     raise CheckpointError(f"{path}: cannot tell its weight format from its tensor names "
                           f"({sorted(names)[:3]}...); set checkpoint.load_format to native, hf "
                           "or mindformers")

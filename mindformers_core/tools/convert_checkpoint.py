@@ -119,9 +119,10 @@ def merge(src: str, output: str, weights_only: bool = False, overwrite: bool = F
     directory, name = os.path.split(os.path.abspath(output))
     if weights_only:
         from safetensors.numpy import save_file
+        from ..checkpoint.foreign import WEIGHTS_FORMAT
         os.makedirs(directory, exist_ok=True)
         save_file({k[len("model."):]: np.ascontiguousarray(v) for k, v in data.tensors.items()
-                   if k.startswith("model.")}, output)
+                   if k.startswith("model.")}, output, metadata={"format": WEIGHTS_FORMAT})
         return output
     meta = run_metadata(FORMAT, data.step, data.state, data.config, data.dtypes, data.run_id,
                         data.lineage)

@@ -140,3 +140,32 @@ def test_command_line_training_and_generate_from_an_hf_directory(tmp_path, capsy
     tok = build_tokenizer(TokenizerConfig())
     assert capsys.readouterr().out == "ab" + tok.decode(generate(model, tok.encode("ab"), 3)) \
         + "\n"
+
+
+def test_native_and_mindformers_names_are_told_apart_or_refused(tmp_path):
+    from mindformers_core.tools.convert_checkpoint import main as convert_main
+    c = tiny_run_cfg(2, checkpoint={"enable_save": True})
+    Trainer(c, str(tmp_path / "run"), stream=io.StringIO()).train()
+    ckpt = list_checkpoints(str(tmp_path / "run" / "checkpoint"))[-1][1]
+    # this project's weights file says what it is
+    w_only = str(tmp_path / "w.safetensors")
+    assert convert_main(["merge", "--input", ckpt, "--output", w_only, "--weights-only"]) == 0
+    assert detect_format(w_only) == "native"
+    t = Trainer(tiny_run_cfg(2, checkpoint={"load_path": w_only}), str(tmp_path / "a"),
+                stream=io.StringIO())
+    from mindformers_core.checkpoint.store import load_checkpoint
+    want = {k[len("model."):]: v for k, v in load_checkpoint(ckpt).tensors.items()
+            if k.startswith("model.")}
+    assert_model_holds(t, want)
+    # a GPT's MindFormers names are this project's (other qkv rows): refused under auto
+    mf = from_native(want, "mindformers", c.model)
+    src = str(tmp_path / "mf.safetensors")
+    save_file({k: np.ascontiguousarray(v) for k, v in mf.items()}, src)
+    with pytest.raises(CheckpointError, match=r"its tensor names are both this project's and "
+                                              r"upstream MindFormers' .* set "
+                                              r"checkpoint.load_format to native or mindformers"):
+        Trainer(tiny_run_cfg(2, checkpoint={"load_path": src}), str(tmp_path / "b"),
+                stream=io.StringIO())
+    t = Trainer(tiny_run_cfg(2, checkpoint={"load_path": src, "load_format": "mindformers"}),
+                str(tmp_path / "c"), stream=io.StringIO())
+    assert_model_holds(t, want)
