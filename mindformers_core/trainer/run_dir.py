@@ -14,7 +14,7 @@ header and every ``metrics.jsonl`` row. With it:
   its own run's file;
 * the claim is atomic: before looking at the files, the run takes an exclusive
   ``fcntl.flock`` on ``run.lock`` in its directory (:func:`lock_run_dir`) and keeps it open
-  for the life of its process. Two runs started at the same moment in one directory cannot
+  for the life of its process (``Trainer.train`` gives it up when the run ends). Two runs started at the same moment in one directory cannot
   both pass the check: the second one is refused, naming the directory and the process
   holding it. The kernel drops the lock when that process exits (however it ends), so a dead
   run never blocks a new one.
@@ -33,7 +33,8 @@ from ..errors import ConfigError
 from ..checkpoint.store import checkpoint_run_id, list_checkpoints
 from ..checkpoint.sharded import shard_files_of
 
-__all__ = ["new_run_id", "metrics_run_id", "claim_run_dir", "lock_run_dir", "move_aside",
+__all__ = ["new_run_id", "metrics_run_id", "claim_run_dir", "lock_run_dir", "release_run_dir",
+           "move_aside",
            "RUN_FILES", "SUPERSEDED_DIR", "LOCK_FILE"]
 
 #: files of a run in its output directory (besides the checkpoints)
@@ -109,6 +110,16 @@ def lock_run_dir(directory: str, field: str = "--output_dir") -> None:
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     _HELD[key] = fd
+
+
+def release_run_dir(output_dir: Optional[str], save_dir: str) -> None:
+    """Give up the lock :func:`claim_run_dir` took (the run is over); a no-op when this
+    process does not hold it."""
+    directory = output_dir if output_dir is not None else save_dir
+    fd = _HELD.pop(os.path.realpath(directory), None)
+    if fd is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def claim_run_dir(output_dir: Optional[str], save_dir: str, run_id: str, resuming: bool,

@@ -58,7 +58,7 @@ from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .protocols import (DataParallelReducer, ExpertBiasModel, MaxLogitsModel, MoEStatsModel,
                         ModelParallelReducer, PipelineReducer, QKClipOptimizer,
                         QKStatsReducer, ShardedGradReducer)
-from .run_dir import claim_run_dir, new_run_id
+from .run_dir import claim_run_dir, new_run_id, release_run_dir
 from ..checkpoint.sharded_save import load_options, reshard_for_model, save_sharded, uses_sharded_checkpoint
 from .signals import StopRequest
 from .step_decision import NONFINITE, OVERFLOW, SKIP_LIMIT, THRESHOLD, decide_step
@@ -592,6 +592,8 @@ class Trainer:
             self.profiler.close()
             self.async_writer.wait()
             self.writer.close()
+            if self.rank == 0:   # the run is over: the directory is free (run_dir.py)
+                release_run_dir(self.output_dir, self.save_dir)
         return reason
 
     def _write_resolved_config(self) -> None:

@@ -104,3 +104,26 @@ def test_a_running_run_holds_its_directory_and_a_dead_one_does_not(tmp_path):
     again = Trainer(tiny_run_cfg(4, checkpoint=ck), str(out), stream=io.StringIO())
     again.train()
     assert again.run_id == t.run_id and again.state.step == 4
+
+
+def test_the_lock_is_given_up_when_the_run_ends(tmp_path):
+    out = tmp_path / "D"
+    t = Trainer(tiny_run_cfg(2, checkpoint={"enable_save": True}), str(out),
+                stream=io.StringIO())
+    probe = textwrap.dedent(f"""
+        from mindformers_core.config import ConfigError
+        from mindformers_core.trainer.run_dir import lock_run_dir
+        try:
+            lock_run_dir({str(out)!r})
+            print("free")
+        except ConfigError as exc:
+            print(exc)
+    """)
+
+    def other_process_sees():
+        return subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                              text=True, env=dict(os.environ, PYTHONPATH=ROOT)).stdout.strip()
+    assert other_process_sees().startswith(f"--output_dir: {out} is in use by another run "
+                                           f"(process {os.getpid()} holds")
+    t.train()
+    assert other_process_sees() == "free"
