@@ -44,6 +44,12 @@ class CheckpointData:
     config: dict
     dtypes: Dict[str, str]
     run_id: Optional[str] = None
+    #: model weights only (another format, ``foreign.py``): a fine-tune start, no train state
+    weights_only: bool = False
+    #: where it stands in its run's history (``lineage.py``); None in older files
+    lineage: Optional[dict] = None
+    #: why a directory resume passed over newer checkpoints of its line (damaged ones)
+    skipped: Tuple[str, ...] = ()
 
 
 def digest(metadata: Dict[str, str], tensors: Dict[str, np.ndarray]) -> str:
@@ -194,14 +200,21 @@ def checkpoint_data(path: str, meta: Dict[str, str],
         if not isinstance(value, dict):
             raise CheckpointError(f"checkpoint {path} is corrupt: {name} is a "
                                   f"{type(value).__name__}, not an object")
+    lineage = parse_json(meta["lineage"], path, "lineage") if "lineage" in meta else None
+    if lineage is not None and not isinstance(lineage, dict):
+        raise CheckpointError(f"checkpoint {path} is corrupt: lineage is a "
+                              f"{type(lineage).__name__}, not an object")
     return CheckpointData(path=path, step=int(meta["step"]), tensors=tensors, state=state,
-                          config=config, dtypes=dtypes, run_id=meta.get("run_id") or None)
+                          config=config, dtypes=dtypes, run_id=meta.get("run_id") or None,
+                          lineage=lineage)
 
 
 def run_metadata(fmt: str, step: int, state: dict, config: dict,
-                 dtypes: Optional[Dict[str, str]], run_id: Optional[str]) -> Dict[str, str]:
-    """The metadata of a file a resume reads its run from (``format`` ... ``run_id``)."""
-    return {
+                 dtypes: Optional[Dict[str, str]], run_id: Optional[str],
+                 lineage: Optional[dict] = None) -> Dict[str, str]:
+    """The metadata of a file a resume reads its run from (``format`` ... ``run_id``, and
+    ``lineage`` when given: ``lineage.py``)."""
+    meta = {
         "format": fmt,
         "step": str(int(step)),
         "state": json.dumps(state, sort_keys=True),
@@ -209,3 +222,6 @@ def run_metadata(fmt: str, step: int, state: dict, config: dict,
         "dtypes": json.dumps(dtypes or {}, sort_keys=True),
         "run_id": str(run_id or ""),
     }
+    if lineage is not None:
+        meta["lineage"] = json.dumps(lineage, sort_keys=True)
+    return meta

@@ -265,7 +265,7 @@ def write_rank(directory: str, index_name: str, step: int, rank: int, world: int
 
 def save_index(directory: str, index_name: str, step: int, world: int,
                tensors: Mapping[str, np.ndarray], state: dict, config: dict,
-               run_id: Optional[str], write_hook=None) -> str:
+               run_id: Optional[str], write_hook=None, lineage: Optional[dict] = None) -> str:
     """Write the index (rank 0, after every rank file is complete) atomically.
 
     ``tensors``: the replicated non-parameter tensors (``rng.*``). The index records each rank
@@ -280,7 +280,7 @@ def save_index(directory: str, index_name: str, step: int, world: int,
                                   "ranks?); the previous checkpoints are kept")
         files.append({"name": name, "sha256": read_header(path, os.path.getsize(path))[
             "__metadata__"].get("sha256", "")})
-    meta = run_metadata(INDEX_FORMAT, step, state, config, {}, run_id)
+    meta = run_metadata(INDEX_FORMAT, step, state, config, {}, run_id, lineage)
     meta["world"] = str(int(world))
     meta["files"] = json.dumps(files, sort_keys=True)
     return write_atomic(directory, index_name, encode(dict(tensors), meta), write_hook)
@@ -514,4 +514,4 @@ def split_checkpoint(data: CheckpointData, directory: str, index_name: str,
                    remove_redundancy=remove_redundancy)
     rest = {k: v for k, v in data.tensors.items() if param_of(k) is None}
     return save_index(directory, index_name, data.step, world, rest, data.state, data.config,
-                      data.run_id)
+                      data.run_id, lineage=data.lineage)

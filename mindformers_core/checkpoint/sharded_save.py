@@ -5,7 +5,10 @@ expert or fully sharded data parallel) or its optimizer state is row-sharded (Ze
 ``distributed/zero.py``); otherwise it writes the single-process file as before. Every rank
 writes its own pieces without gathering anything; one all-reduce (the reducer's
 ``broadcast_flag``) then tells every rank that all rank files are complete, or that one
-failed, and only then rank 0 writes the index (and prunes). Resuming reads either format as
+failed, and only then rank 0 writes the index (and prunes). After a failure every rank
+removes the rank file it finished (:func:`settle_rank_file`), so a failed save leaves nothing
+behind; leftovers of a killed save are never listed (``store.list_checkpoints`` sees only
+index names) and are bound to no index. Resuming reads either format as
 full tensors and :func:`reshard_for_model` cuts them to this rank's layout; the trainer calls
 it once the model is cut (``ParallelRun.parallelize``: TP slices, FSDP, the EP cut),
 so ``shard_specs()`` is the final layout and either format gives the same start. Optimizer
@@ -22,6 +25,8 @@ reads the rank files with ``checkpoint.load_worker_number`` threads and merges t
 """
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Dict, Optional, Protocol, Tuple, runtime_checkable
 
 from ..distributed.shard_spec import ShardSpec
@@ -31,7 +36,7 @@ from .file_io import CheckpointData, CheckpointError
 from .sharded import ZeroRows, param_of, reshard, save_index, write_rank
 
 __all__ = ["ShardedModel", "RowShardedOptimizer", "model_specs", "uses_sharded_checkpoint",
-           "save_sharded", "load_options", "reshard_for_model"]
+           "save_sharded", "settle_rank_file", "load_options", "reshard_for_model"]
 
 
 @runtime_checkable
@@ -77,30 +82,43 @@ def save_sharded(trainer, write_hook=None) -> Optional[str]:
     layout = trainer.parallel   # trainer.protocols.RunLayout
     step, world, rank = trainer.state.step, layout.world_size, trainer.rank
     name = checkpoint_name(ck.prefix, step)
-    error = None
+    error, written = None, None
     try:
-        write_rank(trainer.save_dir, name, step, rank, world,
-                   {k: v for k, v in tensors.items() if param_of(k) is not None},
-                   model_specs(trainer.model), layout.coords(), zero, dtypes,
-                   trainer.run_id, write_hook, layout.axis_sizes(),
-                   ck.remove_redundancy)
+        written = write_rank(trainer.save_dir, name, step, rank, world,
+                             {k: v for k, v in tensors.items() if param_of(k) is not None},
+                             model_specs(trainer.model), layout.coords(), zero, dtypes,
+                             trainer.run_id, write_hook, layout.axis_sizes(),
+                             ck.remove_redundancy)
     except CheckpointError as exc:
         error = exc
     except ValueError as exc:   # a local shape that contradicts its ShardSpec
         error = CheckpointError(f"cannot save checkpoint {name}: {exc}")
     # the barrier: after it every rank file is complete, or every rank knows one is not
-    if layout.broadcast_flag(error is not None):
-        raise error or CheckpointError(f"another rank could not write its part of checkpoint "
-                                       f"{name}; the previous checkpoints are kept")
+    settle_rank_file(written, error, layout.broadcast_flag(error is not None), name)
     if rank != 0:
         return None
     path = save_index(trainer.save_dir, name, step, world,
                       {k: v for k, v in tensors.items() if param_of(k) is None}, state,
-                      trainer.cfg.to_dict(), trainer.run_id)
+                      trainer.cfg.to_dict(), trainer.run_id, lineage=trainer.lineage)
     prune_checkpoints(trainer.save_dir, ck.prefix, ck.save_max, run_id=trainer.run_id,
-                      protect=ck.keep_steps)
+                      protect=ck.keep_steps, lineage=trainer.lineage)
     trainer.log(f"saved checkpoint {path}")
     return path
+
+
+def settle_rank_file(written: Optional[str], error: Optional[CheckpointError], failed: bool,
+                     name: str) -> None:
+    """After the barrier of a save: when any rank failed (``failed``), remove this rank's
+    finished rank file ``written`` (a failed save leaves no part of itself behind; each rank
+    removes its own, the directory need not be shared) and raise this rank's ``error``, or
+    one saying another rank failed."""
+    if not failed:
+        return
+    if written is not None:
+        with contextlib.suppress(OSError):
+            os.remove(written)
+    raise error or CheckpointError(f"another rank could not write its part of checkpoint "
+                                   f"{name}; the previous checkpoints are kept")
 
 
 def load_options(ck, comm=None) -> dict:

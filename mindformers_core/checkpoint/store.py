@@ -10,7 +10,8 @@ Layout of ``{prefix}_step{NNNNNNNN}.safetensors``:
   ``state`` (JSON: the train state, the non-array parts of the optimizer / data / RNG states),
   ``config`` (JSON: the resolved config), ``dtypes`` (JSON: original dtype of every tensor
   whose storage dtype differs), ``run_id`` (the run lineage that wrote it, see
-  ``trainer/run_dir.py``) and ``sha256``: one digest over every other metadata entry (canonical
+  ``trainer/run_dir.py``), ``lineage`` (which line of the run's history it is on:
+``lineage.py``) and ``sha256``: one digest over every other metadata entry (canonical
   JSON) and every tensor's name, dtype, shape and bytes in sorted name order. Everything a
   resume reads (step, lr position, RNG, data position, weights) is covered, so a changed byte
   anywhere in the file is refused.
@@ -39,6 +40,7 @@ from .file_io import (TMP_MARK, CheckpointData, CheckpointError, checkpoint_data
                             read_header, read_verified, run_metadata,
                             write_atomic)
 from .sharded import INDEX_FORMAT, FileSharing, load_sharded, shard_files_of
+from .lineage import on_line, read_lineage, resume_order
 
 __all__ = [
     "CheckpointError", "CheckpointData", "checkpoint_name", "list_checkpoints",
@@ -73,7 +75,8 @@ def list_checkpoints(directory: str) -> List[Tuple[int, str]]:
 
 def save_checkpoint(directory: str, prefix: str, step: int, tensors: Dict[str, np.ndarray],
                     state: dict, config: dict, dtypes: Optional[Dict[str, str]] = None,
-                    write_hook=None, run_id: Optional[str] = None) -> str:
+                    write_hook=None, run_id: Optional[str] = None,
+                    lineage: Optional[dict] = None) -> str:
     """Write one checkpoint atomically and return its path.
 
     A failed write (disk full, permissions) removes its temp file and leaves every earlier
@@ -81,24 +84,31 @@ def save_checkpoint(directory: str, prefix: str, step: int, tensors: Dict[str, n
     ``write_hook(fileobj, data: bytes)`` (tests only) replaces the plain ``fileobj.write`` so a
     test can kill the process in the middle of the write.
     """
-    metadata = run_metadata(FORMAT, step, state, config, dtypes, run_id)
+    metadata = run_metadata(FORMAT, step, state, config, dtypes, run_id, lineage)
     return write_atomic(directory, checkpoint_name(prefix, step), encode(tensors, metadata),
                         write_hook)
 
 
 def prune_checkpoints(directory: str, prefix: str, keep: int,
-                      run_id: Optional[str] = None, protect=()) -> List[str]:
+                      run_id: Optional[str] = None, protect=(),
+                      lineage: Optional[dict] = None) -> List[str]:
     """Delete all but the newest ``keep`` checkpoints of ``prefix`` and stale temp files.
 
     With ``run_id``, only checkpoints written by that run lineage count (and are removed):
     another run's files in the same directory are never touched. Steps in ``protect``
-    (``checkpoint.keep_steps``) are neither counted nor removed. Returns the removed paths.
+    (``checkpoint.keep_steps``) are neither counted nor removed. With ``lineage`` (the
+    writer's), only checkpoints on its line count: an abandoned branch is left alone
+    (``lineage.py``). Returns the removed paths.
     """
     removed = []
     protect = set(protect or ())
     mine = [(s, p) for s, p in list_checkpoints(directory)
             if _NAME_RE.match(os.path.basename(p)).group("prefix") == prefix and s not in protect
             and (run_id is None or checkpoint_run_id(p) == run_id)]
+    if lineage is not None:
+        lins = {p: read_lineage(p) for _, p in mine}
+        mine = [(s, p) for s, p in mine
+                if lins[p] is not None and on_line(lins[p], lineage["chain"])]
     for _, path in mine[:-keep] if keep > 0 else mine:
         for part in [path] + shard_files_of(path):   # a sharded checkpoint: its rank files too
             if os.path.exists(part):
@@ -157,8 +167,10 @@ def resolve_checkpoint(load_path: str, log=None, read_workers: int = 1, merge_wo
                        sharing: Optional[FileSharing] = None) -> CheckpointData:
     """Load ``load_path``: a file, or a directory meaning its newest complete checkpoint.
 
-    In a directory, a newer checkpoint that fails verification is reported through ``log``
-    (a callable taking a string) and the next older one is tried. A file is used as given:
+    In a directory, the newest checkpoint of the current line of training is taken
+    (``lineage.py``: an abandoned branch is skipped, two branches are refused naming both); a
+    newer checkpoint that fails verification is reported through ``log`` (a callable taking a
+    string) and the next older one is tried. A file is used as given:
     if it is damaged the error says so and names the usable ones next to it.
     """
     if os.path.isfile(load_path):
@@ -177,7 +189,7 @@ def resolve_checkpoint(load_path: str, log=None, read_workers: int = 1, merge_wo
         raise CheckpointError(f"checkpoint.load_path: no checkpoint (*_stepNNNNNNNN.safetensors) "
                               f"in directory {load_path}")
     problems = []
-    for _, path in reversed(found):
+    for path in resume_order(found, load_path, log):
         try:
             data = load_checkpoint(path, read_workers, merge_workers, sharing)
         except CheckpointError as exc:
@@ -185,6 +197,7 @@ def resolve_checkpoint(load_path: str, log=None, read_workers: int = 1, merge_wo
             if log is not None:
                 log(f"WARNING: skipping unusable checkpoint: {exc}; trying the previous one")
             continue
+        data.skipped = tuple(problems)
         return data
     raise CheckpointError("checkpoint.load_path: every checkpoint in "
                           f"{load_path} is unusable: " + "; ".join(problems))

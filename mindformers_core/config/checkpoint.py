@@ -10,6 +10,11 @@
 * ``load_path``: resume from a checkpoint file, or a directory meaning its newest complete
   checkpoint (a damaged newer one is reported and skipped);
 * ``no_load_optim``: resume weights, step, data position and RNG, but start a fresh optimizer;
+* ``load_format``: what ``load_path`` holds: ``native`` (this project's checkpoints: a resume),
+  ``hf`` (Hugging Face safetensors: a file, or a directory with
+  ``model.safetensors.index.json``), ``mindformers`` (an upstream MindFormers checkpoint) or
+  ``auto`` (the default: detected). Weights of another format start a fine-tune: model
+  weights only, step 0, a fresh optimizer (checkpoint/foreign.py);
 * ``prefix``: file names are ``{prefix}_step{NNNNNNNN}.safetensors``.
 
 Upstream's spellings of "nothing": ``load_path: ""`` means no checkpoint to load and
@@ -41,6 +46,7 @@ from ..errors import ConfigError
 from .schema import Section, check_range
 
 DEFAULT_PREFIX = "mindformers_core"
+LOAD_FORMATS = ("auto", "native", "hf", "mindformers")
 
 
 @dataclass
@@ -53,6 +59,7 @@ class CheckpointConfig(Section):
     no_save_optim: bool = False
     load_path: Optional[str] = None
     no_load_optim: bool = False
+    load_format: str = "auto"
     prefix: str = DEFAULT_PREFIX   # null in the YAML = the default
     async_save: bool = False
     remove_redundancy: bool = False
@@ -81,6 +88,9 @@ class CheckpointConfig(Section):
             raise ConfigError(f"{path}.prefix", "must be a non-empty file name prefix without "
                                                 f"path separators or a leading dot, got "
                                                 f"{self.prefix!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ConfigError(f"{path}.load_format", f"must be one of {list(LOAD_FORMATS)}, got "
+                                                     f"{self.load_format!r}")
         # distributed-checkpoint options (checkpoint/sharded_save.py, checkpoint/plan.py)
         for name in ("load_worker_number", "reshard_worker_num"):
             check_range(getattr(self, name), f"{path}.{name}", lo=1)

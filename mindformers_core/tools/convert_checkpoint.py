@@ -24,7 +24,11 @@ writes the sharded checkpoint (``checkpoint/sharded.py``) of the layout in
      "remove_redundancy": false}             # optional: true writes each piece once
                                              # (checkpoint.remove_redundancy)
 
-Exit codes: 0 done, 1 unusable checkpoint (``CheckpointError``), 2 bad arguments or layout.
+An existing output file is never replaced unless ``--overwrite`` is given, and a file of the
+input checkpoint (its index or one of its rank files) is never written, even with it.
+
+Exit codes: 0 done, 1 unusable checkpoint (``CheckpointError``), 2 bad arguments or layout
+(an existing output without ``--overwrite``, an output that is one of the input's files).
 """
 from __future__ import annotations
 
@@ -37,7 +41,35 @@ from typing import List, Optional
 
 import numpy as np
 
-__all__ = ["parse_layout", "layout_remove_redundancy", "merge", "split", "main"]
+__all__ = ["parse_layout", "layout_remove_redundancy", "merge", "split", "main",
+           "OutputRefused"]
+
+
+class OutputRefused(ValueError):
+    """An output path the converter will not write (exit 2)."""
+
+
+def _input_files(data) -> List[str]:
+    """The files a loaded checkpoint was read from (an index: with its rank files)."""
+    from ..checkpoint.sharded import shard_files_of
+    return [data.path] + shard_files_of(data.path)
+
+
+def _check_outputs(outputs: List[str], inputs: List[str], overwrite: bool, flag: str) -> None:
+    """Refuse to write over an input file ever, or over an existing file without
+    ``overwrite`` (:class:`OutputRefused` naming the file)."""
+    ins = {os.path.realpath(p) for p in inputs}
+    for out in outputs:
+        if os.path.realpath(out) in ins:
+            raise OutputRefused(f"{flag} {out} is a file of the input checkpoint; refusing to "
+                                "write over it (choose another output path)")
+    existing = [out for out in outputs if os.path.exists(out)]
+    if existing and not overwrite:
+        raise OutputRefused(f"{flag}: {existing[0]} already exists"
+                            + (f" (and {len(existing) - 1} more output file(s))"
+                               if len(existing) > 1 else "")
+                            + "; refusing to replace it. Choose another output path or pass "
+                            "--overwrite")
 
 
 def parse_layout(spec: dict):
@@ -78,23 +110,27 @@ def layout_remove_redundancy(spec: dict) -> bool:
     return value
 
 
-def merge(src: str, output: str, weights_only: bool = False) -> str:
+def merge(src: str, output: str, weights_only: bool = False, overwrite: bool = False) -> str:
     """One file from the checkpoint at ``src`` (module docstring)."""
     from ..checkpoint.store import FORMAT, resolve_checkpoint
     from ..checkpoint.file_io import encode, run_metadata, write_atomic
     data = resolve_checkpoint(src)
+    _check_outputs([output], _input_files(data), overwrite, "--output")
     directory, name = os.path.split(os.path.abspath(output))
     if weights_only:
         from safetensors.numpy import save_file
+        from ..checkpoint.foreign import WEIGHTS_FORMAT
         os.makedirs(directory, exist_ok=True)
         save_file({k[len("model."):]: np.ascontiguousarray(v) for k, v in data.tensors.items()
-                   if k.startswith("model.")}, output)
+                   if k.startswith("model.")}, output, metadata={"format": WEIGHTS_FORMAT})
         return output
-    meta = run_metadata(FORMAT, data.step, data.state, data.config, data.dtypes, data.run_id)
+    meta = run_metadata(FORMAT, data.step, data.state, data.config, data.dtypes, data.run_id,
+                        data.lineage)
     return write_atomic(directory, name, encode(data.tensors, meta))
 
 
-def split(src: str, layout: dict, output_dir: str, prefix: Optional[str] = None) -> str:
+def split(src: str, layout: dict, output_dir: str, prefix: Optional[str] = None,
+          overwrite: bool = False) -> str:
     """The sharded checkpoint of ``layout`` from the checkpoint at ``src``; the index path."""
     from ..checkpoint.store import checkpoint_name, resolve_checkpoint
     from ..checkpoint.sharded import split_checkpoint
@@ -105,8 +141,12 @@ def split(src: str, layout: dict, output_dir: str, prefix: Optional[str] = None)
         match = re.match(r"^(.+)_step\d{8,}\.safetensors$", os.path.basename(data.path))
         prefix = match.group(1) if match else \
             (data.config.get("checkpoint") or {}).get("prefix") or "mindformers_core"
-    return split_checkpoint(data, output_dir, checkpoint_name(prefix, data.step), specs, ranks,
-                            remove_redundancy)
+    from ..checkpoint.sharded import rank_file_name
+    index = checkpoint_name(prefix, data.step)
+    outputs = [os.path.join(output_dir, n) for n in
+               [index] + [rank_file_name(index, r, len(ranks)) for r in range(len(ranks))]]
+    _check_outputs(outputs, _input_files(data), overwrite, "--output")
+    return split_checkpoint(data, output_dir, index, specs, ranks, remove_redundancy)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -118,24 +158,33 @@ def main(argv: Optional[List[str]] = None) -> int:
     m.add_argument("--output", required=True, help="safetensors file")
     m.add_argument("--weights-only", action="store_true",
                    help="only the model weights, named as tools/convert_weights.py reads them")
+    m.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --output (never a file of the input)")
     s = sub.add_parser("split", help="a checkpoint into the rank files of a layout")
     s.add_argument("--input", required=True, help="checkpoint file or directory")
     s.add_argument("--layout", required=True, help="layout JSON file (see the module docstring)")
     s.add_argument("--output", required=True, help="directory for the rank files and index")
     s.add_argument("--prefix", default=None,
                    help="file prefix (default: the input file's)")
+    s.add_argument("--overwrite", action="store_true",
+                   help="replace existing output files (never a file of the input)")
     args = parser.parse_args(argv)
     try:
         if args.command == "merge":
-            path = merge(args.input, args.output, args.weights_only)
+            path = merge(args.input, args.output, args.weights_only, args.overwrite)
         else:
             try:
                 with open(args.layout, encoding="utf-8") as fh:
                     layout = json.load(fh)
-                path = split(args.input, layout, args.output, args.prefix)
+                path = split(args.input, layout, args.output, args.prefix, args.overwrite)
+            except OutputRefused:
+                raise
             except (OSError, ValueError) as exc:
                 print(f"error: --layout {args.layout}: {exc}", file=sys.stderr)
                 return 2
+    except OutputRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

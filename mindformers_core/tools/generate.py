@@ -4,8 +4,10 @@
         --checkpoint output/checkpoint --prompt "The with statement" \\
         [--max_new_tokens 64] [--temperature 0.8] [--top_k 40] [--top_p 0.95] [--seed 0]
 
-``--checkpoint``: a checkpoint file, or a directory (its newest complete checkpoint). The model
-is built from ``--config`` (plus ``--set`` overrides) and must match the checkpoint; the
+``--checkpoint``: a checkpoint file, or a directory (its newest complete checkpoint), or
+weights of another format (``checkpoint.load_format``, detected by default: Hugging Face
+safetensors, a file or a directory with ``model.safetensors.index.json``, or an upstream
+MindFormers checkpoint; ``checkpoint/foreign.py``). The model is built from ``--config`` (plus ``--set`` overrides) and must match the checkpoint; the
 prompt is encoded with the config's tokenizer (``tokenizer:``; byte-level for ``PydocText``
 or when the config has none). ``--temperature 0`` (the default) is greedy decoding; otherwise
 tokens are sampled from the tempered softmax restricted by ``--top_k`` / ``--top_p``
@@ -33,7 +35,8 @@ def generate_text(cfg, checkpoint: str, prompt: str, max_new_tokens: int = 64,
     from ..data.tokenizer import build_tokenizer, check_vocab_fits
     from ..models import build_model
     from ..models.generation import generate
-    from ..checkpoint.store import CheckpointError, resolve_checkpoint
+    from ..checkpoint.foreign import resolve_start
+    from ..checkpoint.store import CheckpointError
     from ..checkpoint.weights import load_model_weights
     if not os.path.exists(checkpoint):
         raise CheckpointError(f"--checkpoint {checkpoint}: no such file or directory (did the "
@@ -43,7 +46,7 @@ def generate_text(cfg, checkpoint: str, prompt: str, max_new_tokens: int = 64,
     check_vocab_fits(cfg.model.vocab_size, tokenizer.vocab_size,
                      tok_cfg.path if tok_cfg.type == "hf" else tok_cfg.type)
     model = build_model(cfg.model, seed=cfg.training.seed)
-    load_model_weights(model, resolve_checkpoint(checkpoint))
+    load_model_weights(model, resolve_start(checkpoint, cfg.checkpoint.load_format, cfg.model))
     ids = generate(model, tokenizer.encode(prompt), max_new_tokens, temperature, top_k, top_p,
                    seed)
     return tokenizer.decode(ids)

@@ -10,7 +10,7 @@ import importlib
 
 __all__ = ["Trainer", "run_training", "CheckpointError"]
 
-_HOME = {"Trainer": ".trainer", "run_training": ".run", "CheckpointError": "..checkpoint.store"}
+_HOME = {"Trainer": ".trainer", "run_training": ".run", "CheckpointError": "..checkpoint.file_io"}
 
 
 def __getattr__(name):

@@ -6,7 +6,7 @@ from typing import Any, Dict, List
 __all__ = ["flatten_config", "config_changes", "IGNORED_ON_RESUME"]
 
 #: Fields expected to differ between a run and its resumption; not reported.
-IGNORED_ON_RESUME = ("checkpoint.load_path", "training.stop_at_step")
+IGNORED_ON_RESUME = ("checkpoint.load_path", "checkpoint.load_format", "training.stop_at_step")
 
 
 def flatten_config(data: Any, prefix: str = "") -> Dict[str, Any]:

@@ -160,6 +160,8 @@ class MetricsWriter:
     _tokens: int = 0
     run_id: Optional[str] = None          # written into every row
     last_lr: Optional[float] = None       # lr of the last logged step (saved in checkpoints)
+    #: lines the final summary repeats (e.g. the damaged checkpoints a resume skipped)
+    notes: List[str] = field(default_factory=list)
 
     def open(self, resume_step: int = 0) -> None:
         if not self.enabled or self.output_dir is None:
@@ -231,6 +233,7 @@ class MetricsWriter:
                              f"{first - entropy_floor:.4f} -> {last - entropy_floor:.4f}")
         if self._tokens and wall > 0:
             lines.append(f"throughput: {self._tokens / wall:,.0f} tokens/s")
+        lines.extend(self.notes)
         text = "\n".join(lines)
         self.message(text)
         return text

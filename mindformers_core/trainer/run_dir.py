@@ -11,26 +11,38 @@ header and every ``metrics.jsonl`` row. With it:
 * ``--overwrite`` moves the old files into ``superseded/<time>-<old run id>/`` next to them
   (:func:`move_aside`); nothing is deleted;
 * a resume refuses a ``metrics.jsonl`` of another lineage, so its rows are appended only to
-  its own run's file.
+  its own run's file;
+* the claim is atomic: before looking at the files, the run takes an exclusive
+  ``fcntl.flock`` on ``run.lock`` in its directory (:func:`lock_run_dir`) and keeps it open
+  for the life of its process (``Trainer.train`` gives it up when the run ends). Two runs started at the same moment in one directory cannot
+  both pass the check: the second one is refused, naming the directory and the process
+  holding it. The kernel drops the lock when that process exits (however it ends), so a dead
+  run never blocks a new one.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import secrets
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from ..errors import ConfigError
 from ..checkpoint.store import checkpoint_run_id, list_checkpoints
 from ..checkpoint.sharded import shard_files_of
 
-__all__ = ["new_run_id", "metrics_run_id", "claim_run_dir", "move_aside", "RUN_FILES",
-           "SUPERSEDED_DIR"]
+__all__ = ["new_run_id", "metrics_run_id", "claim_run_dir", "lock_run_dir", "release_run_dir",
+           "move_aside",
+           "RUN_FILES", "SUPERSEDED_DIR", "LOCK_FILE"]
 
 #: files of a run in its output directory (besides the checkpoints)
 RUN_FILES = ("metrics.jsonl", "resolved_config.yaml", "run_plan.yaml")
 SUPERSEDED_DIR = "superseded"
+LOCK_FILE = "run.lock"
+#: run directories this process holds the lock of: {real path: open descriptor}
+_HELD: Dict[str, int] = {}
 
 
 def new_run_id() -> str:
@@ -68,13 +80,61 @@ def _foreign(output_dir: Optional[str], save_dir: str, run_id: Optional[str]) ->
     return found
 
 
+def lock_run_dir(directory: str, field: str = "--output_dir") -> None:
+    """Hold ``directory/run.lock`` exclusively until this process exits (module docstring);
+    :class:`ConfigError` naming the directory (and the holder's pid) if another process holds
+    it. Taking it again in the same process is a no-op. A directory that cannot be written is
+    left to the preflight check (``trainer/preflight.py``), which names the reason."""
+    key = os.path.realpath(directory)
+    if key in _HELD:
+        return
+    path = os.path.join(directory, LOCK_FILE)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+            os.close(fd)
+            return
+        holder = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(field, (
+            f"{directory} is in use by another run (process {holder} holds {path}). Two runs "
+            "in one directory would overwrite each other's checkpoints and metrics, so this one "
+            "does not start. Wait for that run to end (the lock goes with its process), or "
+            "write this run elsewhere (--output_dir DIR)")) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _HELD[key] = fd
+
+
+def release_run_dir(output_dir: Optional[str], save_dir: str) -> None:
+    """Give up the lock :func:`claim_run_dir` took (the run is over); a no-op when this
+    process does not hold it."""
+    directory = output_dir if output_dir is not None else save_dir
+    fd = _HELD.pop(os.path.realpath(directory), None)
+    if fd is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
 def claim_run_dir(output_dir: Optional[str], save_dir: str, run_id: str, resuming: bool,
                   overwrite: bool = False) -> None:
     """Make sure this run loses no other run's files; raise :class:`ConfigError` if it would.
 
     ``resuming``: the run continues lineage ``run_id`` (its own checkpoints and metrics are
-    expected there). ``overwrite``: move other runs' files aside instead of refusing.
+    expected there). ``overwrite``: move other runs' files aside instead of refusing. The
+    directory is locked first (:func:`lock_run_dir`), so no other run can pass this check
+    while this one runs.
     """
+    if output_dir is not None:
+        lock_run_dir(output_dir)
+    else:
+        lock_run_dir(save_dir, "checkpoint.save_path")
     foreign = _foreign(output_dir, save_dir, run_id)
     if not foreign:
         return

@@ -40,10 +40,12 @@ from ..core.memory_verdict import format_memory_plan
 from ..optim.host.seam import host_kernels
 from .accumulate import accumulate_gradients, count_loss_tokens, make_grad_fn
 from ..checkpoint.store import (CheckpointData, CheckpointError, checkpoint_name, list_checkpoints,
-                         prune_checkpoints, resolve_checkpoint, save_checkpoint)
+                         prune_checkpoints, save_checkpoint)
 from .config_diff import config_changes
 from .metrics import MetricsWriter, StepMetrics
 from ..checkpoint.async_writer import AsyncCheckpointWriter, snapshot
+from ..checkpoint.lineage import start_lineage
+from ..checkpoint.foreign import resolve_start
 from .monitor import TrainStateMonitor
 from .payload import jsonable, tensor_to_numpy
 from .moe_metrics import log_due, moe_step_stats
@@ -54,7 +56,7 @@ from ..checkpoint.resume_checks import (check_train_payload, lr_jump_warning,
                             optimizer_tensor_names)
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .protocols import ExpertBiasModel, MaxLogitsModel, MoEStatsModel, QKClipOptimizer
-from .run_dir import claim_run_dir, new_run_id
+from .run_dir import claim_run_dir, new_run_id, release_run_dir
 from ..checkpoint.sharded_save import load_options, reshard_for_model, save_sharded, uses_sharded_checkpoint
 from .signals import StopRequest
 from .step_decision import NONFINITE, OVERFLOW, SKIP_LIMIT, THRESHOLD, decide_step
@@ -119,11 +121,12 @@ class Trainer:
 
         seed_everything(tr.seed, tr.deterministic)
         loaded = self._resolve_resume()
-        if loaded is not None:
+        if loaded is not None and not loaded.weights_only:
             check_train_payload(loaded, self.total_steps)
         # the run lineage: kept by a resume, new for a run from scratch (trainer/run_dir.py)
         self.run_id = (loaded.run_id if loaded is not None and loaded.run_id else new_run_id())
         self.writer.run_id = self.run_id
+        self.lineage = start_lineage(new_run_id(), loaded)   # checkpoint/lineage.py
         if self.rank == 0:
             claim_run_dir(output_dir, self.save_dir, self.run_id, loaded is not None, overwrite)
 
@@ -225,8 +228,15 @@ class Trainer:
         path = self.ckpt_cfg.load_path
         if not path:
             return None
-        data = resolve_checkpoint(path, log=self.log, **load_options(   # [checkpoint: load_*]
-            self.ckpt_cfg, self.parallel.group_comm))
+        data = resolve_start(path, self.ckpt_cfg.load_format, self.cfg.model,  # foreign.py
+                             log=self.log, **load_options(   # [checkpoint: load_*]
+                                 self.ckpt_cfg, self.parallel.group_comm))
+        if data.weights_only:   # weights of another format: a fine-tune start, no train state
+            return data
+        if data.skipped:   # repeated in the final summary, not only in the start-up warning
+            self.writer.notes.append(f"WARNING: resumed from {data.path}, skipping "
+                                     f"{len(data.skipped)} unusable newer checkpoint(s): "
+                                     + "; ".join(data.skipped))
         changes = config_changes(data.config, self.cfg.to_dict())
         if changes:
             self.log(f"resuming from {data.path} with a changed config ({len(changes)} "
@@ -238,6 +248,10 @@ class Trainer:
         load_model_weights(self.model, data)
 
     def _load_rest(self, data: CheckpointData) -> None:
+        if data.weights_only:
+            self.log(f"initialised the model from the weights of {data.path}: a fine-tune start "
+                     "(step 0, a fresh optimizer; checkpoint.load_format)")
+            return
         try:
             self._restore_state(data)
         except ConfigError:
@@ -331,9 +345,11 @@ class Trainer:
 
         def write():
             path = save_checkpoint(self.save_dir, self.ckpt_cfg.prefix, step, tensors, state,
-                                   config, dtypes, write_hook=write_hook, run_id=self.run_id)
+                                   config, dtypes, write_hook=write_hook, run_id=self.run_id,
+                                   lineage=self.lineage)
             prune_checkpoints(self.save_dir, self.ckpt_cfg.prefix, self.ckpt_cfg.save_max,
-                              run_id=self.run_id, protect=self.ckpt_cfg.keep_steps)
+                              run_id=self.run_id, protect=self.ckpt_cfg.keep_steps,
+                              lineage=self.lineage)
             self.log(f"saved checkpoint {path}")
             return path
         if self.ckpt_cfg.async_save:
@@ -545,12 +561,15 @@ class Trainer:
             wants_save = self.ckpt_cfg.enable_save or reason == "interrupted"
             if wants_save and last_saved != self.state.step and self.state.step > 0:
                 self.save()
+            self.async_writer.wait()   # an async save's failure comes before the summary
             self.writer.summary(self.state, self.entropy_floor, reason)
             self.progress.finish()
         finally:
             self.profiler.close()
             self.async_writer.wait()
             self.writer.close()
+            if self.rank == 0:   # the run is over: the directory is free (run_dir.py)
+                release_run_dir(self.output_dir, self.save_dir)
         return reason
 
     def _write_resolved_config(self) -> None:

@@ -10,8 +10,8 @@ workers with ``load_balanced`` (each rank reads one of the two rank files), 2 re
 ``remove_redundancy: True``. Here: run A's step-4 checkpoint is resumed on one process; its
 steps 5-6 (loss, grad_norm, lr) equal the reference's, and so do run B's and run D's; run D's
 step-6 checkpoint holds each piece once, split over both ranks, and merges to the reference's.
-Run C: rank 1 cannot write its rank file, so both ranks stop with their own message and no
-index is written. E: a balanced load of a copy of run A's step 4 with a flipped byte in rank
+Run C: rank 1 cannot write its rank file, so both ranks stop with their own message, no
+index is written and rank 0's finished rank file is removed. E: a balanced load of a copy of run A's step 4 with a flipped byte in rank
 file 1: the ranks read one file each, and both raise the reading rank's error.
 """
 import io
@@ -152,6 +152,9 @@ def test_a_rank_that_cannot_write_stops_every_rank_and_no_index_is_written(two_w
         rank1.endswith("mindformers_core_step00000002.rank00001-of-00002.safetensors: Is a "
                        "directory; the previous checkpoints are kept")
     assert not (run_c / "checkpoint" / "mindformers_core_step00000002.safetensors").exists()
+    # rank 0 finished its rank file before the barrier; the failed save removed it
+    assert not (run_c / "checkpoint" /
+                "mindformers_core_step00000002.rank00000-of-00002.safetensors").exists()
 
 
 def test_a_damaged_file_in_a_balanced_load_stops_every_rank_with_its_reader_s_error(two_workers):

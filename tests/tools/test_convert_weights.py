@@ -7,9 +7,9 @@ import mindspore as ms
 
 from mindformers_core.config.model import ModelConfig
 from mindformers_core.models import build_model
-from mindformers_core.tools.convert_weights import (
-    from_native, grouped_qkv_order, load_into_model, main, model_tensors, rope_half_order,
-    to_native)
+from mindformers_core.checkpoint.weight_names import (from_native, grouped_qkv_order,
+                                                      rope_half_order, to_native)
+from mindformers_core.tools.convert_weights import load_into_model, main, model_tensors
 
 GPT = {"model_type": "gpt", "vocab_size": 64, "hidden_size": 32, "num_layers": 2,
        "num_attention_heads": 4, "num_query_groups": 2, "seq_length": 8}

@@ -10,7 +10,7 @@ def test_defaults_and_field_names():
     assert c.to_dict() == {"enable_save": False, "save_path": None, "save_max": 3,
                            "save_interleaved_steps": 1000, "keep_steps": None,
                            "no_save_optim": False,
-                           "load_path": None, "no_load_optim": False,
+                           "load_path": None, "no_load_optim": False, "load_format": "auto",
                            "prefix": "mindformers_core", "async_save": False,
                            "remove_redundancy": False, "load_balanced": False,
                            "load_worker_number": 1, "save_global_layout_cache": True,
