@@ -158,10 +158,11 @@ class ParallelRun:
         return accumulate(batches, total_tokens, loss_scale, self.dims.dp)
 
     def combine_mtp_loss(self, mtp_loss: Optional[float]) -> Optional[float]:
-        """The step's logged MTP loss (the pipeline's last stage's, the mean over replicas)."""
+        """This replica's MTP loss on every rank (a pipeline's: its last stage's, where the
+        MTP depths run; a collective over the stages)."""
         if self.pipeline is not None:
-            mtp_loss = self.pipeline.combine_mtp_loss(mtp_loss)
-        return None if mtp_loss is None else self.reducer.mean_over_ranks(mtp_loss)
+            return self.pipeline.combine_mtp_loss(mtp_loss)
+        return mtp_loss
 
     def reduce(self, grads: Sequence, loss_sum: float, n_tokens: float):
         return self.reducer.reduce(grads, loss_sum, n_tokens)

@@ -69,7 +69,7 @@ class RunLayout(Protocol):
         """(gradients aligned with params, this rank's loss sum, mean aux loss)."""
 
     def combine_mtp_loss(self, mtp_loss: Optional[float]) -> Optional[float]:
-        """The step's logged MTP loss."""
+        """This replica's MTP loss on every rank (from the stage that runs the MTP depths)."""
 
     def reduce(self, grads: Sequence, loss_sum: float,
                n_tokens: float) -> Tuple[List, float, float]:

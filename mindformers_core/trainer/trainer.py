@@ -397,9 +397,10 @@ class Trainer:
             accumulate, self.optimizer.parameters, batches, total_tokens, scale)
         self.monitor.on_device_step(loss_sum, local_tokens, grads, loss_scale=scale)
         mtp_loss = step_mtp_loss(self.model)   # inside aux; logged on its own
-        # logged: the global batch's value (the pipeline's last stage's, mean over replicas)
+        mtp_loss = self.parallel.combine_mtp_loss(mtp_loss)   # pipeline: the last stage's
         aux = aux - mtp_loss if mtp_loss is not None else aux
-        mtp_loss = self.parallel.combine_mtp_loss(mtp_loss)
+        if mtp_loss is not None:   # logged: the global batch's value (mean over replicas)
+            mtp_loss = self.parallel.mean_over_ranks(mtp_loss)
         grads, loss_sum, _ = self.parallel.reduce(grads, loss_sum, local_tokens)
         aux = self.parallel.step_aux(aux)
         moe_stats = moe_step_stats(self.model, self.parallel,   # DP-summed expert loads
