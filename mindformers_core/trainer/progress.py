@@ -153,9 +153,18 @@ class RunProgress:
             self.tb.close()
         self._log_files("end")
 
+    def _samples(self) -> bool:
+        """Whether this rank runs the sample: rank 0, and under tensor parallelism the other
+        ranks of its replica (every tp rank runs the forward: models/generation.py)."""
+        layout = self.t.parallel
+        if layout.dims.tp == 1:
+            return self.t.rank == 0
+        c = layout.coords()
+        return c["dp"] == c["cp"] == c["pp"] == 0
+
     def _sample(self) -> None:
         prompt = self.t.cfg.logging.sample_prompt
-        if prompt is None or self.tokenizer is None or self.t.rank != 0:
+        if prompt is None or self.tokenizer is None or not self._samples():
             return
         from ..models.generation import generate
         ids = self.tokenizer.encode(prompt)

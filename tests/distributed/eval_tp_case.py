@@ -1,0 +1,53 @@
+"""The runs of tests/distributed/test_eval_tp_msrun.py: configs/quickstart.yaml, 6 steps of
+local batch 4 in a global batch of 8, 2 held-out batches per evaluation, as
+
+* ``eval``: held-out evaluations at steps 3 and 6 and a 16-token greedy sample;
+* ``long``: no evaluation before the last step and a 50-token sample (the prompt's 18 bytes
+  plus 50 pass ``seq_length`` 64: decoding past the cache's window).
+
+Each names its overrides; ``TP`` adds tensor parallelism (sequence parallel) on 2 ranks.
+A few steps leave the quickstart model sampling spaces, so :func:`untrained_sample` also
+decodes from the seeded initial weights, whose top ids vary from token to token."""
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+TP = ["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true"]
+BASE = ["training.steps=6", "training.local_batch_size=4", "training.global_batch_size=8",
+        "training.eval_steps=2", "training.log_interval=1", "checkpoint.enable_save=false"]
+CASES = {
+    "eval": ["training.eval_interval=3", "logging.sample_max_new_tokens=16"],
+    "long": ["training.eval_interval=null", "logging.sample_max_new_tokens=50"],
+}
+
+
+def config(name: str, overrides=()):
+    from mindformers_core.config import load_config
+    return load_config(os.path.join(ROOT, "configs", "quickstart.yaml"),
+                       overrides=BASE + CASES[name] + list(overrides))
+
+
+PROMPT = b"The with statement"
+NEW_TOKENS = 50     # 18 + 50 > seq_length 64
+
+
+def run(name: str, run_dir: str, overrides=()):
+    """Train case ``name`` into ``run_dir``: (the Trainer, the run log's text: rank 0's, ''
+    elsewhere)."""
+    import io
+    from mindformers_core.trainer import Trainer
+    stream = io.StringIO()
+    trainer = Trainer(config(name, overrides), run_dir, overwrite=True, stream=stream)
+    trainer.train()
+    return trainer, stream.getvalue()
+
+
+def untrained_sample(group_comm=None):
+    """The greedy ids after :data:`PROMPT` from the quickstart model's seeded initial weights
+    (tensor parallel over ``group_comm`` when given)."""
+    from mindformers_core.models import build_model
+    from mindformers_core.models.generation import generate
+    model = build_model(config("long").model, seed=7, jit="none")
+    if group_comm is not None:
+        model = model.apply_tensor_parallel(group_comm)
+    return generate(model, list(PROMPT), NEW_TOKENS)
