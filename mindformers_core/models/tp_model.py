@@ -218,16 +218,18 @@ class TensorParallelRunner:
     def greedy_next(self, input_ids) -> int:
         """The greedy next id after ``input_ids`` [1, S], the same on every tp rank (a
         collective: every rank of the group calls it with the same ids). A full forward
-        (no key/value cache under tensor parallelism): the ids are padded at the end to a
-        multiple of ``tp`` for the sequence-parallel split (causal attention: the padding does
-        not reach position ``S - 1``), the final-normed hidden state of position ``S - 1``
+        (no key/value cache under tensor parallelism): the ids are padded at the end to
+        ``seq_length`` (or past it to a multiple of ``tp``, the sequence-parallel split), one
+        shape for every token, so ``training.jit: layer`` compiles its graphs once; causal
+        attention keeps the padding from position ``S - 1``, whose final-normed hidden state
         meets this rank's output rows, and :func:`vocab_parallel_argmax` combines the tops."""
         m = self._model
         s = int(input_ids.shape[1])
-        pad = (-s) % self.tp
-        ids = input_ids if pad == 0 else ops.cat(
-            [input_ids, ops.zeros((1, pad), input_ids.dtype)], 1)
-        h, _, _ = self.layers(self.embed(ids), m.position_tables(1, s + pad))
+        length = max(s, int(m.cfg.seq_length))
+        length += (-length) % self.tp
+        ids = input_ids if length == s else ops.cat(
+            [input_ids, ops.zeros((1, length - s), input_ids.dtype)], 1)
+        h, _, _ = self.layers(self.embed(ids), m.static_tables(1, length))
         w_norm, w_out = m.output_weights()
         norm = m.decoder.final_layernorm
         x = self.gather(rms_norm(h, w_norm, norm.eps, norm.mean_column))[s - 1:s]

@@ -154,13 +154,12 @@ class RunProgress:
         self._log_files("end")
 
     def _samples(self) -> bool:
-        """Whether this rank runs the sample: rank 0, and under tensor parallelism the other
-        ranks of its replica (every tp rank runs the forward: models/generation.py)."""
-        layout = self.t.parallel
-        if layout.dims.tp == 1:
-            return self.t.rank == 0
-        c = layout.coords()
-        return c["dp"] == c["cp"] == c["pp"] == 0
+        """Whether this rank runs the sample: rank 0 alone, except under tensor or expert
+        parallelism, whose forward is a collective of every rank of a tp / ep group
+        (models/generation.py): there every rank decodes the prompt, each group on its own
+        copy of the same weights, and rank 0 logs it."""
+        dims = self.t.parallel.dims
+        return self.t.rank == 0 or dims.tp > 1 or dims.ep > 1
 
     def _sample(self) -> None:
         prompt = self.t.cfg.logging.sample_prompt

@@ -1,7 +1,7 @@
-"""The runs of tests/distributed/test_eval_tp_msrun.py: configs/quickstart.yaml, 6 steps of
+"""The runs of tests/distributed/test_eval_tp_msrun.py: configs/quickstart.yaml, 4 steps of
 local batch 4 in a global batch of 8, 2 held-out batches per evaluation, as
 
-* ``eval``: held-out evaluations at steps 3 and 6 and a 16-token greedy sample;
+* ``eval``: held-out evaluations at steps 2 and 4 and a 16-token greedy sample;
 * ``long``: no evaluation before the last step and a 50-token sample (the prompt's 18 bytes
   plus 50 pass ``seq_length`` 64: decoding past the cache's window).
 
@@ -13,10 +13,10 @@ import os
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TP = ["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true"]
-BASE = ["training.steps=6", "training.local_batch_size=4", "training.global_batch_size=8",
+BASE = ["training.steps=4", "training.local_batch_size=4", "training.global_batch_size=8",
         "training.eval_steps=2", "training.log_interval=1", "checkpoint.enable_save=false"]
 CASES = {
-    "eval": ["training.eval_interval=3", "logging.sample_max_new_tokens=16"],
+    "eval": ["training.eval_interval=2", "logging.sample_max_new_tokens=16"],
     "long": ["training.eval_interval=null", "logging.sample_max_new_tokens=50"],
 }
 

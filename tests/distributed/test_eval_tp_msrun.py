@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 def _sample(log: str) -> str:
     """The text of the run log's ``sample (greedy, N tokens):`` line (after the prompt)."""
-    m = re.search(r"sample \\(greedy, (\\d+) tokens\\):\\n(.*?)\\noutput files", log, re.S)
+    m = re.search(r"sample \(greedy, (\d+) tokens\):\n(.*?)\noutput files", log, re.S)
     assert m, log[-2000:]
     return m.group(2)
 
@@ -37,12 +37,12 @@ def test_tensor_parallel_eval_and_sample_equal_one_process(tmp_path):
     ref = read_metrics(tmp_path / "one")
     got = read_metrics(out / "eval")
     train = [r for r in ref if "loss" in r]
-    assert [r["step"] for r in train] == list(range(1, 7))
+    assert [r["step"] for r in train] == list(range(1, 5))
     for key in ("loss", "grad_norm"):
         assert rel_err([r[key] for r in got if "loss" in r], [r[key] for r in train]) < 1e-4
     ref_eval = {r["step"]: r["eval_loss"] for r in ref if "eval_tokens" in r}
     got_eval = {r["step"]: r["eval_loss"] for r in got if "eval_tokens" in r}
-    assert sorted(got_eval) == sorted(ref_eval) == [3, 6]
+    assert sorted(got_eval) == sorted(ref_eval) == [2, 4]
     for step in ref_eval:
         assert got_eval[step] == pytest.approx(ref_eval[step], rel=1e-5)
     # an evaluation changes no training state: the steps after it are those of a run without
