@@ -8,9 +8,10 @@ and the ranks of one replica (its tensor-parallel ranks, whose vocabulary-parall
 cross-entropy already agrees) read the same one. Each rank sums its token losses and loss
 tokens; the sums go through ``layout.global_token_count`` (an all-reduce SUM over the
 data-parallel replicas only), so every rank gets ``loss = sum of token losses / loss tokens``
-of the whole set, independent of the layout for the same ``G``. Forward passes only: no gradient is computed and nothing in the model
-changes except the running statistics that :func:`evaluate` resets (QK-Clip max logits, MoE
-loads), so an evaluation between steps does not alter training.
+of the whole set, independent of the layout for the same ``G``. Forward passes only: no
+gradient is computed and nothing in the model changes except the running statistics that
+:func:`evaluate` resets (QK-Clip max logits, MoE loads), so an evaluation between steps does
+not alter training.
 """
 from __future__ import annotations
 

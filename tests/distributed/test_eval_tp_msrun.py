@@ -3,7 +3,8 @@
 the same global batch (tests/distributed/eval_tp_case.py): the training rows (rel 1e-4), the
 eval_loss rows (rel 1e-5), the end-of-run greedy sample text (equal, 16 tokens and 50 tokens,
 past seq_length), training after an evaluation bit-identical to a run without one, and the
-greedy ids from the seeded initial weights (equal)."""
+greedy ids from the seeded initial weights (equal); and under expert parallel 2 (the tiny
+DeepSeek-V3), the training and eval rows and the 8-token sample against one process."""
 import json
 import os
 import re
@@ -58,7 +59,19 @@ def test_tensor_parallel_eval_and_sample_equal_one_process(tmp_path):
     assert long_text.startswith(ref_text) and len(long_text) > len(ref_text)
     assert _sample((out / "long.log").read_text(encoding="utf-8")) == long_text
     with open(out / "untrained.json") as fh:
-        ids = json.load(fh)
-    want = case.untrained_sample()
+        untrained = json.load(fh)
+    want = case.untrained_sample(case.untrained_model())
     assert len(want) == case.NEW_TOKENS and len(set(want)) > 5
-    assert ids == want
+    assert untrained["ids"] == want
+    assert untrained["sampled"].startswith("sampling with temperature 0.8 from a "
+                                           "tensor-parallel model: only greedy decoding")
+    # expert parallel 2: 2 replicas of local batch 4 read the held-out samples of local batch 8
+    _, ep_ref_log = case.run("ep", str(tmp_path / "one_ep"), ["training.local_batch_size=8"])
+    ep_ref, ep_got = read_metrics(tmp_path / "one_ep"), read_metrics(out / "ep")
+    assert [r["step"] for r in ep_got] == [r["step"] for r in ep_ref] == [1, 2]
+    for key in ("loss", "grad_norm"):
+        assert rel_err([r[key] for r in ep_got], [r[key] for r in ep_ref]) < 1e-4
+    for a, b in zip(ep_got, ep_ref):
+        assert a["eval_tokens"] == b["eval_tokens"]
+        assert a["eval_loss"] == pytest.approx(b["eval_loss"], rel=1e-5)
+    assert _sample((out / "ep.log").read_text(encoding="utf-8")) == _sample(ep_ref_log)
