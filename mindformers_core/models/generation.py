@@ -12,6 +12,12 @@ logits of the last position. While the sequence fits the model's ``seq_length``
 (``context_length``) it decodes incrementally with a key/value cache (``models/kv_cache.py``;
 ``cache=False``: a full forward per token instead, same logits to rel 1e-5); past it, each
 token is computed by a full forward over the last ``context_length`` tokens.
+
+A model whose output layer is split over tensor-parallel ranks (``model.vocab_parallel``) has
+no whole logits: greedy decoding asks it for the next id (``model.greedy_next``, a
+collective that combines each rank's top of its vocabulary rows, models/tp_model.py), with a
+full forward over the last ``context_length`` tokens per token (no key/value cache there);
+every rank of the group must call :func:`generate` with the same arguments.
 """
 from __future__ import annotations
 
@@ -76,6 +82,12 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, temperature:
     if not ids:
         raise ValueError("the prompt is empty; generation needs at least one token")
     context = int(context_length or model.cfg.seq_length)
+    if getattr(model, "vocab_parallel", False):
+        if temperature != 0.0:
+            raise NotImplementedError(
+                f"sampling with temperature {temperature} from a tensor-parallel model: only "
+                f"greedy decoding (temperature 0) combines the vocabulary shards")
+        return _greedy_vocab_parallel(model, ids, int(max_new_tokens), context, stop_id)
     rng = np.random.default_rng(seed)
     out: List[int] = []
     decoder = None
@@ -92,6 +104,20 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, temperature:
             window = np.asarray(ids[-context:], np.int32)[None, :]
             logits = model.logits(ms.Tensor(window)).asnumpy()[0, -1]
         tok = next_token(logits, temperature, top_k, top_p, rng)
+        ids.append(tok)
+        out.append(tok)
+        if stop_id is not None and tok == stop_id:
+            break
+    return out
+
+
+def _greedy_vocab_parallel(model, ids: List[int], max_new_tokens: int, context: int,
+                           stop_id: Optional[int]) -> List[int]:
+    """Greedy ids from a tensor-parallel model (module docstring): a full forward per token."""
+    import mindspore as ms
+    out: List[int] = []
+    for _ in range(max_new_tokens):
+        tok = model.greedy_next(ms.Tensor(np.asarray(ids[-context:], np.int32)[None, :]))
         ids.append(tok)
         out.append(tok)
         if stop_id is not None and tok == stop_id:

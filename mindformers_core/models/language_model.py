@@ -340,6 +340,20 @@ class GPTModel(nn.Cell):
         h, _ = self._last_hidden(input_ids)
         return self.readout(h, *self.output_weights()).reshape(input_ids.shape + (-1,))
 
+    @property
+    def vocab_parallel(self) -> bool:
+        """Whether the output layer is split over tensor-parallel ranks: no rank has whole
+        logits (:meth:`logits` refuses), :meth:`greedy_next` combines the ranks' tops."""
+        return hasattr(self._runner, "greedy_next")
+
+    def greedy_next(self, input_ids) -> int:
+        """The greedy next id after ``input_ids`` [1, S] (the lowest id on ties): under tensor
+        parallelism a collective of the tp group (``TensorParallelRunner.greedy_next``), else
+        the argmax of :meth:`logits`' last position."""
+        if self.vocab_parallel:
+            return self._runner.greedy_next(input_ids)
+        return int(np.argmax(self.logits(input_ids).asnumpy()[0, -1]))
+
     def head(self, h, labels, loss_mask, w_norm, w_out):
         """(loss_sum, n_tokens) of the last hidden states h [T, H] and labels / mask [T]."""
         return token_losses(self.readout(h, w_norm, w_out), labels, loss_mask)

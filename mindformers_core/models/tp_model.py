@@ -49,6 +49,8 @@ the collectives).
 from __future__ import annotations
 
 import mindspore as ms
+import numpy as np
+from mindspore import ops
 
 from ..distributed.collectives import GroupCommunicator
 from ..distributed.shard_params import keep_shard
@@ -60,7 +62,7 @@ from .sequence_parallel import (GatherReplicated, GatherSequence, ScatterSequenc
                                 SplitSequence, vocab_parallel_embed, vocab_parallel_token_losses)
 from .tensor_parallel import CopyToGroup, ReduceFromGroup
 
-__all__ = ["apply_tensor_parallel", "TensorParallelRunner"]
+__all__ = ["apply_tensor_parallel", "TensorParallelRunner", "vocab_parallel_argmax"]
 
 
 def _attention_shape(model) -> AttentionShape:
@@ -97,6 +99,20 @@ def apply_tensor_parallel(model, comm: GroupCommunicator, group: str = "tp"):
                               1 if mla else model.get_gpt_transformer_config().num_query_groups
                               // tp)
     return model
+
+
+def vocab_parallel_argmax(logits, start: int, comm: GroupCommunicator, group: str = "tp") -> int:
+    """The greedy id of one position from this rank's logits ``[V/tp]`` of the vocabulary rows
+    from ``start``: each rank's (max value, its global id), gathered over ``group`` (2 floats a
+    rank, never the logits), and the largest value's id. Ties go to the lowest id as
+    ``np.argmax`` of the whole row: the lowest local index, then the lowest rank (ranks hold
+    the vocabulary in order, ``tp_plan.vocab_range``). Ids are sent as float32, exact below
+    2**24."""
+    local = np.asarray(logits.asnumpy(), np.float64).reshape(-1)
+    i = int(np.argmax(local))
+    mine = ms.Tensor(np.array([[local[i], start + i]], np.float32))
+    tops = comm.all_gather(mine, group, 0).asnumpy()
+    return int(tops[int(np.argmax(tops[:, 0])), 1])
 
 
 def _graph(fn):
@@ -198,4 +214,27 @@ class TensorParallelRunner:
             logits = logits * m.readout_multiplier
         return vocab_parallel_token_losses(logits, labels, loss_mask, self.vocab_start,
                                            self.comm, self.reduce, self.group)
+
+    def greedy_next(self, input_ids) -> int:
+        """The greedy next id after ``input_ids`` [1, S], the same on every tp rank (a
+        collective: every rank of the group calls it with the same ids). A full forward
+        (no key/value cache under tensor parallelism): the ids are padded at the end to
+        ``seq_length`` (or past it to a multiple of ``tp``, the sequence-parallel split), one
+        shape for every token, so ``training.jit: layer`` compiles its graphs once; causal
+        attention keeps the padding from position ``S - 1``, whose final-normed hidden state
+        meets this rank's output rows, and :func:`vocab_parallel_argmax` combines the tops."""
+        m = self._model
+        s = int(input_ids.shape[1])
+        length = max(s, int(m.cfg.seq_length))
+        length += (-length) % self.tp
+        ids = input_ids if length == s else ops.cat(
+            [input_ids, ops.zeros((1, length - s), input_ids.dtype)], 1)
+        h, _, _ = self.layers(self.embed(ids), m.static_tables(1, length))
+        w_norm, w_out = m.output_weights()
+        norm = m.decoder.final_layernorm
+        x = self.gather(rms_norm(h, w_norm, norm.eps, norm.mean_column))[s - 1:s]
+        logits = linear(x, w_out, m.precision).astype(ms.float32)
+        if m.readout_multiplier is not None:
+            logits = logits * m.readout_multiplier
+        return vocab_parallel_argmax(logits, self.vocab_start, self.comm, self.group)
 

@@ -2,13 +2,16 @@
 
 Every evaluation reads the same samples: stream positions ``[0, eval_steps * G)`` of the
 held-out dataset (its sampler's seeded permutation of epoch 0 spreads them over the whole
-set), ``G = world * local_batch_size``, laid out over the ranks
-like a training step of one micro-batch. Each rank sums its token losses and loss tokens; the
-sums go through the reducer (an all-reduce SUM under data parallel), so every rank gets
-``loss = sum of token losses / loss tokens`` of the whole set, independent of the layout for
-the same ``G``. Forward passes only: no gradient is computed and nothing in the model
-changes except the running statistics that :func:`evaluate` resets (QK-Clip max logits, MoE
-loads), so an evaluation between steps does not alter training.
+set), ``G = dp * local_batch_size``, laid out over the data-parallel replicas like a training
+step of one micro-batch: replica ``layout.data_rank`` of ``layout.dims.dp`` reads its slice,
+and the ranks of one replica (its tensor-parallel ranks, whose vocabulary-parallel
+cross-entropy already agrees) read the same one. Each rank sums its token losses and loss
+tokens; the sums go through ``layout.global_token_count`` (an all-reduce SUM over the
+data-parallel replicas only), so every rank gets ``loss = sum of token losses / loss tokens``
+of the whole set, independent of the layout for the same ``G``. Forward passes only: no
+gradient is computed and nothing in the model changes except the running statistics that
+:func:`evaluate` resets (QK-Clip max logits, MoE loads), so an evaluation between steps does
+not alter training.
 """
 from __future__ import annotations
 
@@ -47,14 +50,15 @@ def reset_running_stats(model) -> None:
         model.reset_max_attention_logits()
 
 
-def evaluate(model, held_out, eval_steps: int, local_batch_size: int, reducer,
+def evaluate(model, held_out, eval_steps: int, local_batch_size: int, layout,
              step: int = 0) -> EvalResult:
-    """Evaluate ``model`` on ``eval_steps`` batches of ``held_out`` (a ``TrainDataset``)."""
+    """Evaluate ``model`` on ``eval_steps`` batches of ``held_out`` (a ``TrainDataset``);
+    ``layout`` is the run's ``RunLayout`` (trainer/protocols.py)."""
     import mindspore as ms
     loss_parts, local_tokens = [], 0.0
     sampler = held_out.sampler
     for j in range(int(eval_steps)):
-        positions = eval_positions(j, local_batch_size, reducer.rank, reducer.world_size)
+        positions = eval_positions(j, local_batch_size, layout.data_rank, layout.dims.dp)
         batch = held_out.samples(sampler.sample_indices(positions))
         loss_sum, n_tokens, _ = model(ms.Tensor(batch["input_ids"].astype(np.int32)),
                                       ms.Tensor(batch["labels"].astype(np.int32)),
@@ -63,8 +67,8 @@ def evaluate(model, held_out, eval_steps: int, local_batch_size: int, reducer,
         local_tokens += float(np.asarray(batch["loss_mask"], np.float64).sum())
     reset_running_stats(model)
     local_loss = float(sum(float(x.asnumpy()) for x in loss_parts))
-    total_tokens = reducer.global_token_count(local_tokens)
-    total_loss = reducer.global_token_count(local_loss) if reducer.world_size > 1 else local_loss
+    total_tokens = layout.global_token_count(local_tokens)
+    total_loss = layout.global_token_count(local_loss)
     if total_tokens <= 0:
         raise ValueError("the held-out batches have no loss tokens (every loss_mask is 0)")
     return EvalResult(step=int(step), loss=total_loss / total_tokens, tokens=int(total_tokens))

@@ -153,9 +153,17 @@ class RunProgress:
             self.tb.close()
         self._log_files("end")
 
+    def _samples(self) -> bool:
+        """Whether this rank runs the sample: rank 0 alone, except under tensor or expert
+        parallelism, whose forward is a collective of every rank of a tp / ep group
+        (models/generation.py): there every rank decodes the prompt, each group on its own
+        copy of the same weights, and rank 0 logs it."""
+        dims = self.t.parallel.dims
+        return self.t.rank == 0 or dims.tp > 1 or dims.ep > 1
+
     def _sample(self) -> None:
         prompt = self.t.cfg.logging.sample_prompt
-        if prompt is None or self.tokenizer is None or self.t.rank != 0:
+        if prompt is None or self.tokenizer is None or not self._samples():
             return
         from ..models.generation import generate
         ids = self.tokenizer.encode(prompt)

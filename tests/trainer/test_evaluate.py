@@ -10,7 +10,6 @@ import pytest
 from mindformers_core.config import load_config
 from mindformers_core.trainer import Trainer
 from mindformers_core.trainer.evaluate import eval_positions, evaluate
-from mindformers_core.trainer.grad_reducer import IdentityGradReducer
 from tb_events import read_events
 
 
@@ -43,7 +42,7 @@ def _log_softmax(x):
 def test_eval_loss_equals_a_numpy_cross_entropy_of_the_same_samples(tmp_path):
     t = Trainer(text_cfg(tmp_path), str(tmp_path), stream=io.StringIO())
     held = t.progress.held_out
-    res = evaluate(t.model, held, 3, 2, IdentityGradReducer())
+    res = evaluate(t.model, held, 3, 2, t.parallel)
     total, count = 0.0, 0.0
     import mindspore as ms
     for j in range(3):
@@ -55,7 +54,7 @@ def test_eval_loss_equals_a_numpy_cross_entropy_of_the_same_samples(tmp_path):
     assert res.tokens == count == 3 * 2 * 16
     assert res.loss == pytest.approx(total / count, rel=1e-5)
     assert res.perplexity == pytest.approx(np.exp(total / count), rel=1e-5)
-    assert evaluate(t.model, held, 3, 2, IdentityGradReducer()).loss == res.loss  # same samples
+    assert evaluate(t.model, held, 3, 2, t.parallel).loss == res.loss  # same samples
     # positions: contiguous per rank, the ranks of one batch side by side
     assert eval_positions(1, 2, 1, 2).tolist() == [6, 7]
 
@@ -138,4 +137,4 @@ def test_held_out_batches_without_loss_tokens_are_an_error(tmp_path):
     held = TrainDataset(TokenFile(str(tmp_path / "eod.bin"), 16, "uint16"), 16, 256, seed=0,
                         eod_mask_id=0)
     with pytest.raises(ValueError, match="the held-out batches have no loss tokens"):
-        evaluate(t.model, held, 1, 2, IdentityGradReducer())
+        evaluate(t.model, held, 1, 2, t.parallel)

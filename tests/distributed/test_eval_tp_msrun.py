@@ -1,0 +1,77 @@
+"""Held-out evaluation and greedy generation under tensor parallel 2 (sequence parallel), on
+2 msrun workers in one launch (tests/distributed/eval_tp_worker.py), against one process on
+the same global batch (tests/distributed/eval_tp_case.py): the training rows (rel 1e-4), the
+eval_loss rows (rel 1e-5), the end-of-run greedy sample text (equal, 16 tokens and 50 tokens,
+past seq_length), training after an evaluation bit-identical to a run without one, and the
+greedy ids from the seeded initial weights (equal); and under expert parallel 2 (the tiny
+DeepSeek-V3), the training and eval rows and the 8-token sample against one process."""
+import json
+import os
+import re
+import sys
+
+import pytest
+
+from msrun_util import launch, read_metrics, rel_err, worker_logs
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+
+
+def _sample(log: str) -> str:
+    """The text of the run log's ``sample (greedy, N tokens):`` line (after the prompt)."""
+    m = re.search(r"sample \(greedy, (\d+) tokens\):\n(.*?)\noutput files", log, re.S)
+    assert m, log[-2000:]
+    return m.group(2)
+
+
+def test_tensor_parallel_eval_and_sample_equal_one_process(tmp_path):
+    import eval_tp_case as case
+    out = tmp_path / "tp"
+    proc, _ = launch(f"python tests/distributed/eval_tp_worker.py {out}", tmp_path / "logs",
+                     timeout=900)
+    assert proc.returncode == 0, (proc.stdout[-2000:] + proc.stderr[-2000:]
+                                  + worker_logs(str(tmp_path / "logs")))
+    _, ref_log = case.run("eval", str(tmp_path / "one"))
+    ref = read_metrics(tmp_path / "one")
+    got = read_metrics(out / "eval")
+    train = [r for r in ref if "loss" in r]
+    assert [r["step"] for r in train] == list(range(1, 5))
+    for key in ("loss", "grad_norm"):
+        assert rel_err([r[key] for r in got if "loss" in r], [r[key] for r in train]) < 1e-4
+    ref_eval = {r["step"]: r["eval_loss"] for r in ref if "eval_tokens" in r}
+    got_eval = {r["step"]: r["eval_loss"] for r in got if "eval_tokens" in r}
+    assert sorted(got_eval) == sorted(ref_eval) == [2, 4]
+    for step in ref_eval:
+        assert got_eval[step] == pytest.approx(ref_eval[step], rel=1e-5)
+    # an evaluation changes no training state: the steps after it are those of a run without
+    long_rows = read_metrics(out / "long")
+    for key in ("loss", "grad_norm"):
+        assert [r[key] for r in got if "loss" in r] == [r[key] for r in long_rows if "loss" in r]
+    # the samples: 16 tokens (prompt + 16 < seq_length) and 50 (past it) of the same weights;
+    # greedy, so the 16 are the start of the 50
+    ref_text = _sample(ref_log)
+    assert _sample((out / "eval.log").read_text(encoding="utf-8")) == ref_text
+    _, ref_long = case.run("long", str(tmp_path / "one_long"))
+    long_text = _sample(ref_long)
+    assert long_text.startswith(ref_text) and len(long_text) > len(ref_text)
+    assert _sample((out / "long.log").read_text(encoding="utf-8")) == long_text
+    with open(out / "untrained.json") as fh:
+        untrained = json.load(fh)
+    want = case.untrained_sample(case.untrained_model())
+    assert len(want) == case.NEW_TOKENS and len(set(want)) > 5
+    assert untrained["ids"] == want
+    assert untrained["sampled"].startswith("sampling with temperature 0.8 from a "
+                                           "tensor-parallel model: only greedy decoding")
+    # expert parallel 2: 2 replicas of local batch 4 read the held-out samples of local batch 8
+    _, ep_ref_log = case.run("ep", str(tmp_path / "one_ep"), ["training.local_batch_size=8"])
+    ep_ref, ep_got = read_metrics(tmp_path / "one_ep"), read_metrics(out / "ep")
+    assert [r["step"] for r in ep_got] == [r["step"] for r in ep_ref] == [1, 2]
+    for key in ("loss", "grad_norm"):
+        assert rel_err([r[key] for r in ep_got], [r[key] for r in ep_ref]) < 1e-4
+    for a, b in zip(ep_got, ep_ref):
+        assert a["eval_tokens"] == b["eval_tokens"]
+        assert a["eval_loss"] == pytest.approx(b["eval_loss"], rel=1e-5)
+    assert _sample((out / "ep.log").read_text(encoding="utf-8")) == _sample(ep_ref_log)
