@@ -10,8 +10,8 @@ Importing this package does not import MindSpore; the modules load on first use:
                     ParallelDims (core/parallel_dims.py), native or emulated by capability
     grad_reduce     data parallel: token-weighted SUM of gradients (bucketed)
     zero / zero_muon  ZeRO-1 state sharding at optimizer construction; ZeRO rows for Muon
-    tp_reduce / tp_sharding / tp_layout   tensor parallel (+sequence parallel): the reduction,
-                    the optimizers over TP shards, the layout of the parameters
+    tp_reduce / tp_sharding   tensor parallel (+sequence parallel): the reduction and
+                    the optimizers over TP shards (the layout is the model's: models/tp_plan.py)
     fsdp / fsdp_layout   data_parallel_shard_strategy optim_grads / optim_grads_params
     ep_reduce       expert parallel: expert gradients over the edp group
     pipeline_*      pipeline parallel: stage split, schedules, stage executor, checkpoints

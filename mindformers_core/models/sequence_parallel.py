@@ -2,7 +2,7 @@
 
 Under sequence parallelism the residual stream of a micro-batch is split over the tp group
 along its flattened ``B*S`` tokens (rank k holds tokens ``[k T/tp, (k+1) T/tp)``,
-``distributed/tp_layout.token_range``). Every rank's loss is the same number (the
+``models/tp_plan.token_range``). Every rank's loss is the same number (the
 vocabulary-parallel cross-entropy below is reduced over the group), so each boundary's backward
 is the adjoint of its forward:
 

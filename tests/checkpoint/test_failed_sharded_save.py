@@ -15,7 +15,7 @@ from mindformers_core.checkpoint.sharded_save import settle_rank_file
 from mindformers_core.checkpoint.store import (CheckpointError, checkpoint_name,
                                                list_checkpoints, resolve_checkpoint)
 from tests.trainer.test_sharded_checkpoint import TP, full_data, write_ranks
-from mindformers_core.distributed.groups import make_mesh
+from mindformers_core.core.parallel_dims import make_mesh
 
 
 def disk_full(fh, data):

@@ -41,7 +41,7 @@ CASES_2D = {
 
 def tp_specs(model, tp: int):
     """name -> ShardSpec of the weights tensor parallel splits: the package's layout
-    (``tp_layout.tp_shard_specs``, what ``apply_tensor_parallel`` records) of the full model."""
+    (``models.tp_plan.tp_shard_specs``, what ``apply_tensor_parallel`` records) of the full model."""
     from mindformers_core.models.tp_plan import tp_shard_specs
     return tp_shard_specs(((p.name, p.shape) for p in model.trainable_params()), tp)
 

@@ -90,7 +90,7 @@ def _grads(layer, x, r):
 @pytest.mark.parametrize("pad,cap", [(False, None), (True, None), (False, 0.75)])
 def test_mindspore_path_on_one_rank_equals_the_plain_dispatch(pad, cap):
     from mindformers_core.distributed.collectives import GroupCommunicator
-    from mindformers_core.distributed.groups import make_mesh
+    from mindformers_core.core.parallel_dims import make_mesh
     cfg = moe_cfg(moe_expert_capacity_factor=cap, use_pad_tokens=pad,
                   moe_token_drop_policy="position" if cap else "probs")
     plain = build_layer(cfg, seed=7)
