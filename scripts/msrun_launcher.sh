@@ -436,12 +436,13 @@ fi
 # msrun itself, except that only NODE_RANK 0 starts the scheduler (msrun would start one on
 # every node that owns MASTER_ADDR: two nodes on one host both would) and the scheduler logs
 # which ranks joined: scripts/msrun_node.py
+MSRUN_SHOWN="${MSRUN[*]}"   # what the user would type: msrun with these arguments
 MSRUN[0]="$SCRIPT_DIR/msrun_node.py"
 MSRUN=(python3 "${MSRUN[@]}")
 
 echo "msrun_launcher: node $NODE_RANK of $NODE_NUM runs ranks $FIRST_RANK..$LAST_RANK" \
      "($LOCAL_WORKER of $WORKER_NUM workers); master $MASTER_ADDR:$MASTER_PORT; logs: $LOG_DIR"
-echo "Running Command: ${MSRUN[*]} -- $CMD"
+echo "Running Command: $MSRUN_SHOWN -- $CMD (msrun through scripts/msrun_node.py)"
 echo "Worker logs: $LOG_DIR/worker_<rank>.log"
 # msrun takes the program and its arguments as separate words. Its own output is also kept
 # in LOG_DIR/msrun_launcher.log: it names the first worker process that died and how.
