@@ -25,7 +25,7 @@ parallel; ``context_parallel`` above 1.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List
 
 from ..core.parallel_dims import ParallelDims
 from ..errors import ConfigError
@@ -52,11 +52,10 @@ def _shards_grads(dims: ParallelDims) -> bool:
     return dims.shard_strategy in GRAD_SHARDING and dims.dp_shard > 1
 
 
-def check_layout(dims: ParallelDims, model=None, par=None) -> None:
+def check_layout(dims: ParallelDims) -> None:
     """Raise ``ConfigError`` naming ``parallelism.*`` unless the layout runs (module docstring).
-
-    ``model``: the ``ModelConfig`` (routed experts); ``par``: the ``ParallelismConfig``
-    (unused fields are read from ``dims``)."""
+    The rules of one size against the model (heads, experts, layers per stage) are the
+    config's own checks (config/tensor_parallel_rules.py, expert_layout.py, pipeline.py)."""
     if dims.cp > 1:
         raise _refuse("context_parallel",
                       f"must be 1, got {dims.cp}: context parallelism is not implemented (data, "
@@ -84,17 +83,7 @@ def check_layout(dims: ParallelDims, model=None, par=None) -> None:
                       f"{dims.shard_strategy!r} with parallelism.expert_parallel({dims.ep}) is "
                       f"not implemented yet (ep x FSDP); use 'optim' (ZeRO-1; the expert "
                       f"weights keep their whole state on their rank) or expert_parallel: 1")
-    if model is not None and dims.ep > 1:
-        experts = model.n_routed_experts if model.model_type == "deepseek_v3" else None
-        if not experts:
-            raise _refuse("expert_parallel",
-                          f"expert_parallel({dims.ep}) splits the routed experts over ranks, "
-                          f"but the model has none (model.model_type: deepseek_v3 with "
-                          f"model.n_routed_experts)")
-    if par is not None and dims.pp > 1 and par.pipeline_parallel != dims.pp:
-        raise _refuse("pipeline_parallel", f"the dims say pp {dims.pp}, the section "
-                                           f"{par.pipeline_parallel}")
-    parallel_steps(dims)
+    parallel_steps(dims)   # an accepted layout has its builders
 
 
 def parallel_steps(dims: ParallelDims) -> List[str]:
@@ -113,10 +102,3 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
         raise ValueError(f"no builder for {dims.describe()}")
     steps = ["tensor"] if dims.tp > 1 else ["fsdp"]
     return steps + (["expert"] if dims.ep > 1 else [])
-
-
-def layout_summary(dims: Optional[ParallelDims]) -> str:
-    """One line for the plan: the dims and the builders."""
-    if dims is None:
-        return ""
-    return f"{dims.describe()}; builders: {', '.join(parallel_steps(dims)) or 'none'}"

@@ -321,7 +321,7 @@ class RunConfig(Section):
                              shard_strategy=par.data_parallel_shard_strategy)
         except ValueError as err:
             raise ConfigError("parallelism", str(err)) from None
-        check_layout(dims, self.model, par)
+        check_layout(dims)
         return dims
 
     def plan(self, world_size: Optional[int] = None) -> RunPlan:

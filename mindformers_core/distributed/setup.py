@@ -21,7 +21,7 @@ from typing import (Any, Callable, Dict, List, Optional, Protocol, Sequence, Tup
 
 import numpy as np
 
-from ..core.parallel_dims import ParallelDims
+from ..core.parallel_dims import AXES, ParallelDims
 from .comm import Communicator, init_distributed
 from .grad_reduce import DataParallelGradReducer
 
@@ -85,7 +85,6 @@ class ParallelRun:
         return dict(self.dims.coords(self.rank))
 
     def axis_sizes(self) -> Dict[str, int]:
-        from ..core.parallel_dims import AXES
         return {axis: self.dims.size(axis) for axis in AXES}
 
     # -- the model -------------------------------------------------------------------------------
