@@ -23,8 +23,9 @@ compilation) is part of MindSpore's own footprint, like the libraries.
 
 Applied to the parts a mode compiles (models/compiled.py): under ``layer`` a dense layer
 whole, a MoE layer only its norms and attention (the experts run in PyNative); under ``model``
-every layer. Recomputed layers run as Cells (``RunConfig.model_jit_mode``) and float16 compute
-stays PyNative (``models.compiled.effective_mode``): nothing is added for them.
+every layer. Recomputed layers run as Cells (``RunConfig.model_jit_mode``), and float16 compute and the
+CPU blockwise attention stay PyNative (``models.compiled.effective_mode``): nothing is added
+for them.
 
 Only on CPU, where it was measured. On Ascend MindSpore plans a graph's memory statically and
 reuses buffers inside it (no device was available to measure), so nothing is added there: the

@@ -13,7 +13,8 @@ heads, ``V`` vocabulary, ``c`` bytes of the compute dtype, ``D`` the data-parall
 * gradients ``N_r * (4 + p')``: this package accumulates every gradient in float32
   (trainer/accumulate.py) and a bf16/fp16 parameter's raw gradient (``p' = p``, 0 for float32)
   lives next to it; ``/ D`` under ``optim_grads`` and ``optim_grads_params``;
-* fp32 masters ``N_r * 4 / D`` for 16-bit parameters (2 with AdamW's explicit
+* fp32 masters ``N_r * 4 / D`` for 16-bit parameters (routed experts under ``ep > 1``: whole,
+  not ``/ D``, as their ZeRO groups hold other experts) (2 with AdamW's explicit
   ``store_param_remainders: True``: an int16 remainder), 0 for float32 parameters;
 * optimizer state ``/ D``: AdamW ``m`` + ``v`` (4 or 2 bytes each, ``exp_avg_dtype`` /
   ``exp_avg_sq_dtype``); Muon one fp32 momentum on its matrices plus ``m`` + ``v`` (fp32) on
@@ -263,8 +264,10 @@ def settings_from_config(cfg, layout: Layout, backend: Optional[str] = None) \
     if layout.shard("params") > 1:   # fully sharded units are recomputed (distributed/fsdp.py)
         recompute, layers = "full", None
     flash = bool(cfg.model.use_flash_attention)
-    # recomputed layers run as Cells, never compiled (RunConfig.model_jit_mode)
-    jit = planned_jit_mode(cfg.model_jit_mode() if recompute == "none" else "none",
+    # recomputed layers run as Cells, never compiled (RunConfig.model_jit_mode), and so does
+    # the CPU blockwise attention (models.compiled.effective_mode)
+    jit = planned_jit_mode(cfg.model_jit_mode() if recompute == "none" and not flash
+                           else "none",
                            cfg.model.compute_dtype,
                            plan_backend(cfg.context) if backend is None else backend)
     return ActivationSettings(jit=jit, micro_batch=tr.local_batch_size,
@@ -433,13 +436,17 @@ def stage_items(model_cfg, counts: ParamCounts, layout: Layout, settings: Activa
         adamw_branch += lp.norms
         matrices += lp.per_rank(tp, ep) - lp.norms
     n_rank = adamw_branch + matrices
+    # under ep > 1 the ranks of a ZeRO group hold different experts, so an expert's master and
+    # state stay whole on its rank (distributed/ep_reduce.py: ZeroSharding.keep_whole)
+    whole = sum(counts.layers[i].experts // ep for i in layers) if ep > 1 else 0
+    d = layout.shard("optim")
     p = DTYPE_BYTES[model_cfg.params_dtype]
     items = {
         "parameters": n_rank * p // layout.shard("params"),
         "gradients": n_rank * (4 + (p if p != 4 else 0)) // layout.shard("grads"),
-        "fp32 masters": n_rank * opt.master_bytes // layout.shard("optim"),
-        "optimizer state": (matrices * opt.matrix_bytes + adamw_branch * opt.adamw_bytes)
-        // layout.shard("optim"),
+        "fp32 masters": (n_rank - whole) * opt.master_bytes // d + whole * opt.master_bytes,
+        "optimizer state": ((matrices - whole) * opt.matrix_bytes
+                            + adamw_branch * opt.adamw_bytes) // d + whole * opt.matrix_bytes,
     }
     # micro-batch chunks held at once by the schedule (1F1B: pp - stage), each 1/vpp of the stage
     in_flight = peak_in_flight_bound(pp, stage, settings.num_micro_batches, vpp)

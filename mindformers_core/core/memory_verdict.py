@@ -40,7 +40,7 @@ def _fixes(cfg, plan: MemoryPlan) -> List[Tuple[str, MemoryPlan]]:
     if lay.dp > 1 and lay.dp_shard < lay.dp:
         out.append(("parallelism.data_parallel_shard: -1 (shard the optimizer state over all "
                     f"{lay.dp} data-parallel ranks)", replace(lay, dp_shard=lay.dp), st))
-    if lay.dp_shard > 1:
+    if lay.dp_shard > 1 and lay.ep == 1:   # FSDP with expert parallel: config/layout.py refuses
         for strategy in ("optim_grads", "optim_grads_params"):
             if SHARD_STRATEGIES.index(strategy) > SHARD_STRATEGIES.index(lay.shard_strategy):
                 out.append((f"parallelism.data_parallel_shard_strategy: {strategy}",

@@ -112,11 +112,22 @@ def _layer_runner(layer, mode: str, graphs) -> Callable:
     return run_moe
 
 
-def effective_mode(mode: str, compute_dtype) -> str:
-    """The mode that runs: float16 compute stays PyNative (MindSpore 2.10 CPU returns the
-    gradients of a float16 graph's Parameter inputs misaligned -- the RMSNorm gain gets the
-    shape of a linear weight's gradient -- so a compiled fp16 layer would train wrongly)."""
-    return "none" if compute_dtype == ms.float16 else mode
+def effective_mode(mode: str, model) -> str:
+    """The mode that runs for ``model``: PyNative (``none``) when
+
+    * its compute dtype is float16 (MindSpore 2.10 CPU returns the gradients of a float16
+      graph's Parameter inputs misaligned -- the RMSNorm gain gets the shape of a linear
+      weight's gradient -- so a compiled fp16 layer would train wrongly);
+    * its attention is the CPU blockwise one (``use_flash_attention`` off Ascend): each query
+      block is a recomputed Cell, and a recomputed Cell inside a ``mindspore.jit`` graph fails
+      in its backward (MindSpore 2.10: ``IndexError`` in ``common/recompute.py``'s bprop;
+      tests/models/test_model_blockwise_attention.py runs a training step under ``layer``).
+    """
+    if model.precision.compute == ms.float16:
+        return "none"
+    if model.cfg.use_flash_attention and ms.get_context("device_target") != "Ascend":
+        return "none"
+    return mode
 
 
 class Runner:
@@ -124,7 +135,7 @@ class Runner:
 
     def __init__(self, model, mode: str):
         check_jit_mode(mode, any(not layer.dense_mlp for layer in model.decoder.layers))
-        mode = effective_mode(mode, model.precision.compute)
+        mode = effective_mode(mode, model)
         self.mode = mode
         self._model = model
         layers = list(model.decoder.layers)

@@ -139,7 +139,7 @@ class TensorParallelRunner:
         if mode == "model":
             raise ValueError("training.jit: model compiles the whole forward as one graph, which "
                              "cannot hold the tensor-parallel collectives; use layer or none")
-        self.mode = effective_mode(mode, model.precision.compute)
+        self.mode = effective_mode(mode, model)
         self._model = model
         self.comm, self.group = comm, group
         self.tp = len(comm.ranks(group))

@@ -158,6 +158,35 @@ def test_tensor_expert_and_pipeline_splits():
     assert ep2.params_per_rank == c.total - c.layers[1].experts // 2
 
 
+def test_expert_state_stays_whole_under_expert_parallel_zero():
+    """ZeRO-1 over dp 4 with ep 2: the dense state is divided by 4, the routed experts'
+    master and state are not (their ZeRO group holds other experts: ZeroSharding.keep_whole,
+    distributed/ep_reduce.py)."""
+    ds = tiny(model={"model_type": "deepseek_v3", "n_routed_experts": 4, "num_layers": 2,
+                     "first_k_dense_replace": 1, "params_dtype": "bfloat16"})
+    c = param_counts(ds.model)
+    plan = estimate_memory(ds, Layout(dp=4, ep=2, dp_shard=4))
+    experts = c.layers[1].experts // 2
+    dense = plan.params_per_rank - experts
+    assert plan.items["fp32 masters"] == dense * 4 // 4 + experts * 4
+    # AdamW fp32 m + v: 8 bytes per parameter on every branch
+    assert plan.items["optimizer state"] == dense * 8 // 4 + experts * 8
+    # without expert parallel every parameter's state is sharded
+    plain = estimate_memory(ds, Layout(dp=4, dp_shard=4))
+    assert plain.items["fp32 masters"] == plain.params_per_rank * 4 // 4
+
+
+def test_fsdp_is_not_suggested_under_expert_parallel():
+    """config/layout.py refuses FSDP with expert parallel, so the verdict never offers it."""
+    ds = tiny(model={"model_type": "deepseek_v3", "n_routed_experts": 4, "num_layers": 2,
+                     "first_k_dense_replace": 1})
+    plan = _with_limit(estimate_memory(ds, Layout(dp=4, ep=2, dp_shard=4)), 1.0)
+    _, _, suggestion = memory_verdict(plan, ds)
+    assert "data_parallel_shard_strategy" not in suggestion
+    plan = _with_limit(estimate_memory(ds, Layout(dp=4, dp_shard=4)), 1.0)
+    assert "parallelism.data_parallel_shard_strategy: optim_grads" in memory_verdict(plan, ds)[2]
+
+
 def test_pipeline_stages_split_contiguously():
     assert [list(r) for r in mp.pipeline_stages(5, 2)] == [[0, 1, 2], [3, 4]]
     assert [len(r) for r in mp.pipeline_stages(61, 8)] == [8, 8, 8, 8, 8, 7, 7, 7]
