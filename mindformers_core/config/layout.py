@@ -63,44 +63,39 @@ def check_layout(dims: ParallelDims) -> None:
                       f"tensor, pipeline and expert parallelism are); the data-parallel size is "
                       f"the number of workers / (tensor_parallel * pipeline_parallel), and "
                       f"data_parallel_shard shards the optimizer state")
-    if dims.pp > 1 and dims.tp > 1:
-        raise _refuse("pipeline_parallel",
-                      f"pipeline_parallel({dims.pp}) with parallelism.tensor_parallel({dims.tp}) "
-                      f"is not implemented yet (pp x tp); set parallelism.tensor_parallel: 1 "
-                      f"(pipeline x data parallel runs) or parallelism.pipeline_parallel: 1")
-    if dims.pp > 1 and dims.ep > 1:
-        raise _refuse("pipeline_parallel",
-                      f"pipeline_parallel({dims.pp}) with parallelism.expert_parallel({dims.ep}) "
-                      f"is not implemented yet (pp x ep); set parallelism.expert_parallel: 1 "
-                      f"(every stage runs all its layers' experts) or "
-                      f"parallelism.pipeline_parallel: 1")
-    if _shards_grads(dims) and dims.pp > 1:
-        raise _refuse("data_parallel_shard_strategy",
-                      f"{dims.shard_strategy!r} with parallelism.pipeline_parallel({dims.pp}) is "
-                      f"not implemented yet (pp x FSDP); use 'optim' (ZeRO-1 over the "
-                      f"data-parallel ranks of each stage) or pipeline_parallel: 1")
+    for field, size, kind, then in (
+            ("tensor_parallel", dims.tp, "tp", "pipeline x data parallel runs"),
+            ("expert_parallel", dims.ep, "ep", "every stage runs all its layers' experts")):
+        if dims.pp > 1 and size > 1:
+            raise _refuse("pipeline_parallel",
+                          f"pipeline_parallel({dims.pp}) with parallelism.{field}({size}) is not "
+                          f"implemented yet (pp x {kind}); set parallelism.{field}: 1 ({then}) "
+                          f"or parallelism.pipeline_parallel: 1")
     if dims.tp > 1 and dims.ep > 1:
         raise _refuse("expert_parallel",
                       f"expert_parallel({dims.ep}) with parallelism.tensor_parallel({dims.tp}) "
                       f"is not implemented yet (tp x ep); set parallelism.expert_parallel: 1 "
                       f"(the routed experts then run on every tp rank) or "
                       f"parallelism.tensor_parallel: 1")
-    if _shards_grads(dims) and dims.tp > 1:
-        raise _refuse("data_parallel_shard_strategy",
-                      f"{dims.shard_strategy!r} with parallelism.tensor_parallel({dims.tp}) is "
-                      f"not implemented yet (tp x FSDP); use 'optim' (ZeRO-1 over the "
-                      f"data-parallel ranks of each tp shard) or tensor_parallel: 1")
-    if _shards_grads(dims) and dims.ep > 1:
-        raise _refuse("data_parallel_shard_strategy",
-                      f"{dims.shard_strategy!r} with parallelism.expert_parallel({dims.ep}) is "
-                      f"not implemented yet (ep x FSDP); use 'optim' (ZeRO-1; the expert "
-                      f"weights keep their whole state on their rank) or expert_parallel: 1")
+    for field, size, kind, use in (
+            ("pipeline_parallel", dims.pp, "pp", "ZeRO-1 over the data-parallel ranks of each "
+                                                 "stage"),
+            ("tensor_parallel", dims.tp, "tp", "ZeRO-1 over the data-parallel ranks of each "
+                                               "tp shard"),
+            ("expert_parallel", dims.ep, "ep", "ZeRO-1; the expert weights keep their whole "
+                                               "state on their rank")):
+        if _shards_grads(dims) and size > 1:
+            raise _refuse("data_parallel_shard_strategy",
+                          f"{dims.shard_strategy!r} with parallelism.{field}({size}) is not "
+                          f"implemented yet ({kind} x FSDP); use 'optim' ({use}) or "
+                          f"{field}: 1")
     parallel_steps(dims)   # an accepted layout has its builders
 
 
 def parallel_steps(dims: ParallelDims) -> List[str]:
     """The builders ``distributed.setup`` applies to an accepted layout, in order (empty on
-    one process): ``pipeline`` (this rank's stage, ZeRO-1 over its dp group), ``tensor`` (TP/SP slices, ZeRO-1 over dp),
+    one process): ``pipeline`` (this rank's stage, ZeRO-1 over its dp group), ``tensor``
+    (TP/SP slices, ZeRO-1 over dp),
     ``fsdp`` (the shard strategy over dp: gradient / parameter shards, or nothing to do for
     ZeRO-1), ``expert`` (the EP cut). Raises ValueError for a layout no builder covers."""
     if dims.world == 1:

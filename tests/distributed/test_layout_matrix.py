@@ -162,8 +162,8 @@ CLI_POINTS = [
 ]
 
 
-@pytest.mark.parametrize("world,config,sets", CLI_POINTS)
-def test_check_exits_2_fast_naming_a_parallelism_field(world, config, sets):
+def run_check(world, config, sets):
+    """``(CompletedProcess, seconds)`` of ``--check`` on ``world`` launcher workers."""
     env = dict(os.environ, MS_WORKER_NUM=str(world))
     env.pop("MS_ROLE", None)
     cmd = [sys.executable, "run_mindformer.py", "--config", config, "--mode", "1", "--check"]
@@ -171,7 +171,12 @@ def test_check_exits_2_fast_naming_a_parallelism_field(world, config, sets):
         cmd += ["--set", s]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    elapsed = time.monotonic() - t0
+    return proc, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("world,config,sets", CLI_POINTS)
+def test_check_exits_2_fast_naming_a_parallelism_field(world, config, sets):
+    proc, elapsed = run_check(world, config, sets)
     assert proc.returncode == 2, proc.stdout[-1500:] + proc.stderr[-1500:]
     assert "parallelism." in proc.stderr + proc.stdout, proc.stderr[-1500:]
     assert elapsed < 5.0, elapsed   # refused before any model is built
@@ -193,13 +198,6 @@ CLI_ACCEPTED = [
 
 @pytest.mark.parametrize("world,config,sets", CLI_ACCEPTED)
 def test_check_accepts_pipeline_times_data_parallel(world, config, sets):
-    env = dict(os.environ, MS_WORKER_NUM=str(world))
-    env.pop("MS_ROLE", None)
-    cmd = [sys.executable, "run_mindformer.py", "--config", config, "--mode", "1", "--check"]
-    for s in sets:
-        cmd += ["--set", s]
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    elapsed = time.monotonic() - t0
+    proc, elapsed = run_check(world, config, sets)
     assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-1500:]
     assert elapsed < 5.0, elapsed
