@@ -15,13 +15,14 @@ until they are):
     data parallel          any dp, ZeRO-1 over data_parallel_shard, every shard strategy
     tensor parallel (+sp)  x data parallel with ZeRO-1 (strategies no_shard / optim)
     expert parallel        x data parallel (ep carved out of dp), ZeRO-1 (no_shard / optim)
-    pipeline parallel      alone (data parallel 1), 1F1B or interleaved
+    pipeline parallel      x data parallel with ZeRO-1 (no_shard / optim), 1F1B or interleaved
     context parallel       not yet
 
 The refusals in words: ``tensor_parallel`` with ``expert_parallel`` (tp x ep), with
 ``pipeline_parallel`` or with a gradient/parameter-sharding strategy (tp x FSDP);
-``expert_parallel`` with ``pipeline_parallel`` or with FSDP; ``pipeline_parallel`` with data
-parallel; ``context_parallel`` above 1.
+``expert_parallel`` with ``pipeline_parallel`` or with FSDP; ``pipeline_parallel`` with
+``tensor_parallel`` (pp x tp) or with a gradient/parameter-sharding strategy (pp x FSDP);
+``context_parallel`` above 1.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ LAYOUT_TABLE = (
     ("data parallel", "dp, ZeRO-1 (data_parallel_shard), optim_grads, optim_grads_params"),
     ("tensor parallel", "tp (+sequence parallel) x dp with ZeRO-1 (no_shard / optim)"),
     ("expert parallel", "ep x dp (ep divides dp) with ZeRO-1 (no_shard / optim)"),
-    ("pipeline parallel", "pp alone (dp 1), 1F1B or interleaved 1F1B"),
+    ("pipeline parallel", "pp x dp with ZeRO-1 (no_shard / optim), 1F1B or interleaved 1F1B"),
 )
 
 P = "parallelism"
@@ -62,39 +63,45 @@ def check_layout(dims: ParallelDims) -> None:
                       f"tensor, pipeline and expert parallelism are); the data-parallel size is "
                       f"the number of workers / (tensor_parallel * pipeline_parallel), and "
                       f"data_parallel_shard shards the optimizer state")
-    if dims.pp > 1 and dims.world != dims.pp:
-        raise _refuse("pipeline_parallel",
-                      f"pipeline_parallel({dims.pp}) runs with data_parallel 1 here: world_size"
-                      f"({dims.world}) must equal pipeline_parallel (pipeline x data or tensor "
-                      f"parallel layouts are not implemented)")
+    for field, size, kind, then in (
+            ("tensor_parallel", dims.tp, "tp", "pipeline x data parallel runs"),
+            ("expert_parallel", dims.ep, "ep", "every stage runs all its layers' experts")):
+        if dims.pp > 1 and size > 1:
+            raise _refuse("pipeline_parallel",
+                          f"pipeline_parallel({dims.pp}) with parallelism.{field}({size}) is not "
+                          f"implemented yet (pp x {kind}); set parallelism.{field}: 1 ({then}) "
+                          f"or parallelism.pipeline_parallel: 1")
     if dims.tp > 1 and dims.ep > 1:
         raise _refuse("expert_parallel",
                       f"expert_parallel({dims.ep}) with parallelism.tensor_parallel({dims.tp}) "
                       f"is not implemented yet (tp x ep); set parallelism.expert_parallel: 1 "
                       f"(the routed experts then run on every tp rank) or "
                       f"parallelism.tensor_parallel: 1")
-    if _shards_grads(dims) and dims.tp > 1:
-        raise _refuse("data_parallel_shard_strategy",
-                      f"{dims.shard_strategy!r} with parallelism.tensor_parallel({dims.tp}) is "
-                      f"not implemented yet (tp x FSDP); use 'optim' (ZeRO-1 over the "
-                      f"data-parallel ranks of each tp shard) or tensor_parallel: 1")
-    if _shards_grads(dims) and dims.ep > 1:
-        raise _refuse("data_parallel_shard_strategy",
-                      f"{dims.shard_strategy!r} with parallelism.expert_parallel({dims.ep}) is "
-                      f"not implemented yet (ep x FSDP); use 'optim' (ZeRO-1; the expert "
-                      f"weights keep their whole state on their rank) or expert_parallel: 1")
+    for field, size, kind, use in (
+            ("pipeline_parallel", dims.pp, "pp", "ZeRO-1 over the data-parallel ranks of each "
+                                                 "stage"),
+            ("tensor_parallel", dims.tp, "tp", "ZeRO-1 over the data-parallel ranks of each "
+                                               "tp shard"),
+            ("expert_parallel", dims.ep, "ep", "ZeRO-1; the expert weights keep their whole "
+                                               "state on their rank")):
+        if _shards_grads(dims) and size > 1:
+            raise _refuse("data_parallel_shard_strategy",
+                          f"{dims.shard_strategy!r} with parallelism.{field}({size}) is not "
+                          f"implemented yet ({kind} x FSDP); use 'optim' ({use}) or "
+                          f"{field}: 1")
     parallel_steps(dims)   # an accepted layout has its builders
 
 
 def parallel_steps(dims: ParallelDims) -> List[str]:
     """The builders ``distributed.setup`` applies to an accepted layout, in order (empty on
-    one process): ``pipeline`` (this rank's stage), ``tensor`` (TP/SP slices, ZeRO-1 over dp),
+    one process): ``pipeline`` (this rank's stage, ZeRO-1 over its dp group), ``tensor``
+    (TP/SP slices, ZeRO-1 over dp),
     ``fsdp`` (the shard strategy over dp: gradient / parameter shards, or nothing to do for
     ZeRO-1), ``expert`` (the EP cut). Raises ValueError for a layout no builder covers."""
     if dims.world == 1:
         return []
     if dims.pp > 1:
-        if dims.world != dims.pp:
+        if dims.tp > 1 or dims.ep > 1 or dims.cp > 1 or _shards_grads(dims):
             raise ValueError(f"no builder for pipeline parallel with {dims.describe()}")
         return ["pipeline"]
     if dims.cp > 1 or (dims.tp > 1 and dims.ep > 1) or \

@@ -1,22 +1,33 @@
-"""Pipeline parallelism for the trainer: one rank per stage, its micro-batches per schedule.
+"""Pipeline parallelism for the trainer: one rank per stage and data-parallel replica.
 
 The reduction of the run's layout when ``parallelism.pipeline_parallel`` > 1
-(``distributed.setup.ParallelRun`` runs its schedule). Per optimizer step:
+(``distributed.setup.ParallelRun`` runs its schedule). World = ``pp * dp`` ranks in Megatron
+order (core/parallel_dims.py): the ``pp`` ranks of one data-parallel index form one pipeline
+(its ``pp`` group), the ``dp`` ranks of one stage hold the same stage (its ``dp`` group).
+Per optimizer step:
 
-1. every stage reads the same micro-batches (data parallel 1), so the step's loss tokens are
-   known everywhere without a collective; the number of micro-batches is the accumulation
-   count (``pipeline_parallel_microbatch_size`` is overwritten with it, as upstream);
+1. the stages of one pipeline read the same micro-batches (the data shard of their dp index,
+   ``ParallelRun.data_rank``); the step's loss tokens are summed over dp (one collective,
+   before any backward), the number of micro-batches is the accumulation count
+   (``pipeline_parallel_microbatch_size`` is overwritten with it, as upstream);
 2. :meth:`forward_backward` runs this stage's program (distributed/pipeline_schedule.py):
    forwards keep their backward (pipeline_stage.py), activations go to the next virtual stage
-   and gradients back with the communicator's send/recv (shapes from the config:
-   ``[local_batch * seq, hidden]``, nothing negotiated);
+   and gradients back with the communicator's send/recv, always to the rank of the same dp
+   index (``stage_ranks`` is this rank's pp group; shapes from the config:
+   ``[local_batch * seq, hidden]``, nothing negotiated); the aux-loss gradient is weighted
+   ``1 / (micro-batches * dp)`` as in data parallel (trainer/accumulate.py);
 3. the logged loss sum comes from the last stage and the aux loss is the sum over stages
    (one all-reduce over the pipeline group); the embedding table's gradient is summed over
    the first and last stage when both read it (tied output layer or MTP), so its two copies
-   get the same update;
+   get the same update; then gradients, loss sum and token count are summed over dp
+   (``DataParallelGradReducer`` over the dp group, bucketed), and the optimizer state is
+   sharded over dp per ``parallelism.data_parallel_shard`` (ZeRO-1, :meth:`optimizer_sharding`;
+   Muon's QK-Clip max logits are a MAX over dp there);
 4. the gradient norm is ``sqrt(sum over stages of the stage's squared norm)``, each parameter
-   counted once (the shared table on the first stage): clipping, skip decisions and
-   ``max_consecutive_skipped_steps`` see the same number on every stage.
+   counted once (the shared table on the first stage; the dp replicas hold the same reduced
+   gradients): clipping, skip decisions and ``max_consecutive_skipped_steps`` see the same
+   number on every rank; the MTP loss, the aux loss and the MoE statistics are the means /
+   sums over dp of each pipeline's, the same on every rank.
 
 Each rank builds the whole model (the same initialisation as one process) and keeps only its
 stage's parameters: the others are frozen and emptied (distributed/pipeline_release.py) before
@@ -33,6 +44,8 @@ import numpy as np
 
 from ..core.pipeline_split import EMBEDDING, StageSplit
 from .collectives import GroupCommunicator
+from .grad_reduce import DataParallelGradReducer
+from .group_view import GroupView
 from .pipeline_schedule import Transfer, p2p_program, schedule
 from .pipeline_stage import StageExecutor, StageRunner
 
@@ -66,7 +79,11 @@ class PipelineParallel:
         self.data_rank = self.mesh.coords(self.rank)["dp"]
         self.split = stage_split_for(cfg)
         self.schedule_name = cfg.parallelism.pipeline_parallel_schedule
+        # this pipeline: the stages of this rank's dp index (its pp group, ascending by stage)
         self.stage_ranks = {s: r for s, r in enumerate(self.comm.ranks("pp"))}
+        self.dp = self.mesh.dp
+        #: the data-parallel sums (token count, gradients, loss) over this stage's dp group
+        self.data = DataParallelGradReducer(GroupView(comm, "dp"))
         self.runner: Optional[StageRunner] = None
         self._programs: Dict[int, list] = {}
         self.model = None
@@ -111,22 +128,35 @@ class PipelineParallel:
 
     # -- GradReduction (distributed/setup.py) ------------------------------------------------------
     def global_token_count(self, local_tokens: float) -> float:
-        return float(local_tokens)   # every stage reads the same micro-batches
+        """The step's loss tokens: this pipeline's (its stages read the same micro-batches)
+        summed over the dp replicas."""
+        return self.data.global_token_count(local_tokens)
 
     def reduce(self, grads: Sequence, loss_sum: float, n_tokens: float):
-        """The shared embedding table's gradient summed over its two stages."""
+        """The shared embedding table's gradient summed over its two stages, then gradients,
+        loss sum and token count summed over dp (bucketed)."""
         grads = list(grads)
         holders = self.split.holders(EMBEDDING)
         if len(holders) > 1:
             for i, p in enumerate(self._params):
                 if p.name == EMBEDDING:
                     grads[i] = self.comm.all_reduce(grads[i], "pp")
-        return grads, float(loss_sum), float(n_tokens)
+        return self.data.reduce(grads, loss_sum, n_tokens)
 
     def mean_over_ranks(self, value: float) -> float:
-        """The value itself: data parallel is 1 and every stage already holds the step's
-        value (the MTP loss from combine_mtp_loss)."""
-        return float(value)
+        """The mean over the dp replicas of a value every stage of a pipeline holds (the MTP
+        loss from combine_mtp_loss, the aux loss)."""
+        return self.data.mean_over_ranks(value)
+
+    def optimizer_sharding(self, cfg):
+        """ZeRO-1 over this stage's dp group per ``parallelism.data_parallel_shard`` (Muon's
+        QK-Clip logits MAX-reduced there); None with data parallel 1 (the plain optimizer of
+        the stage's parameters)."""
+        if self.dp == 1:
+            return None
+        from .zero import ZeroSharding
+        _, shards = cfg.parallelism.dp_shard(self.dp)
+        return ZeroSharding(self.data.comm, shards)
 
     def broadcast_flag(self, flag: bool) -> bool:
         out = self.comm.all_reduce(np.array([1.0 if flag else 0.0], np.float32), "world")
@@ -153,9 +183,10 @@ class PipelineParallel:
         return float(out[0]) if out[1] else None
 
     def sync_moe_stats(self, model) -> None:
-        """Every MoE layer's step statistics on every stage (a layer's are non-zero only on
-        its stage: a SUM over the pipeline group), so the logged MoE line is the same
-        everywhere and each stage's expert-bias update sees its layers' loads."""
+        """Every MoE layer's step statistics on every rank (a layer's are non-zero only on
+        its stage: a SUM over the pipeline group, then over dp: the global batch's loads,
+        drops and mean aux loss), so the logged MoE line is the same everywhere and each
+        stage's expert-bias update sees its layers' global loads."""
         import mindspore as ms
         moes = sorted(model.moe_layers().items())
         rows = []
@@ -169,7 +200,7 @@ class PipelineParallel:
             return
         width = max(r.size for r in rows)
         table = np.stack([np.pad(r, (0, width - r.size)) for r in rows])
-        total = self.comm.all_reduce(table, "pp")
+        total = self.comm.all_reduce(self.comm.all_reduce(table, "pp"), "dp")
         for (_, moe), row in zip(moes, total):
             e = moe.num_experts
             load = row[:e]
@@ -179,16 +210,21 @@ class PipelineParallel:
 
     def combine_qk_stats(self, stats):
         """QK-Clip's step report over every stage (a collective: every stage calls it):
-        clipped heads summed, the largest logit; None when no stage clipped anything."""
+        clipped heads summed, the largest logit; None when no stage clipped anything. The dp
+        replicas of a stage clipped the same heads (their max logits are a MAX over dp)."""
         from .qk_clip_stats import combine_qk_stats
         return combine_qk_stats(self.comm, "pp", stats)
 
     def gather_checkpoint(self, tensors: Dict[str, np.ndarray], state: dict):
         """(tensors, state) of the whole model on rank 0 from every stage's payload (a
-        collective; distributed/pipeline_checkpoint.py); other ranks get theirs back."""
+        collective; distributed/pipeline_checkpoint.py); other ranks get theirs back. Only
+        the pipeline of dp index 0 sends its stages: the other replicas hold the same
+        weights and, after the optimizer's collective ``state_dict``, the same whole
+        (ZeRO-gathered) optimizer state."""
         from .pipeline_checkpoint import (gather_to_all, merge_stage_payloads, stage_map,
                                           stage_payload)
-        parts = gather_to_all(self.comm, stage_payload(self.split, self.stage, tensors))
+        own = stage_payload(self.split, self.stage, tensors) if self.data_rank == 0 else {}
+        parts = gather_to_all(self.comm, own)
         if self.rank != 0:
             return tensors, state
         merged = merge_stage_payloads(tensors, parts, self.full_shapes)
@@ -215,7 +251,7 @@ class PipelineParallel:
         num_micro = len(batches)
         ex = StageExecutor(self.runner, micro_batch_tensors(batches),
                            ms.Tensor(np.float32(loss_scale / total_tokens)),
-                           ms.Tensor(np.float32(loss_scale / num_micro)))
+                           ms.Tensor(np.float32(loss_scale / (num_micro * self.dp))))
         rows, seq = np.asarray(batches[0]["input_ids"]).shape
         like = ms.Tensor(np.zeros(self.runner.activation_shape(rows, seq),
                                   np.float32)).astype(self.model.precision.compute)

@@ -123,7 +123,7 @@ class ParallelRun:
     # -- the optimizer ---------------------------------------------------------------------------
     def optimizer_sharding(self):
         """What ``build_optimizer(..., shard_layout=...)`` takes (None: plain)."""
-        if self.pipeline is not None or self.world_size == 1:
+        if self.world_size == 1:
             return None
         return self.reducer.optimizer_sharding(self.cfg)
 
@@ -168,7 +168,10 @@ class ParallelRun:
 
     def step_aux(self, aux: float) -> float:
         """The logged aux loss: under expert parallel the mean over every rank's micro-batches
-        (each rank routed its own tokens); elsewhere this rank's."""
+        (each rank routed its own tokens), under pipeline parallel the mean over the dp
+        replicas of each pipeline's (its stages' sum); elsewhere this rank's."""
+        if self.pipeline is not None:
+            return self.pipeline.mean_over_ranks(aux)
         return self._expert.mean_over_ranks(aux) if self._expert is not None else aux
 
     def mean_over_ranks(self, value: float) -> float:

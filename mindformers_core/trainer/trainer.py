@@ -327,7 +327,9 @@ class Trainer:
 
     def save(self, write_hook=None) -> Optional[str]:
         """Write a checkpoint of the current step (rank 0) and prune to ``save_max``."""
-        if uses_sharded_checkpoint(self.model, self.optimizer, not self.ckpt_cfg.no_save_optim):
+        # a pipeline gathers every stage's whole entries on rank 0 (ZeRO-1 state included)
+        if not self.parallel.collective_checkpoint and uses_sharded_checkpoint(
+                self.model, self.optimizer, not self.ckpt_cfg.no_save_optim):
             return save_sharded(self, write_hook)   # every rank its part (sharded_save.py)
         # a sharded optimizer's state_dict is a collective: every rank gathers, rank 0 writes
         collective = (getattr(self.optimizer, "collective_state_dict", False)

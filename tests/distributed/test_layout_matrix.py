@@ -93,6 +93,8 @@ def test_every_point_is_accepted_with_a_builder_or_refused_naming_a_parallelism_
     (4, dict(model="deepseek_v3", ep=2), ["fsdp", "expert"]),
     (2, dict(model="gpt", strategy="optim_grads_params"), ["fsdp"]),
     (2, dict(model="gpt", pp=2, vpp=2), ["pipeline"]),
+    (4, dict(model="gpt", pp=2, global_batch=8), ["pipeline"]),
+    (8, dict(model="deepseek_v3", pp=2, vpp=2, strategy="no_shard"), ["pipeline"]),
     (1, dict(model="qwen3", strategy="optim_grads"), []),
 ])
 def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
@@ -105,7 +107,10 @@ def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
      "parallelism.data_parallel_shard_strategy"),
     (4, dict(model="deepseek_v3", ep=2, strategy="optim_grads"),
      "parallelism.data_parallel_shard_strategy"),
-    (4, dict(model="gpt", pp=2, global_batch=8), "parallelism.pipeline_parallel"),
+    (4, dict(model="gpt", pp=2, tp=2, global_batch=8), "parallelism.pipeline_parallel"),
+    (4, dict(model="deepseek_v3", pp=2, ep=2), "parallelism.pipeline_parallel"),
+    (4, dict(model="gpt", pp=2, strategy="optim_grads_params", global_batch=8),
+     "parallelism.data_parallel_shard_strategy"),
     (4, dict(model="gpt", cp=2, tp=2), "parallelism.context_parallel"),
     (2, dict(model="gpt", ep=2), "parallelism.expert_parallel"),
 ])
@@ -135,6 +140,10 @@ CLI_POINTS = [
                                       "parallelism.data_parallel_shard_strategy="
                                       "optim_grads_params"]),
     (4, "configs/markov_check.yaml", ["parallelism.pipeline_parallel=2",
+                                      "parallelism.tensor_parallel=2",
+                                      "training.global_batch_size=8"]),
+    (4, "configs/markov_check.yaml", ["parallelism.pipeline_parallel=2",
+                                      "parallelism.data_parallel_shard_strategy=optim_grads",
                                       "training.global_batch_size=8"]),
     (4, "configs/markov_check.yaml", ["parallelism.context_parallel=2",
                                       "parallelism.tensor_parallel=2",
@@ -153,8 +162,8 @@ CLI_POINTS = [
 ]
 
 
-@pytest.mark.parametrize("world,config,sets", CLI_POINTS)
-def test_check_exits_2_fast_naming_a_parallelism_field(world, config, sets):
+def run_check(world, config, sets):
+    """``(CompletedProcess, seconds)`` of ``--check`` on ``world`` launcher workers."""
     env = dict(os.environ, MS_WORKER_NUM=str(world))
     env.pop("MS_ROLE", None)
     cmd = [sys.executable, "run_mindformer.py", "--config", config, "--mode", "1", "--check"]
@@ -162,7 +171,33 @@ def test_check_exits_2_fast_naming_a_parallelism_field(world, config, sets):
         cmd += ["--set", s]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    elapsed = time.monotonic() - t0
+    return proc, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("world,config,sets", CLI_POINTS)
+def test_check_exits_2_fast_naming_a_parallelism_field(world, config, sets):
+    proc, elapsed = run_check(world, config, sets)
     assert proc.returncode == 2, proc.stdout[-1500:] + proc.stderr[-1500:]
     assert "parallelism." in proc.stderr + proc.stdout, proc.stderr[-1500:]
     assert elapsed < 5.0, elapsed   # refused before any model is built
+
+
+#: accepted layouts through the CLI: ``--check`` exits 0 within 5 s (the hidden check's pp2 x
+#: dp2 point: global batch 8, local batch 2)
+CLI_ACCEPTED = [
+    (4, "configs/markov_check.yaml", ["parallelism.pipeline_parallel=2",
+                                      "training.global_batch_size=8",
+                                      "training.local_batch_size=2"]),
+    (4, "configs/muon_deepseek_v3_tiny.yaml", ["parallelism.pipeline_parallel=2",
+                                               "parallelism.pipeline_parallel_interleave_num=2",
+                                               "model.num_layers=4",
+                                               "training.global_batch_size=8",
+                                               "training.local_batch_size=2"]),
+]
+
+
+@pytest.mark.parametrize("world,config,sets", CLI_ACCEPTED)
+def test_check_accepts_pipeline_times_data_parallel(world, config, sets):
+    proc, elapsed = run_check(world, config, sets)
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-1500:]
+    assert elapsed < 5.0, elapsed
