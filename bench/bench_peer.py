@@ -188,9 +188,11 @@ def _worker_torch(name: str, threads: int, warmup: int) -> None:
     model_cfg, batch, optimizer = MODELS[name]
     dispatch = TORCH_MOE.get(name, "sparse")
     kinds = ("sparse", "dense") if dispatch == "fastest" else (dispatch,)
+    if model_cfg["model_type"] != "deepseek_v3":
+        kinds = (None,)                       # no MoE: nothing to choose
     peers = []
     for kind in kinds:
-        model = tp.LM(dict(model_cfg, torch_moe=kind))
+        model = tp.LM(dict(model_cfg, torch_moe=kind or "sparse"))
         peers.append((kind, model, tp.build_optimizer(
             model, optimizer, 1e-3 if optimizer == "AdamW" else 2e-2), []))
     s, v = model_cfg["seq_length"], model_cfg["vocab_size"]
