@@ -1,10 +1,15 @@
 """Training step of our trainer vs the same model in torch eager, alternating, in one run.
 
-For each benchmarked model (tiny / mid / large GPT, tiny DeepSeek-V3 with AdamW and Muon) two
-worker processes are started -- ours (the real ``Trainer``: dataset, model, optimizer, clipping,
+For each benchmarked model (tiny / mid / large GPT; tiny and mid DeepSeek-V3 with AdamW and
+Muon, the mid one the issue's H512 L4 S256 V4096 MLA model with 16 experts top-2) two worker
+processes are started -- ours (the real ``Trainer``: dataset, model, optimizer, clipping,
 2 micro-batches) and torch eager (``bench/torch_peer.py``: same architecture, fused AdamW or
-Muon, clip 1.0, 2 micro-batches) -- and stepped alternately (the order flips every round), so
-both sides see the same machine load; ratios survive contention, absolute times do not.
+Muon, clip 1.0, 2 micro-batches; the DeepSeek-V3 MoE sorted-token sparse, or for the tiny ones
+the faster of that and the dense form, timed on the warm-up steps) -- and stepped alternately
+(the order flips every round), so both sides see the same machine load; ratios survive
+contention, absolute times do not. Our time is each step's ``step_time_s`` (the value of its
+``metrics.jsonl`` row), torch's the wall time of its step; the median is over the last 2/3 of
+the measured steps.
 
 Printed per model: median step time, tokens/s, MFU (model matmul FLOPs of forward + backward
 over the measured fp32 matmul peak: the faster of torch's and MindSpore's 1024^3 matmul),
@@ -50,6 +55,12 @@ DSV3 = dict(model_type="deepseek_v3", multi_latent_attention=True, vocab_size=64
             moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-3,
             moe_aux_loss_coeff=1e-4)
 
+#: the issue's mid DeepSeek-V3 (configs/muon_deepseek_v3_tiny.yaml scaled up)
+MID_DSV3 = dict(DSV3, vocab_size=4096, hidden_size=512, num_layers=4, num_attention_heads=8,
+                ffn_hidden_size=1024, seq_length=256, q_lora_rank=128, kv_lora_rank=64,
+                qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, n_routed_experts=16,
+                num_experts_per_tok=2, moe_intermediate_size=256, n_shared_experts=1)
+
 #: name -> (model section, micro-batch size, optimizer); 2 micro-batches per step everywhere
 MODELS = {
     "tiny_gpt": (dict(GPT, hidden_size=64, num_layers=2, ffn_hidden_size=128, seq_length=32,
@@ -60,7 +71,12 @@ MODELS = {
                        ffn_hidden_size=2048, seq_length=256, vocab_size=8192), 4, "AdamW"),
     "tiny_dsv3_adamw": (DSV3, 4, "AdamW"),
     "tiny_dsv3_muon": (DSV3, 4, "Muon"),
+    "mid_dsv3_adamw": (MID_DSV3, 4, "AdamW"),
+    "mid_dsv3_muon": (MID_DSV3, 4, "Muon"),
 }
+#: torch MoE dispatch per model (torch_peer.RoutedMoE): "fastest" times both on the warm-up
+#: steps and keeps the faster one (dense wins at tiny sizes, sparse at mid)
+TORCH_MOE = {"tiny_dsv3_adamw": "fastest", "tiny_dsv3_muon": "fastest"}
 MICRO_BATCHES = 2
 PEAK_N = 1024
 
@@ -95,7 +111,8 @@ def _run_config(model: dict, batch: int, optimizer: str, jit: str) -> dict:
 
 def _matmul_flops(model: dict, tokens: int) -> float:
     """Forward + backward matmul FLOPs of one step (3x the forward; attention scores included,
-    the full S x S computed; every expert on every token, as both implementations do)."""
+    the full S x S computed; each token's top-k routed experts: the useful work, whatever a
+    dispatch computes beyond it)."""
     h, v, s, L = model["hidden_size"], model["vocab_size"], model["seq_length"], model["num_layers"]
     n = model["num_attention_heads"]
     weights = h * v  # output layer
@@ -112,7 +129,8 @@ def _matmul_flops(model: dict, tokens: int) -> float:
             attn_per_tok += 2 * s * n * 2 * d
         if model["model_type"] == "deepseek_v3" and i >= model["first_k_dense_replace"]:
             f, e = model["moe_intermediate_size"], model["n_routed_experts"]
-            weights += e * 3 * h * f + h * e + model["n_shared_experts"] * 3 * h * f
+            k = model["num_experts_per_tok"]
+            weights += k * 3 * h * f + h * e + model["n_shared_experts"] * 3 * h * f
         else:
             weights += 3 * h * model["ffn_hidden_size"]
     return 3.0 * tokens * (2.0 * weights + attn_per_tok)
@@ -148,13 +166,12 @@ def _worker_ours(name: str, jit: str, threads: int) -> None:
     for line in sys.stdin:
         if line.strip() != "step":
             break
-        t0 = time.perf_counter()
-        m = trainer.train_step()
-        _say({"time": time.perf_counter() - t0, "loss": m.loss})
+        m = trainer.train_step()   # step_time_s: the value of its metrics.jsonl row
+        _say({"time": m.step_time_s, "loss": m.loss})
     _say({"peak_rss_mib": _rss_mib()})
 
 
-def _worker_torch(name: str, threads: int) -> None:
+def _worker_torch(name: str, threads: int, warmup: int) -> None:
     import torch
     import torch_peer as tp
     torch.manual_seed(0)
@@ -169,26 +186,39 @@ def _worker_torch(name: str, threads: int) -> None:
     peak = 5 * 2 * PEAK_N ** 3 / (time.perf_counter() - t0)
     del a
     model_cfg, batch, optimizer = MODELS[name]
-    model = tp.LM(model_cfg)
-    opt = tp.build_optimizer(model, optimizer, 1e-3 if optimizer == "AdamW" else 2e-2)
+    dispatch = TORCH_MOE.get(name, "sparse")
+    kinds = ("sparse", "dense") if dispatch == "fastest" else (dispatch,)
+    if model_cfg["model_type"] != "deepseek_v3":
+        kinds = (None,)                       # no MoE: nothing to choose
+    peers = []
+    for kind in kinds:
+        model = tp.LM(dict(model_cfg, torch_moe=kind or "sparse"))
+        peers.append((kind, model, tp.build_optimizer(
+            model, optimizer, 1e-3 if optimizer == "AdamW" else 2e-2), []))
     s, v = model_cfg["seq_length"], model_cfg["vocab_size"]
     micro = [(torch.randint(0, v, (batch, s)), torch.randint(0, v, (batch, s)),
               torch.ones(batch, s)) for _ in range(MICRO_BATCHES)]
     _say({"ready": True, "peak_flops": peak, "baseline_rss_mib": base})
+    n = 0
     for line in sys.stdin:
         if line.strip() != "step":
             break
+        if n == warmup and len(peers) > 1:    # keep the faster dispatch (its last warm-up)
+            peers = [min(peers, key=lambda p: p[3][-1])]
+        kind, model, opt, times = peers[n % len(peers)] if n < warmup else peers[0]
         t0 = time.perf_counter()
         loss = tp.train_step(model, opt, micro)
-        _say({"time": time.perf_counter() - t0, "loss": loss})
+        times.append(time.perf_counter() - t0)
+        n += 1
+        _say({"time": times[-1], "loss": loss, "torch_moe": kind})
     _say({"peak_rss_mib": _rss_mib()})
 
 
 # ---------------------------------------------------------------------------- driver
 class Worker:
-    def __init__(self, side: str, name: str, jit: str, threads: int):
+    def __init__(self, side: str, name: str, jit: str, threads: int, warmup: int):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", side, "--models", name,
-               "--jit", jit, "--threads", str(threads)]
+               "--jit", jit, "--threads", str(threads), "--warmup", str(warmup)]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [ROOT, os.path.join(ROOT, "bench"), os.environ.get("PYTHONPATH", "")]))
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -201,10 +231,10 @@ class Worker:
                 return json.loads(line[2:])
         raise RuntimeError(f"worker {self.proc.args} ended early (rc {self.proc.wait()})")
 
-    def step(self) -> float:
+    def step(self) -> dict:
         self.proc.stdin.write("step\n")
         self.proc.stdin.flush()
-        return self._read()["time"]
+        return self._read()
 
     def finish(self) -> float:
         self.proc.stdin.write("done\n")
@@ -216,22 +246,27 @@ class Worker:
 
 def bench_model(name: str, warmup: int, steps: int, jit: str, threads: int = 0) -> dict:
     model, batch, optimizer = MODELS[name]
-    workers = {side: Worker(side, name, jit, threads) for side in ("ours", "torch")}
+    # the torch side times its dispatches on the warm-up steps: at least one each
+    warmup = max(warmup, 4) if TORCH_MOE.get(name) == "fastest" else warmup
+    workers = {side: Worker(side, name, jit, threads, warmup) for side in ("ours", "torch")}
     times = {k: [] for k in workers}
+    torch_moe = None
     for r in range(warmup + steps):
         order = ("ours", "torch") if r % 2 == 0 else ("torch", "ours")
         for side in order:
-            t = workers[side].step()
+            got = workers[side].step()
             if r >= warmup:
-                times[side].append(t)
+                times[side].append(got["time"])
+                torch_moe = got.get("torch_moe", torch_moe)
     tokens = batch * MICRO_BATCHES * model["seq_length"]
     flops = _matmul_flops(model, tokens)
     peak = max(w.info["peak_flops"] for w in workers.values())
     out = {"model": name, "optimizer": optimizer, "jit": jit, "threads": threads,
+           "torch_moe": torch_moe,
            "tokens_per_step": tokens,
            "step_flops": flops, "peak_flops": peak}
     for side, w in workers.items():
-        med = statistics.median(times[side])
+        med = statistics.median(times[side][len(times[side]) // 3:])   # the last 2/3
         rss = w.finish()
         out[side] = {"step_s": med, "steps_s": times[side], "tokens_per_s": tokens / med,
                      "mfu": flops / med / peak, "peak_rss_above_baseline_mib":
@@ -244,7 +279,7 @@ def bench_model(name: str, warmup: int, steps: int, jit: str, threads: int = 0) 
 
 def _print_row(r: dict) -> None:
     o, t = r["ours"], r["torch"]
-    print(f"{r['model']:<16} {r['jit']:<6} {t['step_s'] * 1e3:9.1f} {o['step_s'] * 1e3:9.1f} "
+    print(f"{r['model']:<16} {r['jit']:<6} {r['torch_moe'] or '-':<6} {t['step_s'] * 1e3:9.1f} {o['step_s'] * 1e3:9.1f} "
           f"{r['ratio']:6.2f}x {t['tokens_per_s']:9.0f} {o['tokens_per_s']:9.0f} "
           f"{100 * t['mfu']:6.1f}% {100 * o['mfu']:6.1f}% "
           f"{t['peak_rss_above_baseline_mib']:7.0f} {o['peak_rss_above_baseline_mib']:7.0f} "
@@ -277,14 +312,14 @@ def main(argv=None) -> int:
         _worker_ours(names[0], args.jit, args.threads)
         return 0
     if args.worker == "torch":
-        _worker_torch(names[0], args.threads)
+        _worker_torch(names[0], args.threads, args.warmup)
         return 0
     try:
         import torch  # noqa: F401  (the optional bench extra)
     except ImportError:
         print("bench_peer: torch is not installed (pip install torch==2.13.0); skipped")
         return 0
-    print(f"{'model':<16} {'jit':<6} {'torch ms':>9} {'ours ms':>9} {'ratio':>7} "
+    print(f"{'model':<16} {'jit':<6} {'moe':<6} {'torch ms':>9} {'ours ms':>9} {'ratio':>7} "
           f"{'torch t/s':>9} {'ours t/s':>9} {'MFU tch':>7} {'MFU ours':>8} "
           f"{'RSS tch':>7} {'RSS ours':>8} {'RSSx':>6}   (RSS: MiB above baseline)")
     rows = []

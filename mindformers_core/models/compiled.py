@@ -2,10 +2,16 @@
 
 * ``none``: every op dispatched by PyNative.
 * ``layer``: each layer's pure part is one ``mindspore.jit`` graph (compiled at the first call
-  of each input shape): the whole layer when its MLP is dense, the two norms and the attention
-  when it is a mixture of experts (the MoE runs in PyNative: its routing statistics are host
-  state and sparse dispatch has data-dependent shapes, which a static graph cannot hold); the
-  head (final norm, output layer, loss) is one more graph. The embedding lookup stays PyNative.
+  of each input shape): the whole layer, dense or mixture of experts. A MoE layer's graph
+  runs the router, the static-shape dispatch of ``static_dispatch`` and the experts
+  (``MoE.static_apply``) and returns the routing statistics (selected experts, routed pairs
+  per expert, dropped pairs, aux loss), which the Python side adds to the layer's host
+  statistics (``MoE.record``: the expert-bias update and the load metrics read them); the
+  expert bias, updated by ``set_data`` between steps, is a graph input like the weights.
+  Where the static dispatch does not apply (``MoE.static_ok``: experts split over ranks, the
+  Ascend grouped matmul) the graph holds the two norms and the attention and the MoE runs in
+  PyNative. The head (final norm, output layer, loss) is one more graph. The embedding
+  lookup stays PyNative.
 * ``model``: the whole forward (embedding, layers, readout, loss) as one graph; dense models
   only.
 
@@ -77,8 +83,9 @@ def compile_pure(fn: Callable) -> Callable:
 NUM_TABLES = 6
 
 
-def _layer_graphs(template) -> tuple:
-    """(dense graph, attention graph) compiled from ``template``'s pure functions.
+def _layer_graphs(template, moe_template=None) -> tuple:
+    """(dense graph, attention graph, MoE layer graph or None) compiled from the templates'
+    pure functions (``moe_template``: a MoE layer).
 
     Every layer of a model has the same structure and constants (head counts, eps), only the
     weights differ, and those are graph inputs, so one function serves all layers. (MindSpore
@@ -91,14 +98,28 @@ def _layer_graphs(template) -> tuple:
     def attention(h, *args):
         return template.attention_block(h, args[:NUM_TABLES], *args[NUM_TABLES:])
 
-    return compile_pure(dense), compile_pure(attention)
+    moe = None
+    if moe_template is not None:
+        na = len(moe_template.attention_weights())
+
+        def moe_layer(h, *args):
+            tables = args[:NUM_TABLES]
+            ws = args[NUM_TABLES:]
+            h, x, max_logits = moe_template.attention_block(h, tables, *ws[:na])
+            b, _, s, _ = tables[-1].shape
+            y, aux, idx, counts, dropped = moe_template.mlp.static_apply(
+                x.reshape(b, s, x.shape[-1]), *ws[na:])
+            return h + y.reshape(x.shape), max_logits, aux, idx, counts, dropped
+
+        moe = compile_pure(moe_layer)
+    return compile_pure(dense), compile_pure(attention), moe
 
 
 def _layer_runner(layer, mode: str, graphs) -> Callable:
     """callable(h, tables) -> (h, max_logits, aux) for one layer."""
     if mode == "none":
         return layer
-    dense, attention = graphs
+    dense, attention, moe_graph = graphs
     if layer.dense_mlp:
         def run_dense(h, tables):
             h, max_logits = dense(h, *tables, *layer.weights())
@@ -106,6 +127,13 @@ def _layer_runner(layer, mode: str, graphs) -> Callable:
         return run_dense
 
     def run_moe(h, tables):
+        moe = layer.mlp
+        if moe_graph is not None and moe.static_ok:
+            h, max_logits, aux, idx, counts, dropped = moe_graph(
+                h, *tables, *layer.attention_weights(), moe.router.expert_bias, *moe.weights())
+            aux = aux if moe.has_aux else None
+            moe.record(idx, counts, dropped, aux)
+            return h, max_logits, aux
         h, x, max_logits = attention(h, *tables, *layer.attention_weights())
         h, aux = layer.mlp_block(h, x, tables)
         return h, max_logits, aux
@@ -140,8 +168,10 @@ class Runner:
         self._model = model
         layers = list(model.decoder.layers)
         dense = [layer for layer in layers if layer.dense_mlp]
+        moes = [layer for layer in layers if not layer.dense_mlp]
         # the dense graph needs a dense template; the attention graph fits any layer
-        graphs = _layer_graphs(dense[0] if dense else layers[0]) if mode == "layer" else None
+        graphs = _layer_graphs(dense[0] if dense else layers[0], moes[0] if moes else None) \
+            if mode == "layer" else None
         # under "model" the layers run eagerly outside the loss graph (logits, hidden_states)
         layer_mode = "layer" if mode == "layer" else "none"
         self._layers = [_layer_runner(layer, layer_mode, graphs) for layer in layers]

@@ -163,26 +163,42 @@ _batch_matmul = ops.BatchMatMul()
 def block_expert_ffn(x2d, gate_w, plan: DispatchPlan, weight1, weight2, ffn: int):
     """sum_j gate_w[t, j] * expert_{idx[t, j]}(x_t) over the kept pairs, [T, H] in x's dtype:
     the rows of each expert in blocks of ``plan.block_rows``, one batched matmul over the
-    blocks with each block's expert weights.
+    blocks with each block's expert weights (``block_rows_ffn``).
 
     Empty rows and dropped pairs need no zero row: an empty row computes on token 0 but no
     pair reads it back (so its gradient is exactly 0), and a dropped pair reads row 0 with
     its gate weight masked to 0."""
-    t, h = x2d.shape
+    t = x2d.shape[0]
     kept = plan.kept
-    nb, b = plan.block_expert.size, plan.block_rows
+    nb = plan.block_expert.size
+    block_expert = None
     if nb != plan.num_experts or not (plan.block_expert == np.arange(nb)).all():
-        experts = Tensor(plan.block_expert)
-        weight1, weight2 = ops.gather(weight1, experts, 0), ops.gather(weight2, experts, 0)
+        block_expert = Tensor(plan.block_expert)
     src = np.where(plan.row_token < t, plan.row_token, 0).astype(np.int32)
-    x_blocks = ops.gather(x2d, Tensor(src), 0).reshape(nb, b, h)
+    rows = np.where(kept, plan.pair_row, 0).astype(np.int32)
+    mask = None if kept.all() else Tensor(kept.reshape(t, plan.top_k))
+    return block_rows_ffn(x2d, gate_w, mask, Tensor(rows), Tensor(src), block_expert, nb,
+                          plan.block_rows, weight1, weight2, ffn)
+
+
+def block_rows_ffn(x2d, gate_w, kept, pair_row, row_token, block_expert, nb: int, b: int,
+                   weight1, weight2, ffn: int):
+    """The block kernel: tokens ``row_token`` [nb * b] gathered into [nb, b, H] blocks, two
+    batched matmuls with each block's expert weights (``block_expert`` [nb], None: block e is
+    expert e), each pair's row ``pair_row`` [T k] read back and summed with the gate weights
+    (``kept`` [T, k] bool, None: every pair kept). Tensors in, so ``static_dispatch`` builds
+    the same computation in a graph."""
+    t, h = x2d.shape
+    k = gate_w.shape[-1]
+    if block_expert is not None:
+        weight1, weight2 = ops.gather(weight1, block_expert, 0), ops.gather(weight2, block_expert, 0)
+    x_blocks = ops.gather(x2d, row_token, 0).reshape(nb, b, h)
     hidden = _batch_matmul(x_blocks, weight1)                                    # [nb, b, 2F]
     y = _batch_matmul(swiglu_halves(hidden, ffn), weight2).reshape(nb * b, h)
-    rows = np.where(kept, plan.pair_row, 0).astype(np.int32)
-    per_pair = ops.gather(y, Tensor(rows), 0).reshape(t, plan.top_k, h)
+    per_pair = ops.gather(y, pair_row, 0).reshape(t, k, h)
     w = gate_w.astype(per_pair.dtype)
-    if not kept.all():
-        w = w * Tensor(kept.reshape(t, plan.top_k).astype(np.float32)).astype(w.dtype)
+    if kept is not None:
+        w = w * kept.astype(w.dtype)
     return (per_pair * w[..., None]).sum(1)
 
 

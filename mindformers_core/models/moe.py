@@ -11,7 +11,10 @@ Parameters (names and layouts are what Muon's routing and the checkpoints read):
   ``moe_shared_expert_intermediate_size`` (default n_shared_experts * moe_intermediate_size).
 
 y = sum_j g_t,j expert_{idx_t,j}(x_t) + shared(x_t), returned with the auxiliary loss
-(``router.aux_loss``, None when there is none). Statistics since ``reset_stats`` (no gradient):
+(``router.aux_loss``, None when there is none). ``static_apply`` is the same layer with the
+dispatch of ``static_dispatch`` (static shapes, no host state): a pure function the layer graph
+of ``training.jit: layer`` compiles, router included; it returns the statistics, which
+:meth:`MoE.record` adds (``static_ok`` says when it applies). Statistics since ``reset_stats`` (no gradient):
 ``tokens_per_expert`` [E] routed pairs (before capacity drops; the expert-bias update and the
 load metrics read it), ``dropped`` pairs, ``aux_sum`` / ``num_forwards`` (mean aux loss).
 """
@@ -24,12 +27,13 @@ import mindspore as ms
 from mindspore import mint, nn, ops
 
 from . import router as rt
-from .dispatch import expert_ffn
+from .dispatch import expert_ffn, uses_grouped_matmul
 from .ep_dedup import DEREDUNDANT, dedup_expert_ffn
 from .ep_dispatch import ep_expert_ffn
 from .layers import placeholder
 from .mlp import MLP
 from .precision import Precision
+from .static_dispatch import static_expert_ffn
 
 
 @dataclass(frozen=True)
@@ -183,28 +187,70 @@ class MoE(nn.Cell):
         return self.routed_apply(x.reshape(b * n, hdim), b, self.router.weight,
                                  self.experts.weight1, self.experts.weight2)
 
+    def _route(self, x2d, w_router, expert_bias):
+        """(scores [T, E], selected experts [T, k], gate weights [T, k])."""
+        s = self.spec
+        scores = rt.router_scores(router_logits(x2d, w_router), s.scoring_func)     # [T, E]
+        idx = rt.select_experts(scores, expert_bias, s.top_k, s.n_group, s.topk_group)
+        return scores, idx, rt.gate_weights(scores, idx, s.norm_topk_prob,
+                                            s.routed_scaling_factor)
+
+    @property
+    def has_aux(self) -> bool:
+        return self.spec.load_balancing_type != "none" and self.spec.aux_loss_coeff > 0
+
+    def _aux(self, scores, idx, b: int, n: int):
+        s = self.spec
+        if not self.has_aux:
+            return None
+        onehot = ops.one_hot(idx, s.num_experts, ms.Tensor(1.0, ms.float32),
+                             ms.Tensor(0.0, ms.float32))
+        per_seq = onehot.reshape(b, n * s.top_k, s.num_experts).sum(1)           # [B, E]
+        return rt.aux_loss(scores, per_seq, b, n, s.top_k, s.load_balancing_type,
+                           s.aux_loss_coeff)
+
     def routed_apply(self, x2d, b: int, w_router, weight1, weight2):
         """:meth:`routed` of the tokens x2d [B*S, H] of ``b`` sequences, with the router and
         expert weights as arguments."""
         s = self.spec
-        n = x2d.shape[0] // b
-        scores = rt.router_scores(router_logits(x2d, w_router), s.scoring_func)     # [T, E]
-        idx = rt.select_experts(scores, self.router.expert_bias, s.top_k, s.n_group, s.topk_group)
-        gate_w = rt.gate_weights(scores, idx, s.norm_topk_prob, s.routed_scaling_factor)
+        scores, idx, gate_w = self._route(x2d, w_router, self.router.expert_bias)
         out, counts, dropped = self.experts.apply(x2d, gate_w, idx, weight1, weight2,
                                                   s.capacity_factor, s.drop_policy,
                                                   s.pad_tokens)
-        aux = None
-        if s.load_balancing_type != "none" and s.aux_loss_coeff > 0:
-            onehot = ops.one_hot(idx, s.num_experts, ms.Tensor(1.0, ms.float32),
-                                 ms.Tensor(0.0, ms.float32))
-            per_seq = onehot.reshape(b, n * s.top_k, s.num_experts).sum(1)       # [B, E]
-            aux = rt.aux_loss(scores, per_seq, b, n, s.top_k, s.load_balancing_type,
-                              s.aux_loss_coeff)
-        self._record(idx, counts, dropped, aux)
+        aux = self._aux(scores, idx, b, x2d.shape[0] // b)
+        self.record(idx, counts, dropped, aux)
         return out, aux
 
-    def _record(self, idx, counts, dropped, aux) -> None:
+    @property
+    def static_ok(self) -> bool:
+        """Whether :meth:`static_apply` computes this layer: experts not split over ranks,
+        and not the Ascend grouped-matmul dispatch."""
+        s = self.spec
+        return self.experts.ep_comm is None and not uses_grouped_matmul(s.capacity_factor,
+                                                                        s.pad_tokens)
+
+    def static_apply(self, x, expert_bias, w_router, weight1, weight2, *shared_ws):
+        """:meth:`apply` with the static dispatch and the expert bias as an argument, pure:
+        (y [B, S, H], aux (0 when there is none), selected experts [T, k], routed pairs
+        per expert [E], dropped pairs) -- hand the last four to :meth:`record`."""
+        s = self.spec
+        b, n, hdim = x.shape
+        x2d = x.reshape(b * n, hdim)
+        scores, idx, gate_w = self._route(x2d, w_router, expert_bias)
+        p = self.experts.precision
+        out, counts, dropped = static_expert_ffn(p.cast(x2d), gate_w, idx, p.cast(weight1),
+                                                 p.cast(weight2), s.ffn, s.capacity_factor,
+                                                 s.drop_policy, s.pad_tokens)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts.apply(x2d, *shared_ws)
+        aux = self._aux(scores, idx, b, n)
+        if aux is None:
+            aux = ops.zeros((), ms.float32)
+        return out.reshape(b, n, hdim).astype(x.dtype), aux, idx, counts, dropped
+
+    def record(self, idx, counts, dropped, aux) -> None:
+        """Add one forward's statistics (``routed_apply`` does; callers of
+        ``static_apply`` pass its outputs, aux None when ``has_aux`` is False)."""
         self.last_topk = ops.stop_gradient(idx)
         self.tokens_per_expert = counts if self.tokens_per_expert is None \
             else self.tokens_per_expert + counts

@@ -50,12 +50,26 @@ def test_matches_textbook_iteration_for_wide_tall_and_batched():
         np.testing.assert_allclose(got, _numpy_ns(x, FLAT5), rtol=0, atol=2e-5)
 
 
-def test_batched_equals_per_matrix():
-    x = np.random.default_rng(3).standard_normal((5, 20, 36)).astype(np.float32)
-    batched = orthogonalize(Tensor(x), FLAT5).asnumpy()
-    for i in range(5):
-        single = orthogonalize(Tensor(x[i]), FLAT5).asnumpy()
-        np.testing.assert_allclose(batched[i], single, atol=1e-5)
+def _max_rel(got, want):
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+# the experts of a layer's 3-D weight (gate/up pieces [E, H, F], down [E, F, H]) and square
+# projections; every schedule form (flat fp32 path with the folded norm, a preset cycle)
+@pytest.mark.parametrize("shape", [(5, 20, 36), (8, 64, 32), (8, 32, 64), (4, 48, 48), (1, 24, 40)])
+@pytest.mark.parametrize("schedule", [FLAT5, preset_schedule("polar_express", 8)])
+def test_batched_equals_per_matrix_within_rel_1e_6(shape, schedule):
+    """One batched NS (BatchMatMul, the CPU kernel) of a [batch, m, n] stack gives every
+    matrix's per-matrix NS (MatMul) within rel 1e-6 in fp32 (on CPU: bit for bit), and both
+    match the float64 numpy iteration."""
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    batched = orthogonalize(Tensor(x), schedule).asnumpy()
+    assert batched.dtype == np.float32 and batched.shape == x.shape
+    for i in range(shape[0]):
+        single = orthogonalize(Tensor(x[i]), schedule).asnumpy()
+        assert _max_rel(batched[i], single) <= 1e-6
+        assert _max_rel(single, _numpy_ns(x[i], schedule)) < 2e-5
+    assert _max_rel(batched, _numpy_ns(x, schedule)) < 2e-5
 
 
 def test_converges_to_polar_factor_with_a_convergent_tail():
