@@ -185,26 +185,46 @@ class MoE(nn.Cell):
 
     def routed_apply(self, x2d, b: int, w_router, weight1, weight2):
         """:meth:`routed` of the tokens x2d [B*S, H] of ``b`` sequences, with the router and
-        expert weights as arguments."""
-        s = self.spec
-        n = x2d.shape[0] // b
-        scores = rt.router_scores(router_logits(x2d, w_router), s.scoring_func)     # [T, E]
-        idx = rt.select_experts(scores, self.router.expert_bias, s.top_k, s.n_group, s.topk_group)
-        gate_w = rt.gate_weights(scores, idx, s.norm_topk_prob, s.routed_scaling_factor)
-        out, counts, dropped = self.experts.apply(x2d, gate_w, idx, weight1, weight2,
-                                                  s.capacity_factor, s.drop_policy,
-                                                  s.pad_tokens)
-        aux = None
-        if s.load_balancing_type != "none" and s.aux_loss_coeff > 0:
-            onehot = ops.one_hot(idx, s.num_experts, ms.Tensor(1.0, ms.float32),
-                                 ms.Tensor(0.0, ms.float32))
-            per_seq = onehot.reshape(b, n * s.top_k, s.num_experts).sum(1)       # [B, E]
-            aux = rt.aux_loss(scores, per_seq, b, n, s.top_k, s.load_balancing_type,
-                              s.aux_loss_coeff)
-        self._record(idx, counts, dropped, aux)
+        expert weights as arguments: :meth:`route`, :meth:`dispatch`, :meth:`sequence_aux`,
+        :meth:`record` (tensor x expert parallelism composes the same four on its own token
+        split, ``models/tp_model.py``)."""
+        scores, idx, gate_w = self.route(x2d, w_router)
+        out, counts, dropped = self.dispatch(x2d, gate_w, idx, weight1, weight2)
+        aux = self.sequence_aux(scores, idx, b)
+        self.record(idx, counts, dropped, aux)
         return out, aux
 
-    def _record(self, idx, counts, dropped, aux) -> None:
+    def route(self, x2d, w_router):
+        """(scores [T, E] float32, top-k expert ids [T, k], gate weights [T, k]) of the tokens
+        x2d [T, H]; every token is routed on its own (no token sees another)."""
+        s = self.spec
+        scores = rt.router_scores(router_logits(x2d, w_router), s.scoring_func)     # [T, E]
+        idx = rt.select_experts(scores, self.router.expert_bias, s.top_k, s.n_group, s.topk_group)
+        return scores, idx, rt.gate_weights(scores, idx, s.norm_topk_prob,
+                                            s.routed_scaling_factor)
+
+    def dispatch(self, x2d, gate_w, idx, weight1, weight2):
+        """(expert output [T, H], routed pairs per expert [E], dropped pairs) of routed tokens
+        (``GroupedExperts.apply`` with this layer's dispatch options)."""
+        s = self.spec
+        return self.experts.apply(x2d, gate_w, idx, weight1, weight2, s.capacity_factor,
+                                  s.drop_policy, s.pad_tokens)
+
+    def sequence_aux(self, scores, idx, b: int):
+        """The auxiliary loss of the routed tokens of ``b`` whole sequences (scores [B*S, E],
+        ids [B*S, k]), or None when the layer has none."""
+        s = self.spec
+        if s.load_balancing_type == "none" or s.aux_loss_coeff <= 0:
+            return None
+        n = scores.shape[0] // b
+        onehot = ops.one_hot(idx, s.num_experts, ms.Tensor(1.0, ms.float32),
+                             ms.Tensor(0.0, ms.float32))
+        per_seq = onehot.reshape(b, n * s.top_k, s.num_experts).sum(1)       # [B, E]
+        return rt.aux_loss(scores, per_seq, b, n, s.top_k, s.load_balancing_type,
+                           s.aux_loss_coeff)
+
+    def record(self, idx, counts, dropped, aux) -> None:
+        """Add one forward's routing to the statistics since :meth:`reset_stats`."""
         self.last_topk = ops.stop_gradient(idx)
         self.tokens_per_expert = counts if self.tokens_per_expert is None \
             else self.tokens_per_expert + counts
