@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("tpep")
     proc, seconds = launch(f"python {os.path.join(HERE, 'tpep_worker.py')} {out} "
-                           + " ".join(CASES), out / "logs", workers=WORKERS)
+                           + " ".join(CASES), out / "logs", timeout=1800, workers=WORKERS)
     if proc.returncode != 0:
         pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stderr[-2000:]}\n"
                     f"{worker_logs(out / 'logs', WORKERS)}")
