@@ -3,7 +3,7 @@
 Pure layout math: no MindSpore, no files, no communication. A piece (``sharded_checkpoint.Piece``)
 is held by every rank that differs from its holder only along the axes that replicate it
 (:func:`replicated_axes`): ``tp``, ``cp`` and ``dp`` for a replicated parameter (the split axis
-is dropped), ``tp``, ``cp`` and ``edp`` for an expert-parallel piece, and for ZeRO-1 rows the
+is dropped), ``edp`` for an expert-parallel piece, and for ZeRO-1 rows the
 ZeRO replicas (:data:`ZERO_REPLICA`) instead of ``dp``. Pipeline stages never replicate a piece.
 
 * ``remove_redundancy: False`` (upstream's default): every rank writes every piece it holds, so
@@ -24,8 +24,10 @@ __all__ = ["ZERO_REPLICA", "replicated_axes", "replica_member", "balanced_assign
 #: the pseudo-axis along which the ZeRO-1 replicas of one optimizer row block lie
 ZERO_REPLICA = "zero_replica"
 
-#: the axes whose ranks hold the same piece, by the group a parameter is split over
-_REPLICATED_OVER = {None: ("tp", "cp", "dp"), "tp": ("cp", "dp"), "ep": ("tp", "cp", "edp"),
+#: the axes whose ranks hold the same piece, by the group a parameter is split over; an expert
+#: piece: only its edp group, since ep folds over tp x cp x dp (core/parallel_dims.py: under
+#: tp x ep the ranks of a tp group may hold other experts)
+_REPLICATED_OVER = {None: ("tp", "cp", "dp"), "tp": ("cp", "dp"), "ep": ("edp",),
                     "dp_shard": ("tp", "cp", "dp_replicate")}
 
 

@@ -58,9 +58,10 @@ class ExpertPlan:
                 f"{self.expert_bytes_per_rank} bytes per rank")
 
 
-def expert_plan(cfg, dp: int) -> Optional[ExpertPlan]:
+def expert_plan(cfg, dp: int, edp: Optional[int] = None) -> Optional[ExpertPlan]:
     """The expert layout of a MoE model on ``dp`` data-parallel ranks (None without routed
-    experts); raises ConfigError as :func:`check_expert_parallel`."""
+    experts); ``edp``: the ranks holding the same experts (``ParallelDims.edp``, ``dp / ep``
+    when absent); raises ConfigError as :func:`check_expert_parallel`."""
     check_expert_parallel(cfg, dp)
     m = cfg.model
     num_experts = _routed_experts(m)
@@ -70,5 +71,5 @@ def expert_plan(cfg, dp: int) -> Optional[ExpertPlan]:
     layers = max(0, m.num_layers - m.first_k_dense_replace) + m.num_nextn_predict_layers
     per_rank = num_experts // ep
     params = layers * per_rank * 3 * m.hidden_size * m.resolved_moe_intermediate_size()
-    return ExpertPlan(ep, dp // ep, num_experts, per_rank, layers, params,
-                      params * DTYPE_BYTES[m.params_dtype])
+    return ExpertPlan(ep, dp // ep if edp is None else int(edp), num_experts, per_rank, layers,
+                      params, params * DTYPE_BYTES[m.params_dtype])

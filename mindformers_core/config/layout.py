@@ -15,14 +15,14 @@ until they are):
     data parallel          any dp, ZeRO-1 over data_parallel_shard, every shard strategy
     tensor parallel (+sp)  x data parallel with ZeRO-1 (strategies no_shard / optim)
     expert parallel        x data parallel (ep carved out of dp), ZeRO-1 (no_shard / optim)
+    tp x ep                ep folded over tp x dp (core/parallel_dims.py), ZeRO-1 over dp
     pipeline parallel      x data parallel with ZeRO-1 (no_shard / optim), 1F1B or interleaved
     context parallel       not yet
 
-The refusals in words: ``tensor_parallel`` with ``expert_parallel`` (tp x ep), with
-``pipeline_parallel`` or with a gradient/parameter-sharding strategy (tp x FSDP);
-``expert_parallel`` with ``pipeline_parallel`` or with FSDP; ``pipeline_parallel`` with
-``tensor_parallel`` (pp x tp) or with a gradient/parameter-sharding strategy (pp x FSDP);
-``context_parallel`` above 1.
+The refusals in words: ``tensor_parallel`` with ``pipeline_parallel`` (pp x tp) or with a
+gradient/parameter-sharding strategy (tp x FSDP); ``expert_parallel`` with
+``pipeline_parallel`` or with FSDP; ``pipeline_parallel`` with a gradient/parameter-sharding
+strategy (pp x FSDP); ``context_parallel`` above 1.
 """
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ LAYOUT_TABLE = (
     ("data parallel", "dp, ZeRO-1 (data_parallel_shard), optim_grads, optim_grads_params"),
     ("tensor parallel", "tp (+sequence parallel) x dp with ZeRO-1 (no_shard / optim)"),
     ("expert parallel", "ep x dp (ep divides dp) with ZeRO-1 (no_shard / optim)"),
+    ("tp x ep",
+     "tp (+sp) x ep (ep divides dp, folded over tp x dp) with ZeRO-1 (no_shard / optim)"),
     ("pipeline parallel", "pp x dp with ZeRO-1 (no_shard / optim), 1F1B or interleaved 1F1B"),
 )
 
@@ -71,12 +73,6 @@ def check_layout(dims: ParallelDims) -> None:
                           f"pipeline_parallel({dims.pp}) with parallelism.{field}({size}) is not "
                           f"implemented yet (pp x {kind}); set parallelism.{field}: 1 ({then}) "
                           f"or parallelism.pipeline_parallel: 1")
-    if dims.tp > 1 and dims.ep > 1:
-        raise _refuse("expert_parallel",
-                      f"expert_parallel({dims.ep}) with parallelism.tensor_parallel({dims.tp}) "
-                      f"is not implemented yet (tp x ep); set parallelism.expert_parallel: 1 "
-                      f"(the routed experts then run on every tp rank) or "
-                      f"parallelism.tensor_parallel: 1")
     for field, size, kind, use in (
             ("pipeline_parallel", dims.pp, "pp", "ZeRO-1 over the data-parallel ranks of each "
                                                  "stage"),
@@ -104,8 +100,7 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
         if dims.tp > 1 or dims.ep > 1 or dims.cp > 1 or _shards_grads(dims):
             raise ValueError(f"no builder for pipeline parallel with {dims.describe()}")
         return ["pipeline"]
-    if dims.cp > 1 or (dims.tp > 1 and dims.ep > 1) or \
-            (_shards_grads(dims) and (dims.tp > 1 or dims.ep > 1)):
+    if dims.cp > 1 or (_shards_grads(dims) and (dims.tp > 1 or dims.ep > 1)):
         raise ValueError(f"no builder for {dims.describe()}")
     steps = ["tensor"] if dims.tp > 1 else ["fsdp"]
     return steps + (["expert"] if dims.ep > 1 else [])

@@ -328,7 +328,7 @@ class RunConfig(Section):
         """Derived values; raises ConfigError when they do not work out."""
         dims = self.parallel_dims(world_size)
         ws, dp = dims.world, dims.dp
-        experts = expert_plan(self, dp)   # expert_parallel vs n_routed_experts and dp
+        experts = expert_plan(self, dp, dims.edp)   # expert_parallel vs n_routed_experts and dp
         tr = self.training
         base_units = dp * tr.local_batch_size
         if tr.global_batch_size % base_units != 0:

@@ -106,3 +106,12 @@ def check_tensor_parallel(cfg) -> None:
     if cfg.model.num_nextn_predict_layers:
         raise ConfigError("model.num_nextn_predict_layers",
                           MTP_TP_MESSAGE.format(n=cfg.model.num_nextn_predict_layers, tp=tp))
+    capacity = cfg.model.moe_expert_capacity_factor
+    if par.expert_parallel > 1 and capacity is not None:
+        # each tp rank dispatches its T/tp tokens (models/tp_model.py), so a capacity would drop
+        # pairs per token shard, not per micro-batch as one process does
+        raise ConfigError("parallelism.expert_parallel",
+                          f"expert_parallel({par.expert_parallel}) with parallelism."
+                          f"tensor_parallel({tp}) runs dropless only, but model."
+                          f"moe_expert_capacity_factor is {capacity}; unset it or set "
+                          f"parallelism.expert_parallel: 1")

@@ -11,15 +11,20 @@ Gradients. Rank r's expert gradient already sums the tokens of every rank of its
 (the dispatch's backward brings them back), so an expert gradient is reduced only over the
 ranks that hold the same experts, the ``edp`` group (size dp / ep; the identity for dp = ep);
 summing it over dp would add different experts together. Dense gradients are reduced over dp by
-the wrapped reducer as without EP. The global gradient norm counts each expert shard once:
+the wrapped reducer as without EP (under tp x ep the tensor-parallel reducer: dense over dp,
+the tp sums already done in the backward, models/tp_model.py). The global gradient norm
+counts each expert shard once:
 
     ||g||^2 = sum_dense ||g||^2 + AllReduce_ep( sum_local experts ||g||^2 )
+              [+ AllReduce_tp( sum_tp shards ||g||^2 ) under tp x ep]
 
-(``shard_spec.global_sq_norm``). Token counts, loss sums, the stop flag, QK-Clip's MAX, the
-logged aux losses (means over every rank's micro-batches), dropped pairs and the MoE loads go
-over every rank: each rank routes its own tokens with
-the full router, so the summed tokens per expert are the global ones and every rank applies
-the same expert-bias update to its (replicated) router.
+(``shard_spec.global_sq_norm``; ``specs`` is every layout of the model). Token counts, loss
+sums, the stop flag and QK-Clip's MAX go through the wrapped reducer as without EP; the logged
+aux losses (means over every micro-batch), dropped pairs and the MoE loads are summed over the
+data-parallel ranks (every rank without tp; a tp group routes one micro-batch, each of its
+ranks recording all of it): each rank routes with the full router, so the summed tokens per
+expert are the global ones and every rank applies the same expert-bias update to its
+(replicated) router.
 
 Optimizer state. ZeRO-1 (``data_parallel_shard``) shards dense state over the dp ranks as
 without EP; expert weights keep their whole state on their rank (``ZeroSharding.keep_whole``):
@@ -50,7 +55,8 @@ class ExpertParallelReducer:
     def __init__(self, inner, comm: GroupCommunicator, specs: Dict[str, ShardSpec]):
         self.inner = inner
         self.comm = comm
-        self.specs = dict(specs)
+        self.specs = dict(specs)   # the model's layouts: experts over ep, any tp splits
+        self.experts = frozenset(n for n, s in self.specs.items() if s.group == "ep")
         self.world_size = inner.world_size
         self.rank = inner.rank
         self._specs: Optional[List[ShardSpec]] = None
@@ -99,7 +105,7 @@ class ExpertParallelReducer:
         """The wrapped reducer's ZeRO sharding, with expert weights kept whole."""
         sharding = self.inner.optimizer_sharding(cfg)
         if sharding is not None:
-            sharding.keep_whole = frozenset(sharding.keep_whole | set(self.specs))
+            sharding.keep_whole = frozenset(sharding.keep_whole | self.experts)
         return sharding
 
     def mean_over_ranks(self, value: float) -> float:
@@ -118,7 +124,9 @@ class ExpertParallelReducer:
             return
         rows = [[0.0 if m.aux_sum is None else float(m.aux_sum.asnumpy()), m.num_forwards,
                  m.dropped] for m in layers]
-        total = self.inner.comm.all_reduce_sum(np.array(rows, np.float32))
+        # over dp: the ranks that routed other micro-batches (the whole world without tp; the
+        # ranks of a tp group recorded the same micro-batch, models/tp_model.py)
+        total = self.comm.all_reduce(np.array(rows, np.float32), "dp")
         for m, (aux_sum, forwards, dropped) in zip(layers, total):
             if m.aux_sum is not None:
                 m.aux_sum = ms.Tensor(np.float32(aux_sum))

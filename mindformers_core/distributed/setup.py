@@ -100,9 +100,10 @@ class ParallelRun:
             self.reducer, model = apply_fsdp(self.cfg, self.reducer, model, self.group_comm)
         if "expert" in self.steps:   # the model keeps its experts (models/expert_parallel.py)
             from .ep_reduce import ExpertParallelReducer
-            specs = model.apply_expert_parallel(self.group_comm)
+            model.apply_expert_parallel(self.group_comm)
+            # every layout of the model (tp and ep splits): the norm counts each over its group
             self.reducer = self._expert = ExpertParallelReducer(self.reducer, self.group_comm,
-                                                                specs)
+                                                                model.shard_specs())
         return model
 
     def attach(self, model) -> None:

@@ -15,6 +15,8 @@ and says how it is split (``model.shard_specs() -> {name: ShardSpec}``; absent =
   of the local shard: the local layout is the full one restricted to ``N / tp`` heads);
   the logits are MAX-reduced over the data-parallel group only (the tp ranks hold different
   heads).
+* under tp x ep the routed experts (``keep_whole``: split over ep, not tp) keep their whole
+  local state and are orthogonalised per local expert with no exchange (no level splits them);
 * ``data_parallel_shard`` != 1 adds ZeRO-1 over the dp group on top of the TP shards
   (``zero.ZeroSharding`` over a ``group_view.GroupView`` of the dp group; Muon's exchange levels are
   ``[tp, ZeRO rows of the TP shard]``).
@@ -103,13 +105,18 @@ class TensorParallelSharding:
         self.specs, self.comm, self.p2p = dict(specs), comm, p2p
         self.dp = GroupView(comm, "dp")
         self.data_parallel_shard = data_parallel_shard
+        #: names whose state stays whole on their rank, not tp-split nor ZeRO-sharded: the
+        #: experts under tp x ep (``ep_reduce.ExpertParallelReducer.optimizer_sharding``)
+        self.keep_whole = frozenset()
 
     def build(self, cls: type, groups, kwargs: Dict[str, Any]):
         """``cls(groups, **kwargs)`` over the local shards (ZeRO-1 over dp when asked)."""
         from ..optim.muon import Muon
         from .zero import ZeroSharding
         params = [p for g in groups for p in g["params"]]
-        specs = check_shard_specs(self.specs, params, self.comm.mesh.size("tp"))
+        specs = check_shard_specs({n: s for n, s in self.specs.items()
+                                   if n not in self.keep_whole}, params,
+                                  self.comm.mesh.size("tp"))
         kwargs = dict(kwargs)
         is_muon = issubclass(cls, Muon)
         if is_muon:
@@ -118,7 +125,7 @@ class TensorParallelSharding:
             if model is not None:
                 kwargs.setdefault("max_logits_reducer", LocalHeadLogits(
                     local_heads(model.get_gpt_transformer_config(), specs), self.dp))
-        zero = ZeroSharding(self.dp, self.data_parallel_shard)
+        zero = ZeroSharding(self.dp, self.data_parallel_shard, keep_whole=self.keep_whole)
         opt = zero.build(cls, groups, kwargs)
         if is_muon:
             tp = SpecLevel({opt.index_of(n): s for n, s in specs.items()}, self.comm, "tp",

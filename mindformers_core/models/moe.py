@@ -187,39 +187,52 @@ class MoE(nn.Cell):
         return self.routed_apply(x.reshape(b * n, hdim), b, self.router.weight,
                                  self.experts.weight1, self.experts.weight2)
 
-    def _route(self, x2d, w_router, expert_bias):
-        """(scores [T, E], selected experts [T, k], gate weights [T, k])."""
-        s = self.spec
-        scores = rt.router_scores(router_logits(x2d, w_router), s.scoring_func)     # [T, E]
-        idx = rt.select_experts(scores, expert_bias, s.top_k, s.n_group, s.topk_group)
-        return scores, idx, rt.gate_weights(scores, idx, s.norm_topk_prob,
-                                            s.routed_scaling_factor)
-
     @property
     def has_aux(self) -> bool:
         return self.spec.load_balancing_type != "none" and self.spec.aux_loss_coeff > 0
 
-    def _aux(self, scores, idx, b: int, n: int):
+    def routed_apply(self, x2d, b: int, w_router, weight1, weight2):
+        """:meth:`routed` of the tokens x2d [B*S, H] of ``b`` sequences, with the router and
+        expert weights as arguments: :meth:`route`, :meth:`dispatch`, :meth:`sequence_aux`,
+        :meth:`record` (tensor x expert parallelism composes the same four on its own token
+        split, ``models/tp_model.py``; :meth:`static_apply` the first and third with the
+        static dispatch)."""
+        scores, idx, gate_w = self.route(x2d, w_router)
+        out, counts, dropped = self.dispatch(x2d, gate_w, idx, weight1, weight2)
+        aux = self.sequence_aux(scores, idx, b)
+        self.record(idx, counts, dropped, aux)
+        return out, aux
+
+    def route(self, x2d, w_router, expert_bias=None):
+        """(scores [T, E] float32, top-k expert ids [T, k], gate weights [T, k]) of the tokens
+        x2d [T, H]; every token is routed on its own (no token sees another). ``expert_bias``:
+        the router's own unless given (a compiled graph takes it as an input)."""
+        s = self.spec
+        bias = self.router.expert_bias if expert_bias is None else expert_bias
+        scores = rt.router_scores(router_logits(x2d, w_router), s.scoring_func)     # [T, E]
+        idx = rt.select_experts(scores, bias, s.top_k, s.n_group, s.topk_group)
+        return scores, idx, rt.gate_weights(scores, idx, s.norm_topk_prob,
+                                            s.routed_scaling_factor)
+
+    def dispatch(self, x2d, gate_w, idx, weight1, weight2):
+        """(expert output [T, H], routed pairs per expert [E], dropped pairs) of routed tokens
+        (``GroupedExperts.apply`` with this layer's dispatch options)."""
+        s = self.spec
+        return self.experts.apply(x2d, gate_w, idx, weight1, weight2, s.capacity_factor,
+                                  s.drop_policy, s.pad_tokens)
+
+    def sequence_aux(self, scores, idx, b: int):
+        """The auxiliary loss of the routed tokens of ``b`` whole sequences (scores [B*S, E],
+        ids [B*S, k]), or None when the layer has none."""
         s = self.spec
         if not self.has_aux:
             return None
+        n = scores.shape[0] // b
         onehot = ops.one_hot(idx, s.num_experts, ms.Tensor(1.0, ms.float32),
                              ms.Tensor(0.0, ms.float32))
-        per_seq = onehot.reshape(b, n * s.top_k, s.num_experts).sum(1)           # [B, E]
+        per_seq = onehot.reshape(b, n * s.top_k, s.num_experts).sum(1)       # [B, E]
         return rt.aux_loss(scores, per_seq, b, n, s.top_k, s.load_balancing_type,
                            s.aux_loss_coeff)
-
-    def routed_apply(self, x2d, b: int, w_router, weight1, weight2):
-        """:meth:`routed` of the tokens x2d [B*S, H] of ``b`` sequences, with the router and
-        expert weights as arguments."""
-        s = self.spec
-        scores, idx, gate_w = self._route(x2d, w_router, self.router.expert_bias)
-        out, counts, dropped = self.experts.apply(x2d, gate_w, idx, weight1, weight2,
-                                                  s.capacity_factor, s.drop_policy,
-                                                  s.pad_tokens)
-        aux = self._aux(scores, idx, b, x2d.shape[0] // b)
-        self.record(idx, counts, dropped, aux)
-        return out, aux
 
     @property
     def static_ok(self) -> bool:
@@ -236,21 +249,22 @@ class MoE(nn.Cell):
         s = self.spec
         b, n, hdim = x.shape
         x2d = x.reshape(b * n, hdim)
-        scores, idx, gate_w = self._route(x2d, w_router, expert_bias)
+        scores, idx, gate_w = self.route(x2d, w_router, expert_bias)
         p = self.experts.precision
         out, counts, dropped = static_expert_ffn(p.cast(x2d), gate_w, idx, p.cast(weight1),
                                                  p.cast(weight2), s.ffn, s.capacity_factor,
                                                  s.drop_policy, s.pad_tokens)
         if self.shared_experts is not None:
             out = out + self.shared_experts.apply(x2d, *shared_ws)
-        aux = self._aux(scores, idx, b, n)
+        aux = self.sequence_aux(scores, idx, b)
         if aux is None:
             aux = ops.zeros((), ms.float32)
         return out.reshape(b, n, hdim).astype(x.dtype), aux, idx, counts, dropped
 
     def record(self, idx, counts, dropped, aux) -> None:
-        """Add one forward's statistics (``routed_apply`` does; callers of
-        ``static_apply`` pass its outputs, aux None when ``has_aux`` is False)."""
+        """Add one forward's routing to the statistics since :meth:`reset_stats` (``routed_apply``
+        does; callers of ``static_apply`` pass its outputs, aux None when ``has_aux`` is
+        False)."""
         self.last_topk = ops.stop_gradient(idx)
         self.tokens_per_expert = counts if self.tokens_per_expert is None \
             else self.tokens_per_expert + counts

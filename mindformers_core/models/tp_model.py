@@ -26,6 +26,32 @@ process exactly (the aux loss needs whole sequences, which a token shard does no
 their gradient is complete on every rank. The cost is the routed-expert compute repeated tp
 times; expert parallelism is the way to split it.
 
+Tensor x expert parallel (the experts split over ep after this cut,
+``models/expert_parallel.py``; ep folded over the ranks of a stage, core/parallel_dims.py).
+The ranks of one tp group hold the same micro-batch, each its own ``T/tp`` tokens, so the
+routed block runs on those local tokens, with no gather:
+
+    scores, ids, gates = route(x_local; CopyToGroup(router))   per token, as one process
+    out_local          = dispatch(x_local) over the ep group   only the local experts compute
+    aux                = sequence_aux(GatherReplicated(scores), all_gather(ids))
+    h_local           += out_local                             (+ the shared experts as above)
+
+Every token of the world is dispatched exactly once (by the rank that holds it in the sequence
+split), whether the ep group is the tp group (world 4, tp 2 x ep 2) or straddles data-parallel
+ranks (ep 4 over tp 2 x dp 2), so one code path serves every folding. The cheaper-looking
+alternative when ep == tp (every rank runs its local experts on all T tokens, then a sum over
+ep) computes each expert on tp times the tokens this split sends it and holds only for that
+one folding. Gradients: a token's expert output (and its gate) is computed for the rank that
+holds the token, so its input gradient is complete there; the aux loss is computed whole and
+identically on every tp rank (``GatherReplicated``: backward keeps the local rows); the
+router's local gradient covers the local tokens only, hence ``CopyToGroup`` (tp sum). The
+expert weights' gradient already sums every token sent to them over the ep group (the
+exchange's backward) and is then reduced over edp (``distributed/ep_reduce.py``); never over
+tp, whose ranks may hold other experts. The expert loads and the aux loss recorded are the
+micro-batch's (the gathered ids), the same on every tp rank, as without ep. An expert capacity
+would drop pairs per ``T/tp`` tokens instead of per micro-batch, so it is refused with tp x
+ep (config/tensor_parallel_rules.py).
+
 Gradients of replicated parameters. With sequence parallelism every replicated parameter
 outside the MoE block has a *partial* local gradient: a norm gain sees only this rank's tokens,
 and MLA's down-projections and their norms, replicated inside the tensor-parallel region, feed
@@ -195,12 +221,30 @@ class TensorParallelRunner:
             return h + self.scatter(mlp(self.gather(x), *layer.mlp.weights())), max_logits, None
         b, _, s, _ = tables[-1].shape
         moe = layer.mlp
-        out, aux = moe.routed(self.gather_replicated(x).reshape(b, s, x.shape[-1]))
-        h = h + self.split(out.astype(x.dtype))
+        if moe.expert_parallel > 1:
+            out, aux = self._routed_split(moe, x, b)
+            h = h + out.astype(x.dtype)
+        else:
+            out, aux = moe.routed(self.gather_replicated(x).reshape(b, s, x.shape[-1]))
+            h = h + self.split(out.astype(x.dtype))
         if moe.shared_experts is not None:
             mlp = self._mlp or moe.shared_experts.apply
             h = h + self.scatter(mlp(self.gather(x), *moe.shared_experts.weights()))
         return h, max_logits, aux
+
+    def _routed_split(self, moe, x, b: int):
+        """(routed output of this rank's tokens [T/tp, H], the micro-batch's aux loss) with
+        the routed experts split over ep (module docstring, tensor x expert parallel)."""
+        w_router = self.grad_sum(moe.router.weight)       # this rank's tokens: a tp share
+        scores, idx, gate_w = moe.route(x, w_router)
+        out, _, dropped = moe.dispatch(x, gate_w, idx, moe.experts.weight1, moe.experts.weight2)
+        # the micro-batch's routing on every tp rank, as one process records it
+        ids = self.comm.all_gather(idx.asnumpy().astype(np.float32), self.group, 0)
+        ids = np.rint(ids).astype(np.int32)
+        counts = np.bincount(ids.reshape(-1), minlength=moe.num_experts).astype(np.float32)
+        aux = moe.sequence_aux(self.gather_replicated(scores), ms.Tensor(ids), b)
+        moe.record(ms.Tensor(ids), ms.Tensor(counts), dropped, aux)
+        return out, aux
 
     def head(self, h, labels, loss_mask):
         """(loss_sum, n_tokens) of the micro-batch (the same on every tp rank): final norm on

@@ -8,7 +8,6 @@ Writes ``OUT_DIR/CASE/`` (the run directory, rank 0's metrics.jsonl) and
 optimizer-state shapes of the expert weights, the router's expert bias) and
 ``OUT_DIR/CASE.rank{r}.npz`` (this rank's final expert weights).
 """
-import json
 import os
 import sys
 
@@ -22,6 +21,7 @@ def main(out_dir, cases, global_batch=4):
     from mindformers_core.distributed.comm import init_distributed
     from mindformers_core.trainer import Trainer
     from ep_case import case_config
+    from rank_layout import save_layout
 
     ms.runtime.launch_blocking()
     comm = init_distributed()
@@ -31,32 +31,19 @@ def main(out_dir, cases, global_batch=4):
         trainer = Trainer(case_config(name, 2, global_batch), os.path.join(out_dir, name),
                           overwrite=True)
         trainer.train()
-        specs = trainer.model.shard_specs()
         from mindformers_core.models.expert_parallel import shard_experts
         try:   # a model is split once
             shard_experts(trainer.model, trainer.parallel.group_comm)
             again = None
         except ValueError as exc:
             again = str(exc)
-        params = {p.name: p for p in trainer.model.get_parameters()}
         # the expert-parallel communicator's counters: logical bytes (what the algorithm
         # moves) and the backend's wire bytes (the CPU emulation's AllReduce)
         ep_comm = next(cell.ep_comm for _, cell in trainer.model.cells_and_names()
                        if getattr(cell, "ep_comm", None) is not None)
-        state = {k: list(v.shape) for k, v in trainer.optimizer.state_dict().items()
-                 if hasattr(v, "shape") and any(k.endswith(n) for n in specs)}
-        import numpy as np
-        np.savez(os.path.join(out_dir, f"{name}.rank{comm.rank}.npz"),
-                 **{k: params[k].asnumpy() for k in specs})
-        with open(os.path.join(out_dir, f"{name}.rank{comm.rank}.json"), "w") as fh:
-            json.dump({"specs": {k: [list(s.full_shape), s.split_dim, s.group, s.num_shards]
-                                 for k, s in specs.items()},
-                       "local_shapes": {k: list(params[k].shape) for k in specs},
-                       "state_shapes": state, "split_again": again,
-                       "ep_comm": {"logical": ep_comm.stats.to_dict(),
-                                   "wire": ep_comm.transport.to_dict()},
-                       "expert_bias": {k: params[k].asnumpy().tolist() for k in params
-                                       if k.endswith("expert_bias")}}, fh)
+        save_layout(out_dir, name, comm.rank, trainer, split_again=again,
+                    ep_comm={"logical": ep_comm.stats.to_dict(),
+                             "wire": ep_comm.transport.to_dict()})
     comm.barrier()
 
 

@@ -8,7 +8,6 @@ Also checked: each rank holds its 2 whole experts (the single-process experts' h
 end of the run), records their ShardSpecs, keeps their optimizer state whole, applies the
 single-process expert-bias update, and logs the tokens routed to each EP rank.
 """
-import json
 import os
 import sys
 
@@ -20,6 +19,7 @@ sys.path.insert(0, HERE)
 
 from ep_case import CASES, STEPS, reference  # noqa: E402
 from msrun_util import launch, read_metrics, rel_err  # noqa: E402
+from rank_layout import load_layouts, single_process  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 EXPERTS = ("decoder.layers.1.mlp.experts.weight1", "decoder.layers.1.mlp.experts.weight2")
@@ -37,11 +37,8 @@ def ep_runs(tmp_path_factory):
         pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stderr[-2000:]}\n{logs}")
     res = {}
     for name in CASES:
-        for rank in (0, 1):
-            with open(out / f"{name}.rank{rank}.json") as fh:
-                meta = json.load(fh)
-            z = np.load(out / f"{name}.rank{rank}.npz")
-            res[name, rank] = (meta, {k: z[k] for k in z.files})
+        for rank, layout in load_layouts(out, name, 2).items():
+            res[name, rank] = layout
         res[name] = read_metrics(out / name)
     return res
 
@@ -49,18 +46,11 @@ def ep_runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
     """One process per optimizer (the comm strategy is irrelevant on one rank)."""
-    import mindspore as ms
-    from mindformers_core.trainer import Trainer
     from ep_case import case_config
     out = {}
     for name in sorted({reference(c) for c in CASES}):
-        run_dir = tmp_path_factory.mktemp(f"single_{name}")
-        ms.set_context(mode=ms.PYNATIVE_MODE)
-        trainer = Trainer(case_config(name, 1), str(run_dir), overwrite=True)
-        trainer.train()
-        assert trainer.model.shard_specs() == {}
-        params = {p.name: p.asnumpy().copy() for p in trainer.model.get_parameters()}
-        out[name] = {"metrics": read_metrics(run_dir), "params": params}
+        out[name] = single_process(case_config(name, 1), tmp_path_factory.mktemp(f"single_{name}"))
+        assert out[name]["model"].shard_specs() == {}
     return out
 
 

@@ -91,6 +91,8 @@ def test_every_point_is_accepted_with_a_builder_or_refused_naming_a_parallelism_
     (2, dict(model="gpt", tp=2), ["tensor"]),
     (4, dict(model="gpt", tp=2), ["tensor"]),
     (4, dict(model="deepseek_v3", ep=2), ["fsdp", "expert"]),
+    (4, dict(model="deepseek_v3", tp=2, ep=2), ["tensor", "expert"]),
+    (8, dict(model="deepseek_v3", tp=2, ep=2), ["tensor", "expert"]),
     (2, dict(model="gpt", strategy="optim_grads_params"), ["fsdp"]),
     (2, dict(model="gpt", pp=2, vpp=2), ["pipeline"]),
     (4, dict(model="gpt", pp=2, global_batch=8), ["pipeline"]),
@@ -102,7 +104,8 @@ def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
 
 
 @pytest.mark.parametrize("world,point,field", [
-    (4, dict(model="deepseek_v3", tp=2, ep=2), "parallelism.expert_parallel"),
+    (4, dict(model="deepseek_v3", tp=2, ep=2, strategy="optim_grads"),
+     "parallelism.data_parallel_shard_strategy"),
     (4, dict(model="gpt", tp=2, strategy="optim_grads_params"),
      "parallelism.data_parallel_shard_strategy"),
     (4, dict(model="deepseek_v3", ep=2, strategy="optim_grads"),
@@ -134,7 +137,8 @@ def test_data_parallel_shard_above_the_data_parallel_size_is_an_error(monkeypatc
 CLI_POINTS = [
     (4, "configs/muon_deepseek_v3_tiny.yaml", ["parallelism.tensor_parallel=2",
                                                "parallelism.sequence_parallel=true",
-                                               "parallelism.expert_parallel=2"]),
+                                               "parallelism.expert_parallel=2",
+                                               "model.moe_expert_capacity_factor=1.0"]),
     (4, "configs/markov_check.yaml", ["parallelism.tensor_parallel=2",
                                       "parallelism.sequence_parallel=true",
                                       "parallelism.data_parallel_shard_strategy="

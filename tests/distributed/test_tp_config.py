@@ -102,6 +102,19 @@ def test_muon_under_tp_is_accepted_and_mtp_refused(world2):
         dsv3_adamw(TP2 + ["model.moe_shared_expert_intermediate_size=33"])
 
 
+def test_tp_x_ep_is_accepted_dropless_and_refused_with_a_capacity(monkeypatch):
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    monkeypatch.setenv("MS_WORKER_NUM", "4")
+    ep2 = TP2 + ["parallelism.expert_parallel=2", "training.global_batch_size=8"]
+    plan = load_config(DSV3, overrides=ep2).plan()
+    # world 4 = tp 2 x dp 2; ep 2 folded over tp x dp: 2 ranks hold the same experts
+    assert plan.tensor_parallel == 2 and plan.experts.expert_data_parallel == 2
+    with pytest.raises(ConfigError, match=r"^parallelism\.expert_parallel: expert_parallel\(2\) "
+                                          r"with parallelism\.tensor_parallel\(2\) runs dropless "
+                                          r"only, but model\.moe_expert_capacity_factor is 1\.0"):
+        load_config(DSV3, overrides=ep2 + ["model.moe_expert_capacity_factor=1.0"])
+
+
 def test_whole_model_jit_and_recompute_under_tp_are_refused(world2):
     with pytest.raises(ConfigError, match=r"^training\.jit: model compiles the whole forward as "
                                           r"one graph, which cannot hold the tensor-parallel "

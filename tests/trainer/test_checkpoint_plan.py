@@ -17,7 +17,7 @@ ZERO = Piece((4,), (2,), (2,), zero_rows=(2, 4), zero_shards=2, zero_index=1)
 def test_replicated_axes_by_layout():
     assert replicated_axes(REP) == ("tp", "cp", "dp")
     assert replicated_axes(TP) == ("cp", "dp")
-    assert replicated_axes(EP) == ("tp", "cp", "edp")
+    assert replicated_axes(EP) == ("edp",)   # ep folds over tp x cp x dp
     assert replicated_axes(FSDP) == ("tp", "cp", "dp_replicate")
     assert replicated_axes(Piece((4, 2), (2, 0), (2, 2), 0, "dp", 1, 2)) == ("tp", "cp")
     assert replicated_axes(ZERO) == ("tp", "cp", ZERO_REPLICA)
