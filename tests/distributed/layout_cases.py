@@ -130,6 +130,7 @@ def _groups():
         "mp_ckpt": Group("mp_ckpt", prepare_mp_ckpt, [
             JobCase("mp_ckpt", 2, "layout_cases:mp_ckpt_job", ("{dir}",))]),
         "eval_tp": Group("eval_tp", None, [JobCase("eval_tp", 2, "eval_tp_worker:main")]),
+        "eval_dp": Group("eval_dp", None, [JobCase("eval_dp", 2, "eval_dp_case:run", (2,))]),
     }
     for group in g.values():
         for case in group.cases:
