@@ -144,9 +144,11 @@ class LayoutMatrix:
     def prepared(self, group: str) -> dict:
         if group not in self._prepared:
             g = self.groups[group]
-            out = os.path.join(self.base, f"prepare_{group}")
-            os.makedirs(out, exist_ok=True)
-            self._prepared[group] = g.prepare(out) if g.prepare else {}
+            self._prepared[group] = {}
+            if g.prepare is not None:
+                out = os.path.join(self.base, f"prepare_{group}")
+                os.makedirs(out, exist_ok=True)
+                self._prepared[group] = g.prepare(out)
         return self._prepared[group]
 
     def launch(self, world: int) -> dict:
