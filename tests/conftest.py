@@ -23,3 +23,20 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("ci", derandomize=True, database=None)
 settings.register_profile("explore", max_examples=3000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# The msrun layout-matrix harness (tests/distributed/layout_matrix.py): one launch per world
+# size for the cases of every collected module that names its groups in LAYOUT_GROUPS.
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def layout_matrix(request, tmp_path_factory):
+    for sub in ("models", "distributed"):   # the case and worker modules
+        path = os.path.join(ROOT, "tests", sub)
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    from layout_cases import groups
+    from layout_matrix import LayoutMatrix, needed_groups
+    return LayoutMatrix(groups(), needed_groups(request.session.items),
+                        str(tmp_path_factory.mktemp("layout_matrix")))

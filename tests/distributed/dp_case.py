@@ -69,6 +69,8 @@ FSDP_CASES = {
     "adamw_gpt_optim_grads_params_divided": ("adamw", "gpt", "optim_grads_params", None),
 }
 DIVIDED_SUFFIX = "_divided"
+#: the FSDP cases that shard (the others are their 1-process references)
+FSDP_SHARDED = [n for n, (_, _, strategy, _) in FSDP_CASES.items() if strategy != "optim"]
 
 
 def case_spec(name: str):

@@ -16,11 +16,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 
 
-def main():
+def main(out):
     import mindspore as ms
     ms.set_context(mode=ms.PYNATIVE_MODE)
     from eval_tp_case import CASES, EP, TP, run, untrained_model, untrained_sample
-    out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     for name in CASES:
         trainer, text = run(name, os.path.join(out, name), TP)
@@ -45,4 +44,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1])

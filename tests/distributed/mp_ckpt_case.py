@@ -36,5 +36,17 @@ def case_config(name: str, out_dir: str, distributed: bool, overrides=()):
     raise ValueError(f"unknown case {name!r}; expected one of {CASES}")
 
 
+def train(name, out, distributed=False, overrides=()):
+    """Case ``name`` trained into ``out`` (one process unless ``distributed``)."""
+    import io
+    import mindspore as ms
+    from mindformers_core.trainer import Trainer
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    trainer = Trainer(case_config(name, str(out), distributed, overrides), str(out),
+                      stream=io.StringIO())
+    trainer.train()
+    return trainer
+
+
 def checkpoint_at(out_dir: str, step: int) -> str:
     return os.path.join(out_dir, "checkpoint", f"mindformers_core_step{step:08d}.safetensors")

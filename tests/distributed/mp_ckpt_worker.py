@@ -5,7 +5,7 @@
 Case CASE of ``mp_ckpt_case.CASES`` trains from scratch into ``OUT_DIR/CASE`` (every rank
 writes its part of the checkpoints at steps 4 and 6); then, with SINGLE_CKPT,
 ``OUT_DIR/CASE_resumed`` resumes that one-process checkpoint under the same layout to the end.
-One case per launch: each feature sets up its own groups for the process.
+The layout matrix (layout_cases.mp_ckpt_job) runs every case in turn in the same workers.
 """
 import os
 import sys

@@ -45,16 +45,10 @@ def rel_err(got, want) -> float:
     return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-12))
 
 
-def launch_cases(cmd: str, out_dir, names, workers: int = 2):
-    """``(CompletedProcess, {(case, rank): (arrays, meta)})``: launch ``cmd``, fail the test with
-    the workers' logs unless it exits 0, then read each rank's ``{case}.rank{r}.npz`` / ``.json``
-    from ``out_dir`` (what tests/distributed/dp_worker.py writes)."""
+def read_cases(out_dir, names, workers: int = 2):
+    """``{(case, rank): (arrays, meta)}``: each rank's ``{case}.rank{r}.npz`` / ``.json`` in
+    ``out_dir`` (what tests/distributed/dp_worker.py and cp_worker.py write)."""
     import numpy as np
-    import pytest
-    proc, _ = launch(cmd, os.path.join(out_dir, "logs"), workers=workers)
-    if proc.returncode != 0:
-        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                    f"{proc.stderr[-2000:]}\n{worker_logs(os.path.join(out_dir, 'logs'))}")
     results = {}
     for name in names:
         for rank in range(workers):
@@ -62,4 +56,4 @@ def launch_cases(cmd: str, out_dir, names, workers: int = 2):
             z = np.load(base + ".npz")
             with open(base + ".json") as fh:
                 results[name, rank] = ({k: z[k] for k in z.files}, json.load(fh))
-    return proc, results
+    return results

@@ -1,4 +1,5 @@
-"""Context-parallel core attention on 4 msrun CPU workers against one process (one launch).
+"""Context-parallel core attention on 4 msrun CPU workers against one process (case ``cp``
+of the layout matrix's world-4 launch).
 
 ``cp_worker.py`` runs ring (colossal) and ulysses on the cp groups {0, 1} {2, 3} (cp 2 x dp 2)
 and ring, ulysses and hybrid (ulysses degree 2) on cp 4, for GPT-style and MLA-style heads.
@@ -20,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from cp_worker import B, CASES, N, S, SHAPES  # noqa: E402
-from msrun_util import launch_cases, rel_err  # noqa: E402
+from msrun_util import read_cases, rel_err  # noqa: E402
 
 from mindformers_core.distributed import cp_layout  # noqa: E402
 
@@ -34,12 +35,13 @@ def tol(case):
     return TOL_FP16 if case.endswith("fp16") else TOL
 
 
+LAYOUT_GROUPS = ("cp",)
+
+
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cp")
-    cmd = f"python {os.path.join(HERE, 'cp_worker.py')} {out}"
-    _, res = launch_cases(cmd, str(out), CASES, workers=WORKERS)
-    return res
+def results(layout_matrix):
+    """Case ``cp`` of the world-4 launch of the layout matrix (layout_cases.py)."""
+    return read_cases(layout_matrix.case_dir("cp"), CASES, workers=WORKERS)
 
 
 def cp_groups(results, case):

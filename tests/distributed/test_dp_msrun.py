@@ -2,10 +2,11 @@
 
 Two msrun launches, both through scripts/msrun_launcher.sh (6-argument form):
 
-A. the fault test: the real Trainer on 2 workers (quickstart model, sharded AdamW state,
+A. (its own launch, the layout matrix's ``prepare`` of group ``dp``) the fault test: the real Trainer on 2 workers (quickstart model, sharded AdamW state,
    checkpoints every 2 steps); rank 1 SIGKILLs itself in step 5. The launcher must end the
    job at once, exit non-zero and name rank 1; the checkpoint of step 4 is complete.
-B. every case of ``dp_case.CASES`` for 10 steps (AdamW and Muon, optimizer state replicated
+B. (case ``dp`` of the world-2 launch of the layout matrix, layout_cases.py) every case of
+   ``dp_case.CASES`` for 10 steps (AdamW and Muon, optimizer state replicated
    ``data_parallel_shard: 1`` and sharded -1, both Muon comm strategies, and AdamW with each
    rank accumulating 2 micro-batches), then the resume of run A from its last checkpoint on 2
    workers to the end (step 6).
@@ -19,6 +20,7 @@ rank (half of one rank's when sharded), and the Newton-Schulz work split of
 import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,31 +28,26 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from dp_case import CASES, STEPS  # noqa: E402
-from msrun_util import launch, launch_cases, read_metrics, rel_err  # noqa: E402
+from layout_cases import KILL_AT  # noqa: E402
+from msrun_util import read_cases, read_metrics, rel_err  # noqa: E402
 from trainer_case import STEPS as TRAINER_STEPS  # noqa: E402
 
-KILL_AT = 5
-
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+LAYOUT_GROUPS = ("dp",)
 
 
 @pytest.fixture(scope="module")
-def killed_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("killed")
-    proc, elapsed = launch(f"python {os.path.join(HERE, 'kill_worker.py')} {out} {KILL_AT}",
-                           out / "logs")
-    return {"proc": proc, "elapsed": elapsed, "out": out}
+def killed_run(layout_matrix):
+    run = layout_matrix.prepared("dp")
+    return dict(run, out=Path(run["out"]))
 
 
 @pytest.fixture(scope="module")
-def dp_results(tmp_path_factory, killed_run):
-    out = tmp_path_factory.mktemp("dp")
-    resumed = out / "resumed"
-    cmd = (f"python {os.path.join(HERE, 'dp_worker.py')} {out} " + " ".join(CASES)
-           + f" --resume {killed_run['out'] / 'checkpoint'} {resumed}")
-    proc, results = launch_cases(cmd, out, CASES)
-    return {"results": results, "stdout": proc.stdout, "log_dir": out / "logs",
-            "resumed": resumed}
+def dp_results(layout_matrix):
+    out = Path(layout_matrix.case_dir("dp"))
+    launch = layout_matrix.launch(2)
+    return {"results": read_cases(out, CASES), "stdout": launch["proc"].stdout,
+            "log_dir": Path(launch["out"]) / "logs", "resumed": out / "resumed"}
 
 
 @pytest.fixture(scope="module")

@@ -18,23 +18,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from ep_case import CASES, STEPS, reference  # noqa: E402
-from msrun_util import launch, read_metrics, rel_err  # noqa: E402
+from msrun_util import read_metrics, rel_err  # noqa: E402
+from pathlib import Path  # noqa: E402
 from rank_layout import load_layouts, single_process  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+LAYOUT_GROUPS = ("ep",)
 EXPERTS = ("decoder.layers.1.mlp.experts.weight1", "decoder.layers.1.mlp.experts.weight2")
 BIAS = "decoder.layers.1.mlp.router.expert_bias"
 
 
 @pytest.fixture(scope="module")
-def ep_runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ep")
-    proc, _ = launch(f"python {os.path.join(HERE, 'ep_worker.py')} {out} " + " ".join(CASES),
-                     out / "logs")
-    if proc.returncode != 0:
-        logs = "".join(open(out / "logs" / f).read()[-3000:] for f in
-                       ("worker_0.log", "worker_1.log") if (out / "logs" / f).exists())
-        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stderr[-2000:]}\n{logs}")
+def ep_runs(layout_matrix):
+    """Case ``ep2`` of the layout matrix's world-2 launch (layout_cases.py)."""
+    out = Path(layout_matrix.case_dir("ep2"))
     res = {}
     for name in CASES:
         for rank, layout in load_layouts(out, name, 2).items():
@@ -122,12 +119,9 @@ def test_logs_the_tokens_of_each_ep_rank(ep_runs):
 
 # -- 4 ranks: dp 4 = ep 2 x edp 2, the expert gradients reduced over the edp replicas ----------
 @pytest.fixture(scope="module")
-def edp_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("edp")
-    proc, _ = launch(f"python {os.path.join(HERE, 'ep_worker.py')} {out} adamw --global-batch 8",
-                     out / "logs", workers=4)
-    if proc.returncode != 0:
-        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+def edp_run(layout_matrix):
+    """Case ``ep2_edp2`` of the world-4 launch: ep_worker's ``adamw`` at global batch 8."""
+    out = Path(layout_matrix.case_dir("ep2_edp2"))
     ranks = [np.load(out / f"adamw.rank{r}.npz") for r in range(4)]
     return {"metrics": read_metrics(out / "adamw"), "experts": ranks}
 

@@ -1,5 +1,5 @@
 """Held-out evaluation and greedy generation under tensor parallel 2 (sequence parallel), on
-2 msrun workers in one launch (tests/distributed/eval_tp_worker.py), against one process on
+2 msrun workers (case ``eval_tp`` of the layout matrix: tests/distributed/eval_tp_worker.py), against one process on
 the same global batch (tests/distributed/eval_tp_case.py): the training rows (rel 1e-4), the
 eval_loss rows (rel 1e-5), the end-of-run greedy sample text (equal, 16 tokens and 50 tokens,
 past seq_length), training after an evaluation bit-identical to a run without one, and the
@@ -12,12 +12,13 @@ import sys
 
 import pytest
 
-from msrun_util import launch, read_metrics, rel_err, worker_logs
+from msrun_util import read_metrics, rel_err
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+LAYOUT_GROUPS = ("eval_tp",)
 
 
 def _sample(log: str) -> str:
@@ -27,13 +28,11 @@ def _sample(log: str) -> str:
     return m.group(2)
 
 
-def test_tensor_parallel_eval_and_sample_equal_one_process(tmp_path):
+def test_tensor_parallel_eval_and_sample_equal_one_process(tmp_path, layout_matrix):
+    """The 2 workers: case ``eval_tp`` of the layout matrix's world-2 launch."""
     import eval_tp_case as case
-    out = tmp_path / "tp"
-    proc, _ = launch(f"python tests/distributed/eval_tp_worker.py {out}", tmp_path / "logs",
-                     timeout=900)
-    assert proc.returncode == 0, (proc.stdout[-2000:] + proc.stderr[-2000:]
-                                  + worker_logs(str(tmp_path / "logs")))
+    from pathlib import Path
+    out = Path(layout_matrix.case_dir("eval_tp"))
     _, ref_log = case.run("eval", str(tmp_path / "one"))
     ref = read_metrics(tmp_path / "one")
     got = read_metrics(out / "eval")

@@ -1,6 +1,6 @@
 """Fully sharded data parallel on 2 msrun CPU workers == 1 process with the same global batch.
 
-One msrun launch (scripts/msrun_launcher.sh through ``msrun_util.launch``) runs every case of
+Case ``fsdp`` of the layout matrix's world-2 launch (layout_cases.py) runs every case of
 ``dp_case.FSDP_CASES`` that shards (tiny GPT and tiny DeepSeek-V3, AdamW and Muon with both
 comm strategies, ``optim_grads`` and ``optim_grads_params``) for 10 steps, then the real
 Trainer under ``optim_grads_params``. This process runs the 1-process references and compares
@@ -17,25 +17,25 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from dp_case import DIVIDED_SUFFIX, FSDP_CASES, STEPS, fsdp_reference  # noqa: E402
-from msrun_util import launch_cases, read_metrics, rel_err  # noqa: E402
+from dp_case import DIVIDED_SUFFIX, FSDP_CASES, FSDP_SHARDED, STEPS, fsdp_reference  # noqa: E402
+from msrun_util import read_cases, read_metrics, rel_err  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
-SHARDED = [n for n, (_, _, strategy, _) in FSDP_CASES.items() if strategy != "optim"]
+SHARDED = FSDP_SHARDED
 REFERENCES = sorted({fsdp_reference(n) for n in SHARDED})
 DIVIDED = [n for n in SHARDED if n.endswith(DIVIDED_SUFFIX)]
 SAME = [n for n in SHARDED if n not in DIVIDED]   # the 1-process run, bit for bit or nearly
 TOL = 1e-4
 
 
+LAYOUT_GROUPS = ("fsdp",)
+
+
 @pytest.fixture(scope="module")
-def fsdp_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fsdp")
-    run_dir = out / "trainer"
-    _, results = launch_cases(f"python {os.path.join(HERE, 'fsdp_worker.py')} {out} {run_dir} "
-                              + " ".join(SHARDED), out, SHARDED)
-    return {"results": results, "run_dir": run_dir}
+def fsdp_results(layout_matrix):
+    out = layout_matrix.case_dir("fsdp")
+    return {"results": read_cases(out, SHARDED), "run_dir": os.path.join(out, "trainer")}
 
 
 @pytest.fixture(scope="module")

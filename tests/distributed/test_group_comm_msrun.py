@@ -1,6 +1,6 @@
 """GroupCommunicator on real msrun CPU workers: every collective on every group, exact.
 
-Two msrun launches of ``group_comm_worker.py`` (through scripts/msrun_launcher.sh): 2 workers
+Two cases of the layout matrix run ``group_comm_worker.py`` (layout_cases.py): 2 workers
 (tp 2: the tp group is the world) and 4 workers (tp 2 x dp 2: tp {0,1} {2,3}, dp {0,2} {1,3},
 sub-groups, so the CPU emulations run). The worker compares each result with numpy from all
 members' inputs (integer-valued float32: exact) and logs every call; here the byte counters are
@@ -17,26 +17,16 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from msrun_util import launch  # noqa: E402
-
-ROUNDS = 2
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
-
-
-def run_workers(out, workers: int):
-    cmd = f"python {os.path.join(HERE, 'group_comm_worker.py')} {out} {ROUNDS}"
-    proc, _ = launch(cmd, out / "logs", workers=workers)
-    if proc.returncode != 0:
-        logs = "".join(open(out / "logs" / f).read()[-2000:] for f in
-                       sorted(os.listdir(out / "logs")) if f.startswith("worker_"))
-        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stderr[-2000:]}\n{logs}")
-    return [json.load(open(out / f"rank{r}.json")) for r in range(workers)]
+LAYOUT_GROUPS = ("group_comm",)
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2workers", "4workers_tp2_dp2"])
-def results(request, tmp_path_factory):
-    return run_workers(tmp_path_factory.mktemp(f"gc{request.param}"), request.param)
+def results(request, layout_matrix):
+    """Case ``group_comm2`` / ``group_comm4`` of the layout matrix (layout_cases.py)."""
+    out = layout_matrix.case_dir(f"group_comm{request.param}")
+    return [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(request.param)]
 
 
 def ring_bytes(op, g, n, receives):

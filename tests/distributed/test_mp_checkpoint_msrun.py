@@ -2,7 +2,8 @@
 process, and one-process checkpoints resumed under each layout.
 
 Here: the one-process reference of each case of ``mp_ckpt_case`` (6 steps, checkpoints at 4
-and 6). One msrun launch per case (``mp_ckpt_worker.py``) trains it on 2 workers (tensor
+and 6). Case ``mp_ckpt`` of the layout matrix's world-2 launch (``mp_ckpt_worker.py``, every
+feature in turn in the same workers) trains each on 2 workers (tensor
 parallel 2 with sequence parallel, FSDP ``optim_grads_params``, expert parallel 2), every rank
 writing its shards and rank 0 the index, then resumes the reference's one-process step-4
 checkpoint under the same layout (steps 5-6 equal the reference's). Then: each 2-worker step-4
@@ -10,7 +11,6 @@ checkpoint resumed on one process gives the 2-worker run's own steps 5-6 (loss a
 relative 1e-5), the merged checkpoint holds the one-process shapes, and
 ``tools/convert_checkpoint merge`` of the TP checkpoint gives the same tensors as the loader.
 """
-import io
 import os
 import sys
 
@@ -20,26 +20,18 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from mp_ckpt_case import CASES, SAVE_AT, STEPS, case_config, checkpoint_at  # noqa: E402
-from msrun_util import launch, read_metrics, worker_logs  # noqa: E402
+from mp_ckpt_case import CASES, SAVE_AT, STEPS, checkpoint_at, train  # noqa: E402
+from msrun_util import read_metrics  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+LAYOUT_GROUPS = ("mp_ckpt",)
 RESUMED = list(range(SAVE_AT + 1, STEPS + 1))
 TOL = 1e-5
 
 
 def by_step(run_dir):
     return {r["step"]: r for r in read_metrics(run_dir) if "loss" in r}
-
-
-def train(name, out, distributed=False, overrides=()):
-    import mindspore as ms
-    from mindformers_core.trainer import Trainer
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    trainer = Trainer(case_config(name, str(out), distributed, overrides), str(out),
-                      stream=io.StringIO())
-    trainer.train()
-    return trainer
 
 
 def assert_same_steps(got, want, tol=TOL):
@@ -50,27 +42,17 @@ def assert_same_steps(got, want, tol=TOL):
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    out = tmp_path_factory.mktemp("single")
-    shapes = {}
-    for name in CASES:
-        trainer = train(name, out / name)
-        shapes[name] = {p.name: tuple(p.shape) for p in trainer.model.get_parameters()}
-    return out, shapes
+def single(layout_matrix):
+    """The one-process runs (layout_cases.prepare_mp_ckpt, before the launch)."""
+    run = layout_matrix.prepared("mp_ckpt")
+    return Path(run["dir"]), run["shapes"]
 
 
 @pytest.fixture(scope="module")
-def two_workers(tmp_path_factory, single):
-    out = tmp_path_factory.mktemp("msrun")
-    for name in CASES:   # one launch per feature, which also resumes the one-process checkpoint
-        extra = checkpoint_at(str(single[0] / name), SAVE_AT)
-        logs = out / f"logs_{name}"
-        proc, _ = launch(f"python {os.path.join(HERE, 'mp_ckpt_worker.py')} {out} {name} "
-                         f"{extra}", logs)
-        if proc.returncode != 0:
-            pytest.fail(f"msrun job {name} failed ({proc.returncode}):\n{proc.stderr[-2000:]}"
-                        f"\n{worker_logs(logs)}")
-    return out
+def two_workers(layout_matrix, single):
+    """Case ``mp_ckpt`` of the layout matrix's world-2 launch: every feature in turn in the
+    same workers, each also resuming its one-process checkpoint."""
+    return Path(layout_matrix.case_dir("mp_ckpt"))
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -10,8 +10,9 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from msrun_util import launch, read_metrics  # noqa: E402
-from trainer_case import MTP_OVERRIDES, trainer_config  # noqa: E402
+from msrun_util import read_metrics  # noqa: E402
+
+LAYOUT_GROUPS = ("layouts",)
 
 
 def test_mean_over_ranks_on_one_rank_is_the_value():
@@ -24,16 +25,12 @@ def test_mean_over_ranks_on_one_rank_is_the_value():
 
 @pytest.mark.multiproc
 @pytest.mark.slow
-def test_two_ranks_log_the_global_mtp_loss(tmp_path):
-    import mindspore as ms
-    from mindformers_core.trainer import Trainer
-    dist = tmp_path / "dist"
-    proc, _ = launch(f"python {os.path.join(HERE, 'mtp_worker.py')} {dist}", dist / "logs")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    single = tmp_path / "single"
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    Trainer(trainer_config(str(single), MTP_OVERRIDES), str(single)).train()
-    got, want = read_metrics(dist), read_metrics(single)
+def test_two_ranks_log_the_global_mtp_loss(layout_matrix):
+    """Case ``dp2_mtp`` of the layout matrix (layout_cases.LAYOUTS): trainer_case's run with
+    MTP_OVERRIDES on 2 workers and on one process."""
+    case = layout_matrix.case("dp2_mtp")
+    got = read_metrics(layout_matrix.case_dir("dp2_mtp"))
+    want = read_metrics(layout_matrix.reference_dir(case))
     assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3, 4]
     for g, w in zip(got, want):
         for key in ("mtp_loss", "loss", "grad_norm"):

@@ -1,6 +1,6 @@
 """Pipeline parallel on 2 msrun CPU workers (one stage each) == 1 process, same global batch.
 
-One msrun launch runs every case of ``pp_case.CASES`` with ``pipeline_parallel: 2`` through the
+Case ``pp2`` of the layout matrix's world-2 launch runs every case of ``pp_case.CASES`` with ``pipeline_parallel: 2`` through the
 real Trainer (10 steps, 4 micro-batches of 1 sequence):
 
 * ``gpt_1f1b``: the tiny GPT with AdamW under 1f1b (one layer per stage), a checkpoint at
@@ -23,21 +23,20 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from msrun_util import launch, read_metrics, worker_logs  # noqa: E402
+from msrun_util import read_metrics  # noqa: E402
+from pathlib import Path  # noqa: E402
 from pp_case import CASES, RESUME_CASE, SAVE_AT, STEPS, resume_extra, run_case  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+LAYOUT_GROUPS = ("pp",)
 
 
 @pytest.fixture(scope="module")
-def pp_runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("pp")
-    proc, _ = launch(f"python {os.path.join(HERE, 'pp_worker.py')} {out} " + " ".join(CASES),
-                     out / "logs", timeout=1800)
-    if proc.returncode != 0:
-        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                    f"{proc.stderr[-2000:]}\n{worker_logs(out / 'logs')}")
-    return {"out": out, "log0": open(out / "logs" / "worker_0.log").read()}
+def pp_runs(layout_matrix):
+    """Case ``pp2`` of the layout matrix's world-2 launch (layout_cases.py)."""
+    out = Path(layout_matrix.case_dir("pp2"))
+    log0 = open(Path(layout_matrix.launch(2)["out"]) / "logs" / "worker_0.log").read()
+    return {"out": out, "log0": log0}
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Sharded checkpoints of a real 2-worker data-parallel + ZeRO-1 run (msrun, CPU) and their
 resume on one process, and the other way round.
 
-One single-process reference run (6 steps, a checkpoint every 2), then one msrun launch
-(``sharded_ckpt_worker.py``): run A trains to step 4 on 2 workers, each rank writing its
+One single-process reference run (6 steps, a checkpoint every 2), then case ``sharded_ckpt``
+of the layout matrix's world-2 launch (``sharded_ckpt_worker.py``): run A trains to step 4 on 2 workers, each rank writing its
 part of every checkpoint (its ZeRO-1 rows of the AdamW state and, by default
 ``remove_redundancy: False``, the replicated weights too; rank 0 the index); run B resumes the
 reference's one-process step-4 checkpoint on 2 workers; run D resumes run A's step 4 on 2
@@ -24,11 +24,13 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from msrun_util import launch, rel_err  # noqa: E402
+from layout_cases import STOP_AT  # noqa: E402
+from msrun_util import rel_err  # noqa: E402
+from pathlib import Path  # noqa: E402
 from trainer_case import STEPS, trainer_config  # noqa: E402
 
-STOP_AT = 4
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+LAYOUT_GROUPS = ("sharded_ckpt",)
 
 
 def read_metrics(run_dir):
@@ -46,27 +48,16 @@ def assert_steps_match(got, want, steps):
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    import mindspore as ms
-    from mindformers_core.trainer import Trainer
-    out = tmp_path_factory.mktemp("single")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    Trainer(trainer_config(str(out)), str(out), stream=io.StringIO()).train()
-    ckpt = os.path.join(out, "checkpoint")
-    return {"metrics": read_metrics(out), "dir": ckpt,
-            "step4": os.path.join(ckpt, f"mindformers_core_step{STOP_AT:08d}.safetensors")}
+def single(layout_matrix):
+    """The one-process reference (layout_cases.prepare_sharded_ckpt, before the launch)."""
+    run = layout_matrix.prepared("sharded_ckpt")
+    return dict(run, metrics=read_metrics(run["out"]))
 
 
 @pytest.fixture(scope="module")
-def two_workers(tmp_path_factory, single):
-    out = tmp_path_factory.mktemp("msrun")
-    proc, _ = launch(f"python {os.path.join(HERE, 'sharded_ckpt_worker.py')} {out} {STOP_AT} "
-                     f"{single['step4']}", out / "logs")
-    if proc.returncode != 0:
-        logs = "".join(open(out / "logs" / f).read()[-3000:] for f in os.listdir(out / "logs")
-                       if f.startswith("worker_"))
-        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stderr[-2000:]}\n{logs}")
-    return out
+def two_workers(layout_matrix, single):
+    """Case ``sharded_ckpt`` of the layout matrix's world-2 launch (sharded_ckpt_worker)."""
+    return Path(layout_matrix.case_dir("sharded_ckpt"))
 
 
 def test_each_rank_wrote_its_part_and_rank0_the_index(two_workers, single):

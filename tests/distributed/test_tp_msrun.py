@@ -1,6 +1,7 @@
 """Tensor parallel 2 with sequence parallel on real msrun CPU workers == 1 process.
 
-Two msrun launches through scripts/msrun_launcher.sh (tests/distributed/tp_worker.py):
+Two cases of the layout matrix (layout_cases.py: ``tp2`` in the world-2 launch, ``tp2_dp2``
+in the world-4 one) run tests/distributed/tp_worker.py:
 
 A. 2 workers (tp 2, dp 1): one forward/backward of the tiny GPT (GQA), that GPT as a Qwen3
    (q/k head norms, head dim 12) and the tiny DeepSeek-V3 (MLA + MoE), each rank's local
@@ -26,32 +27,24 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from msrun_util import launch, read_metrics  # noqa: E402
+from msrun_util import read_metrics  # noqa: E402
+from pathlib import Path  # noqa: E402
 from tp_case import CONFIGS, MODELS, MUON_CASES, STEPS  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
-WORKER = os.path.join(HERE, "tp_worker.py")
-
-
-def run_workers(out, what, names, workers):
-    proc, _ = launch(f"python {WORKER} {out} {what} " + " ".join(names), out / "logs",
-                     timeout=1200, workers=workers)
-    if proc.returncode != 0:
-        logs = "".join(open(out / "logs" / f).read()[-3000:] for f in os.listdir(out / "logs")
-                       if f.startswith("worker_"))
-        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stderr[-2000:]}\n{logs}")
-    return out
+LAYOUT_GROUPS = ("tp",)
 
 
 @pytest.fixture(scope="module")
-def tp2(tmp_path_factory):
-    return run_workers(tmp_path_factory.mktemp("tp2"), "all", list(MODELS + MUON_CASES), 2)
+def tp2(layout_matrix):
+    """Case ``tp2`` of the layout matrix (layout_cases.py): tp_worker ``all`` on 2 workers."""
+    return Path(layout_matrix.case_dir("tp2"))
 
 
 @pytest.fixture(scope="module")
-def tp2dp2(tmp_path_factory):
-    return run_workers(tmp_path_factory.mktemp("tp2dp2"), "train",
-                       ["gpt", "dsv3_muon_deredundency"], 4)
+def tp2dp2(layout_matrix):
+    """Case ``tp2_dp2``: tp_worker ``train`` gpt, dsv3_muon_deredundency on 4 workers."""
+    return Path(layout_matrix.case_dir("tp2_dp2"))
 
 
 @pytest.fixture(scope="module")

@@ -23,27 +23,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import tp_muon_case as C  # noqa: E402
-from msrun_util import launch  # noqa: E402
-
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+LAYOUT_GROUPS = ("tp_muon",)
 NAMES = ("muon_allgather", "muon_deredundency", "muon_deredundency_p2p", "adamw")
+assert NAMES == tuple(C.CASES)     # what case tp_muon2 of layout_cases.py runs
 
 
 def run_workers(out, names, workers):
-    cmd = f"python {os.path.join(HERE, 'tp_muon_worker.py')} {out} " + " ".join(names)
-    proc, _ = launch(cmd, out / "logs", workers=workers)
-    if proc.returncode != 0:
-        logs = "".join(open(out / "logs" / f).read()[-2000:] for f in
-                       sorted(os.listdir(out / "logs")) if f.startswith("worker_"))
-        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stderr[-2000:]}\n{logs}")
-    return {(n, r): (dict(np.load(out / f"{n}.rank{r}.npz")),
-                     json.load(open(out / f"{n}.rank{r}.json")))
+    return {(n, r): (dict(np.load(os.path.join(out, f"{n}.rank{r}.npz"))),
+                     json.load(open(os.path.join(out, f"{n}.rank{r}.json"))))
             for n in names for r in range(workers)}
 
 
 @pytest.fixture(scope="module")
-def tp2(tmp_path_factory):
-    return run_workers(tmp_path_factory.mktemp("tp2"), NAMES, 2)
+def tp2(layout_matrix):
+    """Case ``tp_muon2`` of the layout matrix's world-2 launch."""
+    return run_workers(layout_matrix.case_dir("tp_muon2"), NAMES, 2)
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +129,9 @@ def test_deredundency_transport(tp2):
 
 
 @pytest.fixture(scope="module")
-def tp2dp2(tmp_path_factory):
-    return run_workers(tmp_path_factory.mktemp("tp2dp2"), tuple(C.CASES_2D), 4)
+def tp2dp2(layout_matrix):
+    """Case ``tp_muon2_dp2`` of the world-4 launch."""
+    return run_workers(layout_matrix.case_dir("tp_muon2_dp2"), tuple(C.CASES_2D), 4)
 
 
 @pytest.mark.parametrize("name", tuple(C.CASES_2D))

@@ -103,11 +103,11 @@ def train_case(out, name):
                    "owners": opt.exchange.owner_by_name if muon else {}}, fh)
 
 
-def main():
+def run(out, what, names):
+    """``what`` (grad, train or all) for ``names`` into ``out`` (module docstring)."""
     import mindspore as ms
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.runtime.launch_blocking()
-    out, what, names = sys.argv[1], sys.argv[2], sys.argv[3:]
     os.makedirs(out, exist_ok=True)
     if what in ("grad", "all"):
         from mindformers_core.distributed.setup import setup_parallel
@@ -122,4 +122,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(sys.argv[1], sys.argv[2], sys.argv[3:])

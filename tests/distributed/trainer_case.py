@@ -9,11 +9,16 @@ STEPS = 6
 
 def trainer_config(out_dir: str, overrides=()):
     from mindformers_core.config import load_config
-    return load_config(os.path.join(ROOT, "configs", "markov_check.yaml"), overrides=[
-        f"training.steps={STEPS}", "training.local_batch_size=2", "training.global_batch_size=4",
-        "model.hidden_size=32", "model.seq_length=16", "checkpoint.save_interleaved_steps=2",
-        "checkpoint.save_max=5", f"checkpoint.save_path={os.path.join(out_dir, 'checkpoint')}",
-    ] + list(overrides))
+    return load_config(os.path.join(ROOT, "configs", "markov_check.yaml"), overrides=(
+        TRAINER_OVERRIDES + [f"checkpoint.save_path={os.path.join(out_dir, 'checkpoint')}"]
+        + list(overrides)))
+
+
+#: the run of ``trainer_config`` on configs/markov_check.yaml (without its save_path)
+TRAINER_OVERRIDES = [
+    f"training.steps={STEPS}", "training.local_batch_size=2", "training.global_batch_size=4",
+    "model.hidden_size=32", "model.seq_length=16", "checkpoint.save_interleaved_steps=2",
+    "checkpoint.save_max=5"]
 
 
 #: the MTP variant (tests/distributed/test_mtp_loss_msrun.py): one depth module, 4 steps, no

@@ -13,11 +13,12 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "distributed"))
 
-from msrun_util import launch, worker_logs  # noqa: E402
-from test_dp_msrun import rel_err  # noqa: E402
+from msrun_util import rel_err  # noqa: E402
 from moe_dp_worker import moe_dp_config  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+LAYOUT_GROUPS = ("moe_dp",)
 
 
 def _rows(out):
@@ -25,14 +26,13 @@ def _rows(out):
         return [json.loads(x) for x in fh]
 
 
-def test_two_ranks_route_and_update_the_bias_like_one_process(tmp_path):
+def test_two_ranks_route_and_update_the_bias_like_one_process(tmp_path, layout_matrix):
+    """The 2 workers: case ``moe_dp`` of the layout matrix's world-2 launch."""
     from mindformers_core.trainer import Trainer
     from mindformers_core.checkpoint.store import list_checkpoints, load_checkpoint
-    one, two = tmp_path / "one", tmp_path / "two"
+    one, two = tmp_path / "one", Path(layout_matrix.case_dir("moe_dp"))
     ref = Trainer(moe_dp_config(str(one)), str(one), stream=io.StringIO())
     ref.train()
-    proc, _ = launch(f"python {os.path.join(HERE, 'moe_dp_worker.py')} {two}", two / "logs")
-    assert proc.returncode == 0, proc.stdout[-2000:] + worker_logs(two / "logs")
 
     rows_1, rows_2 = _rows(one), _rows(two)
     for a, b in zip(rows_1, rows_2):

@@ -1,0 +1,143 @@
+"""Every msrun case of the suite, as data for the layout-matrix harness (``layout_matrix.py``):
+one launch per world size runs the cases of that world in the order below.
+
+To add a layout (N workers against one process, the real Trainer on both sides), append a
+``TrainerCase`` to ``LAYOUTS``; ``test_layout_cases_msrun.py`` compares it. A check that looks
+inside a rank is a ``JobCase`` (a worker function) under the group of the test module that
+reads its directory.
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from layout_matrix import Group, JobCase, TrainerCase  # noqa: E402
+from trainer_case import MTP_OVERRIDES, TRAINER_OVERRIDES  # noqa: E402
+
+MARKOV = "configs/markov_check.yaml"
+
+#: N workers == 1 process through the Trainer, compared per step (test_layout_cases_msrun.py)
+LAYOUTS = [
+    # the logged mtp_loss is the global batch's (the mean over the ranks): dp 2, 4 steps
+    TrainerCase("dp2_mtp", 2, MARKOV, tuple(TRAINER_OVERRIDES + MTP_OVERRIDES),
+                metrics=("mtp_loss", "loss", "grad_norm"), rtol=1e-4, steps=4,
+                checks=("finite_mtp_loss",)),
+]
+
+
+# -- the job adapters: a test module's worker run with this case's directory ------------------
+def dp_job(case_dir, killed_checkpoint):
+    """dp_case.CASES, then the resume of the fault test's run from its last checkpoint."""
+    from dp_case import CASES
+    from dp_worker import main
+    main(case_dir, list(CASES), (killed_checkpoint, os.path.join(case_dir, "resumed")))
+
+
+def fsdp_job(case_dir):
+    from dp_case import FSDP_SHARDED
+    from fsdp_worker import main
+    main(case_dir, os.path.join(case_dir, "trainer"), FSDP_SHARDED)
+
+
+def mp_ckpt_job(case_dir, single_dir):
+    """Each model-parallel feature in turn, each resuming its one-process checkpoint."""
+    from mp_ckpt_case import CASES, SAVE_AT, checkpoint_at
+    from mp_ckpt_worker import main
+    for name in CASES:
+        main(case_dir, name, checkpoint_at(os.path.join(single_dir, name), SAVE_AT))
+
+
+def moe_dp_job(case_dir):
+    import mindspore as ms
+    from mindformers_core.trainer import Trainer
+    from moe_dp_worker import moe_dp_config
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    Trainer(moe_dp_config(case_dir), case_dir).train()
+
+
+# -- the prepare steps (the pytest process, before the world's launch) -------------------------
+#: the step in which rank 1 of the fault test SIGKILLs itself (test_dp_msrun.py)
+KILL_AT = 5
+#: the step the sharded-checkpoint runs stop at and resume from (test_sharded_checkpoint_msrun)
+STOP_AT = 4
+#: rounds of every collective in group_comm_worker.py
+GROUP_COMM_ROUNDS = 2
+
+
+def prepare_dp(out):
+    """The fault test: the real Trainer on 2 workers, rank 1 SIGKILLs itself in step KILL_AT
+    (a launch of its own: the launcher's behaviour is what it tests)."""
+    from msrun_util import launch
+    proc, elapsed = launch(f"python {os.path.join(HERE, 'kill_worker.py')} {out} {KILL_AT}",
+                           os.path.join(out, "logs"))
+    return {"proc": proc, "elapsed": elapsed, "out": out,
+            "checkpoint": os.path.join(out, "checkpoint")}
+
+
+def prepare_mp_ckpt(out):
+    """The one-process run of each model-parallel feature (the workers resume its step-4
+    checkpoint); the parameter shapes of each."""
+    from mp_ckpt_case import CASES, train
+    shapes = {}
+    for name in CASES:
+        trainer = train(name, os.path.join(out, name))
+        shapes[name] = {p.name: tuple(p.shape) for p in trainer.model.get_parameters()}
+    return {"dir": out, "shapes": shapes}
+
+
+def prepare_sharded_ckpt(out):
+    """The one-process reference of the sharded-checkpoint runs (the workers resume its
+    step-STOP_AT checkpoint)."""
+    import io
+    import mindspore as ms
+    from mindformers_core.trainer import Trainer
+    from trainer_case import trainer_config
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    Trainer(trainer_config(out), out, stream=io.StringIO()).train()
+    ckpt = os.path.join(out, "checkpoint")
+    return {"out": out, "dir": ckpt,
+            "step4": os.path.join(ckpt, f"mindformers_core_step{STOP_AT:08d}.safetensors")}
+
+
+def _groups():
+    from ep_case import CASES as EP_CASES
+    from pp_case import CASES as PP_CASES
+    from tp_case import MODELS, MUON_CASES
+    import tp_muon_case
+    g = {
+        "layouts": Group("layouts", cases=list(LAYOUTS)),
+        "dp": Group("dp", prepare_dp, [JobCase("dp", 2, "layout_cases:dp_job",
+                                                ("{checkpoint}",))]),
+        "fsdp": Group("fsdp", None, [JobCase("fsdp", 2, "layout_cases:fsdp_job")]),
+        "ep": Group("ep", None, [
+            JobCase("ep2", 2, "ep_worker:main", (list(EP_CASES), 4)),
+            JobCase("ep2_edp2", 4, "ep_worker:main", (["adamw"], 8))]),
+        "tp": Group("tp", None, [
+            JobCase("tp2", 2, "tp_worker:run", ("all", list(MODELS + MUON_CASES))),
+            JobCase("tp2_dp2", 4, "tp_worker:run", ("train", ["gpt", "dsv3_muon_deredundency"]))]),
+        "tp_muon": Group("tp_muon", None, [
+            JobCase("tp_muon2", 2, "tp_muon_worker:main", (list(tp_muon_case.CASES),)),
+            JobCase("tp_muon2_dp2", 4, "tp_muon_worker:main", (list(tp_muon_case.CASES_2D),))]),
+        "pp": Group("pp", None, [JobCase("pp2", 2, "pp_worker:main", (list(PP_CASES),))]),
+        "cp": Group("cp", None, [JobCase("cp", 4, "cp_worker:main")]),
+        "group_comm": Group("group_comm", None, [
+            JobCase("group_comm2", 2, "group_comm_worker:main", (GROUP_COMM_ROUNDS,)),
+            JobCase("group_comm4", 4, "group_comm_worker:main", (GROUP_COMM_ROUNDS,))]),
+        "moe_dp": Group("moe_dp", None, [JobCase("moe_dp", 2, "layout_cases:moe_dp_job")]),
+        "sharded_ckpt": Group("sharded_ckpt", prepare_sharded_ckpt, [
+            JobCase("sharded_ckpt", 2, "sharded_ckpt_worker:main", (STOP_AT, "{step4}"))]),
+        "mp_ckpt": Group("mp_ckpt", prepare_mp_ckpt, [
+            JobCase("mp_ckpt", 2, "layout_cases:mp_ckpt_job", ("{dir}",))]),
+        "eval_tp": Group("eval_tp", None, [JobCase("eval_tp", 2, "eval_tp_worker:main")]),
+        "eval_dp": Group("eval_dp", None, [JobCase("eval_dp", 2, "eval_dp_case:run", (2,))]),
+    }
+    for group in g.values():
+        for case in group.cases:
+            object.__setattr__(case, "group", group.name)
+    return g
+
+
+def groups():
+    """name -> Group, in launch order within each world."""
+    return _groups()

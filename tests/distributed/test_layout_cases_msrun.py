@@ -1,0 +1,51 @@
+"""Every ``TrainerCase`` of ``layout_cases.LAYOUTS``: N msrun workers under the case's layout
+== 1 process on the same config, per step, on the case's metrics and tolerance (the real
+Trainer on both sides; the N-worker runs come from one msrun launch per world size, the
+layout-matrix harness of layout_matrix.py). A case's extra checks are named in ``CHECKS``."""
+import math
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from layout_cases import LAYOUTS  # noqa: E402
+from layout_matrix import compare_rows  # noqa: E402
+from msrun_util import read_metrics  # noqa: E402
+
+LAYOUT_GROUPS = ("layouts",)
+
+
+def finite_mtp_loss(name, got, want):
+    values = [r["mtp_loss"] for r in got if "mtp_loss" in r]
+    assert values and all(math.isfinite(v) for v in values), f"{name}: mtp_loss {values}"
+
+
+#: name -> check(case name, N-worker rows, 1-process rows)
+CHECKS = {"finite_mtp_loss": finite_mtp_loss}
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+@pytest.mark.parametrize("case", LAYOUTS, ids=[c.name for c in LAYOUTS])
+def test_layout_equals_one_process(layout_matrix, case):
+    got = read_metrics(layout_matrix.case_dir(case.name))
+    want = read_metrics(layout_matrix.reference_dir(case))
+    compare_rows(case.name, got, want, case.metrics, case.rtol, case.steps)
+    trained = [r["loss"] for r in want if "loss" in r]
+    assert trained[0] != trained[-1], f"{case.name}: the reference loss never moved"
+    for check in case.checks:
+        CHECKS[check](case.name, got, want)
+
+
+def test_compare_rows_names_the_case_step_and_values():
+    want = [{"step": 1, "loss": 2.0, "grad_norm": 1.0, "lr": 1e-3}]
+    got = [{"step": 1, "loss": 2.1, "grad_norm": 1.0, "lr": 1e-3}]
+    with pytest.raises(AssertionError, match=r"pp2_dp2 step 1: loss got 2.1, want 2.0 "
+                                             r"\(rel 5.00e-02 > 0.0001\)"):
+        compare_rows("pp2_dp2", got, want, ("loss", "grad_norm"), 1e-4)
+    with pytest.raises(AssertionError, match=r"x: steps \[1\] != reference \[1, 2\]"):
+        compare_rows("x", got, want + [{"step": 2, "loss": 1.0}], ("loss",), 1e-4)
+    compare_rows("x", want, want, ("loss", "grad_norm", "mtp_loss"), 1e-4, steps=1)
