@@ -104,6 +104,8 @@ def _groups():
     from ep_case import CASES as EP_CASES
     from pp_case import CASES as PP_CASES
     from tp_case import MODELS, MUON_CASES
+    from tpep_case import CASES as TPEP_CASES
+    from ppdp_case import CASES as PPDP_CASES
     import tp_muon_case
     g = {
         "layouts": Group("layouts", cases=list(LAYOUTS)),
@@ -120,6 +122,10 @@ def _groups():
             JobCase("tp_muon2", 2, "tp_muon_worker:main", (list(tp_muon_case.CASES),)),
             JobCase("tp_muon2_dp2", 4, "tp_muon_worker:main", (list(tp_muon_case.CASES_2D),))]),
         "pp": Group("pp", None, [JobCase("pp2", 2, "pp_worker:main", (list(PP_CASES),))]),
+        "ppdp": Group("ppdp", None, [JobCase("ppdp", 4, "ppdp_worker:main",
+                                             (list(PPDP_CASES),))]),
+        "tpep": Group("tpep", None, [JobCase("tpep", 4, "tpep_worker:main",
+                                             (list(TPEP_CASES),))]),
         "cp": Group("cp", None, [JobCase("cp", 4, "cp_worker:main")]),
         "group_comm": Group("group_comm", None, [
             JobCase("group_comm2", 2, "group_comm_worker:main", (GROUP_COMM_ROUNDS,)),

@@ -15,30 +15,28 @@ steps.
 """
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from msrun_util import launch, read_metrics, worker_logs  # noqa: E402
+from msrun_util import read_metrics  # noqa: E402
 from ppdp_case import CASES, SAVE_AT, STEPS, WORKERS, resume_extra, run_case  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
+LAYOUT_GROUPS = ("ppdp",)
 RESUMED = [name for name, case in CASES.items() if case["resume"]]
 
 
 @pytest.fixture(scope="module")
-def ppdp_runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ppdp")
-    proc, seconds = launch(f"python {os.path.join(HERE, 'ppdp_worker.py')} {out} "
-                           + " ".join(CASES), out / "logs", timeout=1800, workers=WORKERS)
-    if proc.returncode != 0:
-        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                    f"{proc.stderr[-2000:]}\n{worker_logs(out / 'logs', WORKERS)}")
-    print(f"pp2 x dp2 msrun launch: {seconds:.0f} s")
-    return {"out": out, "log0": open(out / "logs" / "worker_0.log").read()}
+def ppdp_runs(layout_matrix):
+    """Case ``ppdp`` of the layout matrix's world-4 launch (layout_cases.py)."""
+    out = Path(layout_matrix.case_dir("ppdp"))
+    log0 = open(Path(layout_matrix.launch(WORKERS)["out"]) / "logs" / "worker_0.log").read()
+    return {"out": out, "log0": log0}
 
 
 @pytest.fixture(scope="module")

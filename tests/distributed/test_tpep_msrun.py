@@ -14,6 +14,7 @@ and resumed under tp x ep or on one process it gives the uninterrupted run's ste
 """
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,21 +24,17 @@ sys.path.insert(0, HERE)
 
 from tpep_case import (CASES, CKPT_CASE, SAVE_AT, STEPS, WORKERS, checkpoint_at,  # noqa: E402
                        reference)
-from msrun_util import launch, read_metrics, rel_err, worker_logs  # noqa: E402
+from msrun_util import read_metrics, rel_err  # noqa: E402
 from rank_layout import load_layouts, single_process  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+LAYOUT_GROUPS = ("tpep",)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tpep")
-    proc, seconds = launch(f"python {os.path.join(HERE, 'tpep_worker.py')} {out} "
-                           + " ".join(CASES), out / "logs", timeout=1800, workers=WORKERS)
-    if proc.returncode != 0:
-        pytest.fail(f"msrun job failed ({proc.returncode}):\n{proc.stderr[-2000:]}\n"
-                    f"{worker_logs(out / 'logs', WORKERS)}")
-    print(f"tp2 x ep2 launch: {seconds:.0f} s for {len(CASES)} cases")
+def runs(layout_matrix):
+    """Case ``tpep`` of the layout matrix's world-4 launch (layout_cases.py)."""
+    out = Path(layout_matrix.case_dir("tpep"))
     res = {}
     for name in CASES:
         for rank, layout in load_layouts(out, name, WORKERS).items():
