@@ -19,9 +19,14 @@ def free_port() -> int:
 def launch(cmd: str, log_dir, timeout: int = 600, workers: int = 2):
     """``(CompletedProcess, seconds)`` of the launcher running ``cmd`` on ``workers`` workers."""
     t0 = time.monotonic()
+    # MindSpore's CPU collectives give up on a peer after a few seconds by default; on a loaded
+    # 2-core machine a stage can wait longer than that for its neighbour's first forward
+    # ("Ring ReduceScatter wait receiving"), so the tests' workers wait up to 300
+    env = dict(os.environ)
+    env.setdefault("MS_CPU_COMM_OP_TIMEOUT", "300")
     proc = subprocess.run(["bash", LAUNCHER, cmd, str(workers), str(free_port()), str(log_dir),
                            "True", "300"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
     return proc, time.monotonic() - t0
 
 

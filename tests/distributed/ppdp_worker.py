@@ -7,10 +7,6 @@ on the same layout.
 import os
 import sys
 
-# a stage's first forward compiles its ops: on a loaded 2-core machine with 4 workers it
-# takes longer than the CPU collectives' default wait, and the next stage waits in its recv
-os.environ.setdefault("MS_CPU_COMM_OP_TIMEOUT", "300")
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
