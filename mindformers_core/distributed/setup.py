@@ -110,6 +110,15 @@ class ParallelRun:
         if self.pipeline is not None:
             self.pipeline.attach(model)
 
+    def forward_only(self, model):
+        """What held-out evaluation and generation call on this rank: ``model`` itself, or
+        under pipeline parallel its forward through the stages (distributed/pipeline_eval.py:
+        ``(loss_sum, n_tokens, aux)`` and ``greedy_next``, the same on every stage)."""
+        if self.pipeline is None:
+            return model
+        from .pipeline_eval import PipelineForward
+        return PipelineForward(self.pipeline)
+
     def parameter_sizes(self, model) -> Dict[str, int]:
         """name -> element count of the whole model's parameters (every stage's)."""
         if self.pipeline is not None:
