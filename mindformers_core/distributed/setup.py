@@ -120,10 +120,14 @@ class ParallelRun:
         return PipelineForward(self.pipeline)
 
     def parameter_sizes(self, model) -> Dict[str, int]:
-        """name -> element count of the whole model's parameters (every stage's)."""
+        """name -> element count of the whole model's parameters (every stage's; a shard of
+        tensor / expert parallel or FSDP counted at its full shape, ``model.shard_specs()``),
+        so the logged counts and the FLOPs per token of MFU are the whole model's."""
         if self.pipeline is not None:
             return self.pipeline.parameter_sizes()
-        return {p.name: int(np.prod(p.shape)) for p in model.get_parameters()}
+        specs = model.shard_specs() if hasattr(model, "shard_specs") else {}
+        return {p.name: int(np.prod(specs[p.name].full_shape if p.name in specs else p.shape))
+                for p in model.get_parameters()}
 
     def describe(self, num_micro: int) -> Optional[str]:
         """The run log's layout lines beyond the plan's (the pipeline stage), or None."""

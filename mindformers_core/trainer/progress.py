@@ -101,7 +101,8 @@ class RunProgress:
 
     def _evaluate(self, step: int) -> EvalResult:
         result = evaluate(self.t.parallel.forward_only(self.t.model), self.held_out,
-                          self.eval_steps, self.t.plan.local_batch_size, self.t.parallel, step)
+                          self.eval_steps, self.t.plan.local_batch_size, self.t.parallel, step,
+                          self.t.plan.num_accumulation_steps)
         reset_running_stats(self.t.model)
         self.evals.append(result)
         self.t.log(f"eval at step {step}: held-out loss {result.loss:.4f}, perplexity "
