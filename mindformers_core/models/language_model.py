@@ -368,6 +368,19 @@ class GPTModel(nn.Cell):
             return self._runner.greedy_next(input_ids)
         return int(np.argmax(self.logits(input_ids).asnumpy()[0, -1]))
 
+    @property
+    def samples_vocab_parallel(self) -> bool:
+        """Whether :meth:`next_logits` combines the vocabulary shards (tensor parallelism)."""
+        return hasattr(self._runner, "next_logits")
+
+    def next_logits(self, input_ids) -> np.ndarray:
+        """The whole float32 logits ``[V]`` of the last position after ``input_ids`` [1, S]:
+        under tensor parallelism a collective of the tp group that gathers that position's
+        vocabulary shards (``TensorParallelRunner.next_logits``), else :meth:`logits`'."""
+        if self.samples_vocab_parallel:
+            return self._runner.next_logits(input_ids)
+        return self.logits(input_ids).asnumpy()[0, -1]
+
     def head(self, h, labels, loss_mask, w_norm, w_out):
         """(loss_sum, n_tokens) of the last hidden states h [T, H] and labels / mask [T]."""
         return token_losses(self.readout(h, w_norm, w_out), labels, loss_mask)

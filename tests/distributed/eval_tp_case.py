@@ -70,6 +70,8 @@ def write_ep_config(path: str) -> str:
 
 PROMPT = b"The with statement"
 NEW_TOKENS = 50     # 18 + 50 > seq_length 64
+SAMPLED_TOKENS = 20
+SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "seed": 3}
 
 
 def run(name: str, run_dir: str, overrides=()):
