@@ -10,8 +10,8 @@ that raises ValueError with upstream's message; here it becomes a ConfigError na
   layer-range string per stage, tiling ``model.num_layers``;
 * the micro-batches of a step are the accumulation count (``pipeline_parallel_microbatch_size``
   is overwritten with it, as upstream); interleaved needs a multiple of ``pipeline_parallel``;
-* no evaluation during the run (``training.eval_interval``); which layouts pipeline parallel
-  composes with is config/layout.py's.
+* which layouts pipeline parallel composes with is config/layout.py's (evaluation and the
+  sample run through the stages: distributed/pipeline_eval.py).
 """
 from __future__ import annotations
 
@@ -47,14 +47,8 @@ def check_pipeline_fields(par, path: str) -> None:
                      ("1f1b", "interleaved_1f1b"), "the GPipe schedule")
 
 
-def check_pipeline_vs_model(par, model, training=None, path: str = "parallelism") -> None:
-    """``pipeline_parallel_layers_per_stage`` against ``model.num_layers``; no evaluation
-    during a pipeline run (``training.eval_interval``: each stage holds only its layers)."""
-    if par.pipeline_parallel > 1 and training is not None and training.eval_interval:
-        raise ConfigError("training.eval_interval",
-                          f"evaluation during a pipeline-parallel run (pipeline_parallel "
-                          f"{par.pipeline_parallel}) is not implemented; set it to null "
-                          f"(or parallelism.pipeline_parallel: 1)")
+def check_pipeline_vs_model(par, model, path: str = "parallelism") -> None:
+    """``pipeline_parallel_layers_per_stage`` against ``model.num_layers``."""
     if par.pipeline_parallel == 1 and par.pipeline_parallel_layers_per_stage in (None, "auto"):
         return
     try:

@@ -212,7 +212,7 @@ class RunConfig(Section):
                 check_loader_vs_model(getattr(self, name), self.model.seq_length, name)
         self._check_recompute_vs_jit()
         self.tensorboard_target()   # logging.tensorboard vs monitor.tensorboard (config/monitor.py)
-        check_pipeline_vs_model(self.parallelism, self.model, self.training)   # config/pipeline.py
+        check_pipeline_vs_model(self.parallelism, self.model)   # config/pipeline.py
         self.plan()  # schedule against training.steps, data parallel, accumulation
         check_tensor_parallel(self)   # tp > 1: sequence parallel, sizes (tensor_parallel_rules)
 

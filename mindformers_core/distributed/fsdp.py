@@ -32,8 +32,10 @@ Limits of ``optim_grads_params`` here (each a ConfigError from :func:`apply_fsdp
 ``training.jit`` runs as ``none`` (the units are PyNative Cells with collectives; another
 value written in the config is refused), no
 multi-token prediction (its layers read the shared embedding outside the units), tensor /
-pipeline / context parallel sizes 1. The model's ``logits``/``hidden_states``/generation read
-full weights and are not available on a sharded model. The side effect of recomputation
+pipeline / context parallel sizes 1. Outside the units (the model's ``logits``,
+``hidden_states`` and generation's key/value-cache decoder) the weights are gathered one layer
+at a time through :meth:`FSDPRunner.full_weights`, a collective: every rank of the ``dp`` group
+generates together (trainer/progress.py). The side effect of recomputation
 applies: a MoE layer counts its routing statistics twice per step (core/recompute.py: the
 expert-bias update is unchanged).
 """
@@ -115,6 +117,7 @@ class FSDPRunner:
 
     def __init__(self, model, comm: GroupCommunicator, split_names):
         self._model = model
+        self._comm, self._split_names = comm, frozenset(split_names)
         gather = GatherShard(comm)
 
         def unit(fn, weights):
@@ -141,6 +144,14 @@ class FSDPRunner:
 
     def head(self, h, labels, loss_mask) -> tuple:
         return self._head(h, labels, loss_mask, *self._model.output_weights())
+
+    def full_weights(self, weights: Sequence) -> tuple:
+        """``weights`` with the split ones all-gathered over ``dp`` (a collective of the group:
+        every rank asks for the same ones): what generation reads outside the units, one
+        layer at a time (models/kv_cache.py), so full weights exist for one layer at a time
+        there as in training."""
+        return tuple(self._comm.all_gather(w, FSDP_GROUP, 0) if w.name in self._split_names else w
+                     for w in weights)
 
 
 def shard_model(model, specs: Dict[str, ShardSpec], index: int) -> None:

@@ -111,11 +111,24 @@ class ParallelRun:
         if self.pipeline is not None:
             self.pipeline.attach(model)
 
+    def forward_only(self, model):
+        """What held-out evaluation and generation call on this rank: ``model`` itself, or
+        under pipeline parallel its forward through the stages (distributed/pipeline_eval.py:
+        ``(loss_sum, n_tokens, aux)`` and ``greedy_next``, the same on every stage)."""
+        if self.pipeline is None:
+            return model
+        from .pipeline_eval import PipelineForward
+        return PipelineForward(self.pipeline)
+
     def parameter_sizes(self, model) -> Dict[str, int]:
-        """name -> element count of the whole model's parameters (every stage's)."""
+        """name -> element count of the whole model's parameters (every stage's; a shard of
+        tensor / expert parallel or FSDP counted at its full shape, ``model.shard_specs()``),
+        so the logged counts and the FLOPs per token of MFU are the whole model's."""
         if self.pipeline is not None:
             return self.pipeline.parameter_sizes()
-        return {p.name: int(np.prod(p.shape)) for p in model.get_parameters()}
+        specs = model.shard_specs() if hasattr(model, "shard_specs") else {}
+        return {p.name: int(np.prod(specs[p.name].full_shape if p.name in specs else p.shape))
+                for p in model.get_parameters()}
 
     def describe(self, num_micro: int) -> Optional[str]:
         """The run log's layout lines beyond the plan's (the pipeline stage), or None."""

@@ -15,9 +15,13 @@ token is computed by a full forward over the last ``context_length`` tokens.
 
 A model whose output layer is split over tensor-parallel ranks (``model.vocab_parallel``) has
 no whole logits: greedy decoding asks it for the next id (``model.greedy_next``, a
-collective that combines each rank's top of its vocabulary rows, models/tp_model.py), with a
-full forward over the last ``context_length`` tokens per token (no key/value cache there);
-every rank of the group must call :func:`generate` with the same arguments.
+collective that combines each rank's top of its vocabulary rows, models/tp_model.py), and
+sampling for the last position's whole logits (``model.next_logits``: that one position's
+vocabulary shards gathered), drawn with the same seeded ``rng`` on every rank, so every rank
+draws the same id; a full forward over the last ``context_length`` tokens per token (no
+key/value cache there). Every rank of the group must call :func:`generate` with the same
+arguments. Through the pipeline stages (distributed/pipeline_eval.py) decoding is greedy
+only.
 """
 from __future__ import annotations
 
@@ -82,13 +86,16 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, temperature:
     if not ids:
         raise ValueError("the prompt is empty; generation needs at least one token")
     context = int(context_length or model.cfg.seq_length)
-    if getattr(model, "vocab_parallel", False):
-        if temperature != 0.0:
-            raise NotImplementedError(
-                f"sampling with temperature {temperature} from a tensor-parallel model: only "
-                f"greedy decoding (temperature 0) combines the vocabulary shards")
-        return _greedy_vocab_parallel(model, ids, int(max_new_tokens), context, stop_id)
     rng = np.random.default_rng(seed)
+    if getattr(model, "vocab_parallel", False):
+        if temperature != 0.0 and not getattr(model, "samples_vocab_parallel", False):
+            raise NotImplementedError(
+                f"sampling with temperature {temperature} through the pipeline stages: only "
+                f"greedy decoding (temperature 0) is implemented there")
+        return _next_ids_parallel(model, ids, int(max_new_tokens), context, stop_id,
+                                  lambda window: model.greedy_next(window) if temperature == 0
+                                  else next_token(model.next_logits(window), temperature,
+                                                  top_k, top_p, rng))
     out: List[int] = []
     decoder = None
     if cache and len(ids) <= context:
@@ -111,13 +118,14 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, temperature:
     return out
 
 
-def _greedy_vocab_parallel(model, ids: List[int], max_new_tokens: int, context: int,
-                           stop_id: Optional[int]) -> List[int]:
-    """Greedy ids from a tensor-parallel model (module docstring): a full forward per token."""
+def _next_ids_parallel(model, ids: List[int], max_new_tokens: int, context: int,
+                       stop_id: Optional[int], next_id) -> List[int]:
+    """Ids from a model without whole logits on one rank (module docstring): ``next_id`` of
+    the last ``context`` ids per token, a full forward each."""
     import mindspore as ms
     out: List[int] = []
     for _ in range(max_new_tokens):
-        tok = model.greedy_next(ms.Tensor(np.asarray(ids[-context:], np.int32)[None, :]))
+        tok = int(next_id(ms.Tensor(np.asarray(ids[-context:], np.int32)[None, :])))
         ids.append(tok)
         out.append(tok)
         if stop_id is not None and tok == stop_id:

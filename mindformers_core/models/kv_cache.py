@@ -17,6 +17,11 @@ logits equal a full forward over the whole sequence (tested to rel 1e-5). The ca
 most ``max_length`` positions (the model's ``seq_length``, the longest sequence its full
 forward sees in training); beyond that the caller recomputes over the last window
 (``models/generation.py``).
+
+Every weight is read through ``model.full_weights``: under fully sharded data parallel
+(distributed/fsdp.py) each layer's weights are gathered from their shards just before the
+layer runs and dropped after it, as in training, so a rank holds one layer's full weights at
+a time; every rank of the group decodes the same prompt together.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from typing import List, Optional
 from mindspore import Tensor, mint
 
 from .attention import CacheableAttention
+from .layers import rms_norm
 
 __all__ = ["CachedDecoder"]
 
@@ -41,8 +47,7 @@ class CachedDecoder:
         self.length = 0
         self._cache: List[Optional[tuple]] = [None] * len(self.model.decoder.layers)
 
-    def _attention(self, i: int, attn: CacheableAttention, x, tables):
-        ws = attn.weights()
+    def _attention(self, i: int, attn: CacheableAttention, x, tables, ws):
         q, kv = attn.project(x, tables, *ws)
         if self._cache[i] is not None:
             kv = tuple(mint.cat([old, new], 2) for old, new in zip(self._cache[i], kv))
@@ -57,12 +62,19 @@ class CachedDecoder:
                              f"{new} more asked")
         model = self.model
         tables = model.position_tables(b, new, self.length)
-        h = model.embed_tokens(ids, model.embedding.word_embeddings.weight)
+        h = model.embed_tokens(ids, *model.full_weights((model.embedding.word_embeddings.weight,)))
         for i, layer in enumerate(model.decoder.layers):
-            h = h + self._attention(i, layer.self_attention, layer.input_layernorm(h), tables)
-            h, _ = layer.mlp_block(h, layer.pre_mlp_layernorm(h), tables)
+            ws = model.full_weights(layer.weights())
+            na = len(layer.self_attention.weights())
+            norm1, norm2 = layer.input_layernorm, layer.pre_mlp_layernorm
+            x = rms_norm(h, ws[0], norm1.eps, norm1.mean_column)
+            h = h + self._attention(i, layer.self_attention, x, tables, ws[1:1 + na])
+            x = rms_norm(h, ws[1 + na], norm2.eps, norm2.mean_column)
+            # the MLP runs as its Cell unless its weights were gathered (an expert-parallel
+            # MoE Cell holds its own experts)
+            h, _ = layer.mlp_block(h, x, tables, *(ws[2 + na:] if model.gathers_weights else ()))
         self.length += new
-        return model.readout(h, *model.output_weights()).reshape(b, new, -1)
+        return model.readout(h, *model.full_weights(model.output_weights())).reshape(b, new, -1)
 
     def prefill(self, ids) -> Tensor:
         """Start a sequence: logits of every position of ``ids``."""

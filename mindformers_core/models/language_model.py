@@ -322,23 +322,37 @@ class GPTModel(nn.Cell):
         return h, aux
 
     def _whole_model_only(self, what: str) -> None:
-        if self._shard_specs:
+        if self._shard_specs and not self.gathers_weights:
             raise NotImplementedError(f"{what} of a tensor-parallel model (each rank holds "
                                       f"its own tokens and vocabulary rows); the training "
                                       f"forward model(ids, labels, mask) is")
+
+    @property
+    def gathers_weights(self) -> bool:
+        """Whether this rank stores shards of weights that :meth:`full_weights` gathers
+        (fully sharded data parallel, distributed/fsdp.py): a collective of the group."""
+        return hasattr(self._runner, "full_weights")
+
+    def full_weights(self, weights) -> tuple:
+        """``weights`` whole: gathered from their shards under :attr:`gathers_weights`, else
+        as they are."""
+        return self._runner.full_weights(weights) if self.gathers_weights else tuple(weights)
 
     def hidden_states(self, input_ids):
         """Final-normed hidden states [B, S, H] and the summed aux loss (Tensor or None)."""
         self._whole_model_only("hidden_states")
         h, aux = self._last_hidden(input_ids)
         norm = self.decoder.final_layernorm
-        return norm(h).reshape(input_ids.shape + (h.shape[-1],)), aux
+        w_norm, = self.full_weights((norm.weight,))
+        h = rms_norm(h, w_norm, norm.eps, norm.mean_column)
+        return h.reshape(input_ids.shape + (h.shape[-1],)), aux
 
     def logits(self, input_ids):
         """Float32 logits [B, S, vocab_size] (times 1/mup_width_mult under muP)."""
         self._whole_model_only("logits")
         h, _ = self._last_hidden(input_ids)
-        return self.readout(h, *self.output_weights()).reshape(input_ids.shape + (-1,))
+        return self.readout(h, *self.full_weights(self.output_weights())).reshape(
+            input_ids.shape + (-1,))
 
     @property
     def vocab_parallel(self) -> bool:
@@ -353,6 +367,19 @@ class GPTModel(nn.Cell):
         if self.vocab_parallel:
             return self._runner.greedy_next(input_ids)
         return int(np.argmax(self.logits(input_ids).asnumpy()[0, -1]))
+
+    @property
+    def samples_vocab_parallel(self) -> bool:
+        """Whether :meth:`next_logits` combines the vocabulary shards (tensor parallelism)."""
+        return hasattr(self._runner, "next_logits")
+
+    def next_logits(self, input_ids) -> np.ndarray:
+        """The whole float32 logits ``[V]`` of the last position after ``input_ids`` [1, S]:
+        under tensor parallelism a collective of the tp group that gathers that position's
+        vocabulary shards (``TensorParallelRunner.next_logits``), else :meth:`logits`'."""
+        if self.samples_vocab_parallel:
+            return self._runner.next_logits(input_ids)
+        return self.logits(input_ids).asnumpy()[0, -1]
 
     def head(self, h, labels, loss_mask, w_norm, w_out):
         """(loss_sum, n_tokens) of the last hidden states h [T, H] and labels / mask [T]."""

@@ -261,12 +261,26 @@ class TensorParallelRunner:
 
     def greedy_next(self, input_ids) -> int:
         """The greedy next id after ``input_ids`` [1, S], the same on every tp rank (a
-        collective: every rank of the group calls it with the same ids). A full forward
-        (no key/value cache under tensor parallelism): the ids are padded at the end to
+        collective: every rank of the group calls it with the same ids; the tops of
+        :meth:`last_logits_shard`, combined by :func:`vocab_parallel_argmax`)."""
+        return vocab_parallel_argmax(self.last_logits_shard(input_ids), self.vocab_start,
+                                     self.comm, self.group)
+
+    def next_logits(self, input_ids) -> np.ndarray:
+        """The whole logits ``[V]`` of the last position after ``input_ids`` [1, S], the same
+        on every tp rank (a collective): each rank's :meth:`last_logits_shard` all-gathered
+        over the group in vocabulary order (``tp_plan.vocab_range``), that one position only,
+        for sampling (models/generation.py)."""
+        shard = self.last_logits_shard(input_ids)
+        return self.comm.all_gather(shard, self.group, 1).asnumpy().reshape(-1)
+
+    def last_logits_shard(self, input_ids):
+        """This rank's float32 logits ``[1, V/tp]`` of the last position of ``input_ids``. A
+        full forward (no key/value cache under tensor parallelism): the ids are padded at the end to
         ``seq_length`` (or past it to a multiple of ``tp``, the sequence-parallel split), one
         shape for every token, so ``training.jit: layer`` compiles its graphs once; causal
         attention keeps the padding from position ``S - 1``, whose final-normed hidden state
-        meets this rank's output rows, and :func:`vocab_parallel_argmax` combines the tops."""
+        meets this rank's output rows."""
         m = self._model
         s = int(input_ids.shape[1])
         length = max(s, int(m.cfg.seq_length))
@@ -280,5 +294,5 @@ class TensorParallelRunner:
         logits = linear(x, w_out, m.precision).astype(ms.float32)
         if m.readout_multiplier is not None:
             logits = logits * m.readout_multiplier
-        return vocab_parallel_argmax(logits, self.vocab_start, self.comm, self.group)
+        return logits
 

@@ -2,10 +2,13 @@
 
 Every evaluation reads the same samples: stream positions ``[0, eval_steps * G)`` of the
 held-out dataset (its sampler's seeded permutation of epoch 0 spreads them over the whole
-set), ``G = dp * local_batch_size``, laid out over the data-parallel replicas like a training
-step of one micro-batch: replica ``layout.data_rank`` of ``layout.dims.dp`` reads its slice,
-and the ranks of one replica (its tensor-parallel ranks, whose vocabulary-parallel
-cross-entropy already agrees) read the same one. Each rank sums its token losses and loss
+set), ``G`` the global batch size (``eval_steps`` counts global batches, as Megatron's
+``eval_iters``), laid out over the data-parallel replicas like a training step: ``G`` is
+``micro_batches`` (the accumulation count) batches of ``dp * local_batch_size``, of which
+replica ``layout.data_rank`` of ``layout.dims.dp`` reads its slice, and the ranks of one
+replica (its tensor-parallel ranks, whose vocabulary-parallel cross-entropy already agrees;
+its pipeline stages) read the same one. So the samples, and the loss, are those of one process
+with the same global batch, whatever the layout. Each rank sums its token losses and loss
 tokens; the sums go through ``layout.global_token_count`` (an all-reduce SUM over the
 data-parallel replicas only), so every rank gets ``loss = sum of token losses / loss tokens``
 of the whole set, independent of the layout for the same ``G``. Forward passes only: no
@@ -51,13 +54,14 @@ def reset_running_stats(model) -> None:
 
 
 def evaluate(model, held_out, eval_steps: int, local_batch_size: int, layout,
-             step: int = 0) -> EvalResult:
-    """Evaluate ``model`` on ``eval_steps`` batches of ``held_out`` (a ``TrainDataset``);
+             step: int = 0, micro_batches: int = 1) -> EvalResult:
+    """Evaluate ``model`` on ``eval_steps`` global batches of ``held_out`` (a
+    ``TrainDataset``), each ``micro_batches`` batches of ``local_batch_size`` per rank;
     ``layout`` is the run's ``RunLayout`` (trainer/protocols.py)."""
     import mindspore as ms
     loss_parts, local_tokens = [], 0.0
     sampler = held_out.sampler
-    for j in range(int(eval_steps)):
+    for j in range(int(eval_steps) * int(micro_batches)):
         positions = eval_positions(j, local_batch_size, layout.data_rank, layout.dims.dp)
         batch = held_out.samples(sampler.sample_indices(positions))
         loss_sum, n_tokens, _ = model(ms.Tensor(batch["input_ids"].astype(np.int32)),

@@ -100,8 +100,10 @@ class RunProgress:
                                         field=tb.field)
 
     def _evaluate(self, step: int) -> EvalResult:
-        result = evaluate(self.t.model, self.held_out, self.eval_steps,
-                          self.t.plan.local_batch_size, self.t.parallel, step)
+        result = evaluate(self.t.parallel.forward_only(self.t.model), self.held_out,
+                          self.eval_steps, self.t.plan.local_batch_size, self.t.parallel, step,
+                          self.t.plan.num_accumulation_steps)
+        reset_running_stats(self.t.model)
         self.evals.append(result)
         self.t.log(f"eval at step {step}: held-out loss {result.loss:.4f}, perplexity "
                    f"{result.perplexity:.3f} ({result.tokens} tokens)")
@@ -153,21 +155,17 @@ class RunProgress:
             self.tb.close()
         self._log_files("end")
 
-    def _samples(self) -> bool:
-        """Whether this rank runs the sample: rank 0 alone, except under tensor or expert
-        parallelism, whose forward is a collective of every rank of a tp / ep group
-        (models/generation.py): there every rank decodes the prompt, each group on its own
-        copy of the same weights, and rank 0 logs it."""
-        dims = self.t.parallel.dims
-        return self.t.rank == 0 or dims.tp > 1 or dims.ep > 1
-
     def _sample(self) -> None:
+        """The greedy sample, decoded on every rank and logged by rank 0: under tensor, expert
+        and pipeline parallelism and fully sharded parameters the forward is a collective of
+        every rank of a group (models/generation.py, distributed/pipeline_eval.py,
+        distributed/fsdp.py); elsewhere each rank's copy of the weights is the same."""
         prompt = self.t.cfg.logging.sample_prompt
-        if prompt is None or self.tokenizer is None or not self._samples():
+        if prompt is None or self.tokenizer is None:
             return
         from ..models.generation import generate
         ids = self.tokenizer.encode(prompt)
-        new = generate(self.t.model, ids, self.t.cfg.logging.sample_max_new_tokens,
-                       temperature=0.0)
+        new = generate(self.t.parallel.forward_only(self.t.model), ids,
+                       self.t.cfg.logging.sample_max_new_tokens, temperature=0.0)
         reset_running_stats(self.t.model)
         self.t.log(f"sample (greedy, {len(new)} tokens):\n{prompt}{self.tokenizer.decode(new)}")

@@ -44,6 +44,10 @@ class RunLayout(Protocol):
     def attach(self, model) -> None:
         """Keep this pipeline stage's parameters (after any checkpoint load)."""
 
+    def forward_only(self, model) -> Any:
+        """What evaluation and generation call: the model, or its forward through the
+        pipeline stages."""
+
     def parameter_sizes(self, model) -> Dict[str, int]:
         """name -> element count of the whole model's parameters (every stage's)."""
 

@@ -1,8 +1,8 @@
 """msrun worker of tests/distributed/test_eval_tp_msrun.py: every case of
 ``eval_tp_case.CASES`` under tensor parallel 2, in one launch; rank 0 leaves
 ``OUT_DIR/NAME/metrics.jsonl`` and the run log ``OUT_DIR/NAME.log``. Then both ranks decode
-``eval_tp_case.untrained_sample`` together and rank 0 writes its ids (and the message of
-sampling with temperature > 0, refused under tp) to ``OUT_DIR/untrained.json``. Last the
+``eval_tp_case.untrained_sample`` together, then sample ``eval_tp_case.SAMPLING`` (temperature,
+top-k, top-p), and rank 0 writes both ids to ``OUT_DIR/untrained.json``. Last the
 ``ep`` case under expert parallel 2 (``OUT_DIR/ep/``, ``OUT_DIR/ep.log``).
 
     python tests/distributed/eval_tp_worker.py OUT_DIR
@@ -19,7 +19,8 @@ sys.path.insert(0, HERE)
 def main(out):
     import mindspore as ms
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    from eval_tp_case import CASES, EP, TP, run, untrained_model, untrained_sample
+    from eval_tp_case import (CASES, EP, PROMPT, SAMPLED_TOKENS, SAMPLING, TP, run,
+                              untrained_model, untrained_sample)
     os.makedirs(out, exist_ok=True)
     for name in CASES:
         trainer, text = run(name, os.path.join(out, name), TP)
@@ -29,14 +30,10 @@ def main(out):
     model = untrained_model(trainer.parallel.group_comm)
     ids = untrained_sample(model)
     from mindformers_core.models.generation import generate
-    try:
-        generate(model, [1, 2], 2, temperature=0.8)
-        refused = None
-    except NotImplementedError as e:
-        refused = str(e)
+    sampled = generate(model, list(PROMPT), SAMPLED_TOKENS, **SAMPLING)
     if trainer.rank == 0:
         with open(os.path.join(out, "untrained.json"), "w") as fh:
-            json.dump({"ids": ids, "sampled": refused}, fh)
+            json.dump({"ids": ids, "sampled": sampled}, fh)
     trainer, text = run("ep", os.path.join(out, "ep"), EP)
     if text:
         with open(os.path.join(out, "ep.log"), "w", encoding="utf-8") as fh:

@@ -3,7 +3,8 @@
 the same global batch (tests/distributed/eval_tp_case.py): the training rows (rel 1e-4), the
 eval_loss rows (rel 1e-5), the end-of-run greedy sample text (equal, 16 tokens and 50 tokens,
 past seq_length), training after an evaluation bit-identical to a run without one, and the
-greedy ids from the seeded initial weights (equal); and under expert parallel 2 (the tiny
+greedy and the sampled ids (temperature 0.8, top-k, top-p, same seed) from the seeded
+initial weights (equal); and under expert parallel 2 (the tiny
 DeepSeek-V3), the training and eval rows and the 8-token sample against one process."""
 import json
 import os
@@ -62,8 +63,12 @@ def test_tensor_parallel_eval_and_sample_equal_one_process(tmp_path, layout_matr
     want = case.untrained_sample(case.untrained_model())
     assert len(want) == case.NEW_TOKENS and len(set(want)) > 5
     assert untrained["ids"] == want
-    assert untrained["sampled"].startswith("sampling with temperature 0.8 from a "
-                                           "tensor-parallel model: only greedy decoding")
+    # sampled (temperature, top-k, top-p) from the gathered last position: the same draws
+    from mindformers_core.models.generation import generate
+    sampled = generate(case.untrained_model(), list(case.PROMPT), case.SAMPLED_TOKENS,
+                       **case.SAMPLING)
+    assert len(set(sampled)) > 5 and sampled != want[:case.SAMPLED_TOKENS]
+    assert untrained["sampled"] == sampled
     # expert parallel 2: 2 replicas of local batch 4 read the held-out samples of local batch 8
     _, ep_ref_log = case.run("ep", str(tmp_path / "one_ep"), ["training.local_batch_size=8"])
     ep_ref, ep_got = read_metrics(tmp_path / "one_ep"), read_metrics(out / "ep")

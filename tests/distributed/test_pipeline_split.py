@@ -100,16 +100,15 @@ def test_pipeline_config_errors(monkeypatch, world, par, field, msg):
         load_config(base(**par))
 
 
-def test_no_evaluation_during_a_pipeline_run(monkeypatch):
+def test_evaluation_during_a_pipeline_run_is_accepted(monkeypatch):
+    """Evaluation runs through the stages (distributed/pipeline_eval.py; msrun:
+    tests/distributed/test_eval_tp_msrun.py)."""
     msrun_world(monkeypatch, 2)
     d = base()
     d["training"]["eval_interval"] = 2
     d["train_dataset"] = {"type": "SyntheticMarkov"}
     d["eval_dataset"] = {"type": "SyntheticMarkov"}
-    with pytest.raises(ConfigError, match=r"^training.eval_interval: evaluation during a "
-                                          r"pipeline-parallel run \(pipeline_parallel 2\) is not "
-                                          r"implemented"):
-        load_config(d)
+    assert load_config(d).training.eval_interval == 2
 
 
 def test_interleaved_needs_micro_batches_divisible_by_pp(monkeypatch):

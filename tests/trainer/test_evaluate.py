@@ -99,7 +99,19 @@ def test_eval_dataset_section_is_evaluated(tmp_path):
     t = Trainer(cfg, str(tmp_path), stream=io.StringIO())
     assert t.progress.held_out.kind == "SyntheticMarkov"
     t.train()
-    assert [r["eval_tokens"] for r in rows(tmp_path)] == [3 * 2 * 16] * 2
+    # eval_steps 3 global batches of 4 samples of 16 tokens
+    assert [r["eval_tokens"] for r in rows(tmp_path)] == [3 * 4 * 16] * 2
+
+
+def test_eval_reads_global_batches_whatever_the_micro_batch_split(tmp_path):
+    """eval_steps counts global batches: 2 micro-batches of 2 read the samples of 1 of 4."""
+    t = Trainer(text_cfg(tmp_path), str(tmp_path), stream=io.StringIO())
+    held = t.progress.held_out
+    split = evaluate(t.model, held, 3, 2, t.parallel, micro_batches=2)
+    whole = evaluate(t.model, held, 3, 4, t.parallel)
+    assert split.tokens == whole.tokens == 3 * 4 * 16
+    assert split.loss == pytest.approx(whole.loss, rel=1e-6)
+    assert evaluate(t.model, held, 3, 2, t.parallel).loss != pytest.approx(whole.loss, rel=1e-6)
 
 
 def test_greedy_sample_is_printed_at_the_end(tmp_path):

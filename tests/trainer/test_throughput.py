@@ -52,3 +52,30 @@ def test_scalars_of_a_metrics_row():
     row = {"step": 3, "loss": 2.5, "lrs": [1e-3, 2e-3], "clipped": True, "eval_ppl": None,
            "grad_norm": float("nan"), "tokens": 64}
     assert scalars_of_row(row) == {"loss": 2.5, "lrs/0": 1e-3, "lrs/1": 2e-3, "tokens": 64.0}
+
+
+def test_parameter_counts_of_a_sharded_model_are_the_whole_models():
+    """MFU's FLOPs per token come from the whole model's counts under every layout: a rank that
+    stores shards (tensor / expert parallel, FSDP; here FSDP's rows of 2, kept on one process)
+    counts each at its full shape (ParallelRun.parameter_sizes)."""
+    import numpy as np
+    from mindformers_core.config import load_config
+    from mindformers_core.distributed.fsdp import shard_model
+    from mindformers_core.distributed.fsdp_layout import fsdp_specs
+    from mindformers_core.distributed.setup import setup_parallel
+    from mindformers_core.models import build_model
+    cfg = load_config({"training": {"steps": 1}, "optimizer": {"type": "AdamW"},
+                       "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": 1e-3},
+                       "model": {"vocab_size": 64, "hidden_size": 16, "num_layers": 2,
+                                 "num_attention_heads": 2, "seq_length": 8}})
+    model = build_model(cfg.model, seed=1)
+    whole = {p.name: int(np.prod(p.shape)) for p in model.get_parameters()}
+    run = setup_parallel(cfg)
+    assert run.parameter_sizes(model) == whole
+    specs = fsdp_specs([(p.name, tuple(p.shape)) for p in model.trainable_params()], 2)
+    shard_model(model, specs, 0)
+    held = {p.name: int(np.prod(p.shape)) for p in model.get_parameters()}
+    assert sum(held.values()) < sum(whole.values())   # the rows of 2 are held
+    assert run.parameter_sizes(model) == whole
+    counts = param_counts(run.parameter_sizes(model))
+    assert counts["total"] == sum(whole.values())

@@ -1,0 +1,99 @@
+"""Forward-only passes through the pipeline stages: held-out evaluation and greedy generation
+under ``parallelism.pipeline_parallel`` > 1.
+
+A pipeline rank holds only its stage's weights (distributed/pipeline_release.py), so neither
+``model(ids, labels, mask)`` nor ``model.logits`` runs on one rank. :class:`PipelineForward`
+runs one batch through the virtual stages in order, each on its rank (virtual stage ``v`` on
+stage ``v mod pp``, core/pipeline_split.py): virtual stage 0 embeds the tokens, each one runs
+its decoder layers (``model.run_layers``) and sends the hidden states ``[B*S, H]`` to the next
+one's rank; the last computes
+
+* the loss (``model.finish``: the same head and loss as one process's forward), or
+* the next greedy id: the argmax of the last position's logits (the lowest id on ties, as
+  ``models/generation.next_token``).
+
+One batch at a time, without the training schedule's overlap: nothing is kept for a
+backward. The result goes to every stage with one all-reduce (SUM) over the ``pp`` group, the
+other stages adding 0 (exact: one non-zero term), so every rank logs the same eval loss and
+decodes the same ids. Every rank of the pipeline group must make the same calls (the same
+batches, the same prompt). Generation through it is greedy with a full forward over the last
+``seq_length`` tokens per token (``models/generation.py`` asks :meth:`greedy_next`, as for a
+vocabulary-parallel model: no rank has whole logits).
+
+Only forward passes run: the running statistics they add (the MoE loads, the max attention
+logits of the stage's layers) are cleared by the caller (trainer/evaluate.py
+``reset_running_stats`` on the model), as for one process.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+
+__all__ = ["PipelineForward"]
+
+
+class PipelineForward:
+    """``forward(ids, labels, mask) -> (loss_sum, n_tokens, 0)`` and ``greedy_next(ids)`` of a
+    pipeline-parallel model, the same values on every stage (module docstring).
+
+    ``pipeline`` is this rank's ``PipelineParallel`` after ``attach(model)``."""
+
+    #: no rank has whole logits: ``models.generation.generate`` decodes through greedy_next
+    vocab_parallel = True
+
+    def __init__(self, pipeline):
+        self.pipeline = pipeline
+        self.model = pipeline.model
+        self.cfg = self.model.cfg
+
+    def _through_stages(self, ids, last: Callable):
+        """``last(h)`` of the last virtual stage on its rank (None on the others) after running
+        ``ids`` [B, S] through every virtual stage."""
+        import mindspore as ms
+        pipe, model = self.pipeline, self.model
+        split, comm, ranks = pipe.split, pipe.comm, pipe.stage_ranks
+        b, s = (int(n) for n in ids.shape)
+        tables = model.static_tables(b, s)
+        like = None
+        for v in range(split.num_virtual):
+            if v % split.pp != pipe.stage:
+                continue
+            if v == 0:
+                h = model.embed_tokens(ids, model.embedding.word_embeddings.weight)
+            else:
+                if like is None:
+                    like = ms.Tensor(np.zeros((b * s, self.cfg.hidden_size), np.float32)
+                                     ).astype(model.precision.compute)
+                h = comm.recv(like, ranks[(v - 1) % split.pp])
+            h, _ = model.run_layers(h, tables, split.layers[v])
+            if v == split.num_virtual - 1:
+                return last(h)
+            comm.send(h, ranks[(v + 1) % split.pp])
+        return None
+
+    def _to_every_stage(self, values: Optional[np.ndarray], size: int) -> np.ndarray:
+        """The last stage's ``values`` on every stage (others pass None: zeros)."""
+        mine = np.zeros(size, np.float32) if values is None else values.astype(np.float32)
+        return np.asarray(self.pipeline.comm.all_reduce(mine, "pp"), np.float32)
+
+    def __call__(self, input_ids, labels, loss_mask):
+        """(loss_sum, n_tokens, aux 0) as Tensors, the last stage's on every stage."""
+        import mindspore as ms
+
+        def loss(h):
+            loss_sum, n_tokens, _ = self.model.finish(h, None, input_ids, labels, loss_mask)
+            return np.array([float(loss_sum.asnumpy()), float(n_tokens.asnumpy())])
+
+        both = self._to_every_stage(self._through_stages(input_ids, loss), 2)
+        return (ms.Tensor(both[0]), ms.Tensor(both[1]), ms.Tensor(np.float32(0.0)))
+
+    def greedy_next(self, input_ids) -> int:
+        """The greedy next id after ``input_ids`` [1, S] on every stage."""
+        model = self.model
+
+        def top(h):
+            logits = model.readout(h[-1:], *model.output_weights()).asnumpy()[0]
+            return np.array([np.argmax(logits)], np.float64)
+
+        return int(self._to_every_stage(self._through_stages(input_ids, top), 1)[0])
