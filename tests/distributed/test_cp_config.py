@@ -115,3 +115,18 @@ def test_context_parallel_async_is_accepted_with_a_check_note():
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-1500:]
     assert "parallelism.context_parallel_async: True changes nothing here" in proc.stdout
+
+
+def test_the_memory_plan_line_prints_the_per_rank_sequence_length(world):
+    from mindformers_core.core.memory_plan import Layout, estimate_memory
+    from mindformers_core.core.memory_verdict import format_memory_plan
+    world(4)
+    cfg = load_config(MARKOV, overrides=["parallelism.context_parallel=4",
+                                         "model.seq_length=64"])
+    plan = estimate_memory(cfg, Layout.from_dims(cfg.parallel_dims()))
+    assert plan.seq_per_rank == 16
+    assert "sequence 16 per rank (seq_length 64 / cp 4)" in format_memory_plan(plan).splitlines()[0]
+    one = estimate_memory(cfg, Layout())
+    assert one.seq_per_rank == 64 and "per rank (seq_length" not in format_memory_plan(one)
+    # the activations fall with the sequence held (the planner's own items)
+    assert plan.items["activations"] < 0.35 * one.items["activations"]
