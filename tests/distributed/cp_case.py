@@ -41,8 +41,12 @@ CASES = {
     "cp4_hybrid_gpt": (4, "gpt", cp_overrides(4, "hybrid", 2)),
     "cp2_dp2_colossal_gpt": (4, "gpt", cp_overrides(2, "colossal")),
 }
-#: the metrics compared per step (mtp_loss where the model has MTP)
-METRICS = ("loss", "grad_norm")
+#: the metrics compared per step, per model: the DeepSeek-V3's QK-Clip max logit (MAX over
+#: the cp ranks) and its aux loss (the sequence-wise aux loss over whole sequences), the MTP
+#: loss (whole-sequence shifts and counts)
+METRICS = {"gpt": ("loss", "grad_norm"),
+           "dsv3": ("loss", "grad_norm", "max_attention_logit", "aux_loss"),
+           "dsv3_mtp": ("loss", "grad_norm", "max_attention_logit", "aux_loss", "mtp_loss")}
 
 
 def cases_of(workers: int):

@@ -7,8 +7,9 @@ same global batch, per step (``cp_case.py``: the cases as data).
   MTP depth (its logged mtp_loss too);
 * 4 workers, one launch: cp4 hybrid (ulysses degree 2) on GPT, and cp2 x dp2 colossal on GPT.
 
-Per-step loss and grad_norm within rel 1e-4 over 10 steps; every rank's final QK-Clip max
-logits identical (MAX-reduced over every rank); the cp ranks of a replica read its data.
+Per-step loss and grad_norm (DeepSeek-V3: also the QK-Clip max logit, the aux loss and the
+MTP loss) within rel 1e-4 over 10 steps; every rank's final QK-Clip max logits identical
+(MAX-reduced over every rank); each rank reads the data of its dp coordinate.
 """
 import json
 import os
@@ -71,8 +72,7 @@ def assert_same_steps(got, want, name, metrics):
 
 def check_case(out, single, name):
     workers, model, _ = CASES[name]
-    metrics = METRICS + (("mtp_loss",) if "mtp" in model else ())
-    assert_same_steps(read_metrics(out / name), single[model], name, metrics)
+    assert_same_steps(read_metrics(out / name), single[model], name, METRICS[model])
     ranks = [json.load(open(out / f"{name}.rank{r}.json")) for r in range(workers)]
     assert all(r["max_logits"] == ranks[0]["max_logits"] for r in ranks), name
     assert [r["data_rank"] for r in ranks] == [r["coords"]["dp"] for r in ranks]
