@@ -90,31 +90,30 @@ def test_bad_cp_input_is_refused_naming_the_field(world, n, config, sets, field,
         load_config(config, overrides=sets)
 
 
+def check(n, config, sets):
+    """``(exit status, stdout + stderr, seconds)`` of ``--check`` on a world of ``n``."""
+    env = {k: v for k, v in os.environ.items() if k != "MS_ROLE"}
+    env["MS_WORKER_NUM"] = str(n)
+    args = [a for s in sets for a in ("--set", s)]
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "run_mindformer.py", "--config", config, "--mode", "1",
+                           "--check", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0
+
+
 @pytest.mark.parametrize("n,config,sets,field,text",
                          [REFUSED[i] for i in (0, 2, 5, 6, 9)])
 def test_check_exits_2_fast_naming_the_field(n, config, sets, field, text):
-    env = dict(os.environ, MS_WORKER_NUM=str(n))
-    env.pop("MS_ROLE", None)
-    cmd = [sys.executable, "run_mindformer.py", "--config", config, "--mode", "1", "--check"]
-    for s in sets:
-        cmd += ["--set", s]
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    elapsed = time.monotonic() - t0
-    assert proc.returncode == 2, proc.stdout[-1500:] + proc.stderr[-1500:]
-    assert f"error: {field}: " in proc.stderr + proc.stdout, proc.stderr[-1500:]
+    rc, out, elapsed = check(n, config, sets)
+    assert rc == 2 and f"error: {field}: " in out, out[-1500:]
     assert elapsed < 5.0, elapsed
 
 
 def test_context_parallel_async_is_accepted_with_a_check_note():
-    env = dict(os.environ, MS_WORKER_NUM="2")
-    env.pop("MS_ROLE", None)
-    proc = subprocess.run([sys.executable, "run_mindformer.py", "--config", MARKOV, "--mode", "1",
-                           "--check", "--set", "parallelism.context_parallel=2", "--set",
-                           "parallelism.context_parallel_async=True"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-1500:]
-    assert "parallelism.context_parallel_async: True changes nothing here" in proc.stdout
+    rc, out, _ = check(2, MARKOV, CP2 + ["parallelism.context_parallel_async=True"])
+    assert rc == 0, out[-1500:]
+    assert "parallelism.context_parallel_async: True changes nothing here" in out
 
 
 def test_the_memory_plan_line_prints_the_per_rank_sequence_length(world):
