@@ -2,7 +2,7 @@
 
     run = setup_parallel(cfg)        # initialises communication only under msrun
     trainer = Trainer(cfg, out)      # builds its model, then:
-    model = run.parallelize(model)   # TP/SP slices -> FSDP units -> EP cut (one owner of the order)
+    model = run.parallelize(model)   # TP/SP slices -> FSDP units -> cp chunks -> EP cut (one order)
     run.attach(model)                # pipeline: keep this stage's parameters (after a load)
     build_optimizer(..., shard_layout=run.optimizer_sharding())
     run.bind_optimizer(optimizer)
@@ -11,7 +11,8 @@ The layout is the config plan's (``RunConfig.parallel_dims``: ``config/layout.py
 and named its builders, ``parallel_steps``), built once here with this process's world; the
 :class:`~.collectives.GroupCommunicator` over its groups is created once and handed to every
 builder. What each builder does lives in its own module (``tp_reduce`` / ``models.tp_model``,
-``fsdp``, ``ep_reduce`` / ``models.expert_parallel``, ``pipeline_parallel``); the trainer sees
+``fsdp``, ``ep_reduce`` / ``models.expert_parallel``, ``pipeline_parallel``,
+``models.cp_model``); the trainer sees
 only :class:`ParallelRun`'s methods, the same for every layout.
 """
 from __future__ import annotations
