@@ -8,8 +8,8 @@ same global batch, per step (``cp_case.py``: the cases as data).
 * 4 workers, one launch: cp4 hybrid (ulysses degree 2) on GPT, and cp2 x dp2 colossal on GPT.
 
 Per-step loss and grad_norm (DeepSeek-V3: also the QK-Clip max logit, the aux loss and the
-MTP loss) within rel 1e-4 over 10 steps; every rank's final QK-Clip max logits identical
-(MAX-reduced over every rank); each rank reads the data of its dp coordinate.
+MTP loss) within rel 1e-4 over 10 steps; under Muon every rank's final QK-Clip max logits
+identical (MAX-reduced over every rank); each rank reads the data of its dp coordinate.
 """
 import json
 import os
@@ -74,7 +74,8 @@ def check_case(out, single, name):
     workers, model, _ = CASES[name]
     assert_same_steps(read_metrics(out / name), single[model], name, METRICS[model])
     ranks = [json.load(open(out / f"{name}.rank{r}.json")) for r in range(workers)]
-    assert all(r["max_logits"] == ranks[0]["max_logits"] for r in ranks), name
+    if model.startswith("dsv3"):   # Muon's QK-Clip MAX-reduces them over every rank
+        assert all(r["max_logits"] == ranks[0]["max_logits"] for r in ranks), name
     assert [r["data_rank"] for r in ranks] == [r["coords"]["dp"] for r in ranks]
 
 
