@@ -17,12 +17,14 @@ until they are):
     expert parallel        x data parallel (ep carved out of dp), ZeRO-1 (no_shard / optim)
     tp x ep                ep folded over tp x dp (core/parallel_dims.py), ZeRO-1 over dp
     pipeline parallel      x data parallel with ZeRO-1 (no_shard / optim), 1F1B or interleaved
-    context parallel       not yet
+    context parallel       x data parallel with ZeRO-1 (optim); colossal, ulysses, hybrid
+                           (docs/context_parallel.md)
 
 The refusals in words: ``tensor_parallel`` with ``pipeline_parallel`` (pp x tp) or with a
 gradient/parameter-sharding strategy (tp x FSDP); ``expert_parallel`` with
 ``pipeline_parallel`` or with FSDP; ``pipeline_parallel`` with a gradient/parameter-sharding
-strategy (pp x FSDP); ``context_parallel`` above 1.
+strategy (pp x FSDP); ``context_parallel`` with ``tensor_parallel``, ``expert_parallel``,
+``pipeline_parallel`` or a strategy other than ``optim``.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ LAYOUT_TABLE = (
     ("tp x ep",
      "tp (+sp) x ep (ep divides dp, folded over tp x dp) with ZeRO-1 (no_shard / optim)"),
     ("pipeline parallel", "pp x dp with ZeRO-1 (no_shard / optim), 1F1B or interleaved 1F1B"),
+    ("context parallel", "cp x dp with ZeRO-1 (optim): colossal, ulysses, hybrid"),
 )
 
 P = "parallelism"
@@ -60,11 +63,7 @@ def check_layout(dims: ParallelDims) -> None:
     The rules of one size against the model (heads, experts, layers per stage) are the
     config's own checks (config/tensor_parallel_rules.py, expert_layout.py, pipeline.py)."""
     if dims.cp > 1:
-        raise _refuse("context_parallel",
-                      f"must be 1, got {dims.cp}: context parallelism is not implemented (data, "
-                      f"tensor, pipeline and expert parallelism are); the data-parallel size is "
-                      f"the number of workers / (tensor_parallel * pipeline_parallel), and "
-                      f"data_parallel_shard shards the optimizer state")
+        _check_context(dims)
     for field, size, kind, then in (
             ("tensor_parallel", dims.tp, "tp", "pipeline x data parallel runs"),
             ("expert_parallel", dims.ep, "ep", "every stage runs all its layers' experts")):
@@ -88,19 +87,43 @@ def check_layout(dims: ParallelDims) -> None:
     parallel_steps(dims)   # an accepted layout has its builders
 
 
+def _check_context(dims: ParallelDims) -> None:
+    """cp runs with data parallel and ZeRO-1 only (each composition refused names its field)."""
+    for field, size in (("tensor_parallel", dims.tp), ("pipeline_parallel", dims.pp),
+                        ("expert_parallel", dims.ep)):
+        if size > 1:
+            raise _refuse(field, f"{field}({size}) with parallelism.context_parallel({dims.cp}) "
+                                 f"is not implemented yet (cp x {field.split('_')[0]}); set "
+                                 f"parallelism.{field}: 1 or context_parallel: 1")
+    if dims.shard_strategy != "optim":
+        raise _refuse("data_parallel_shard_strategy",
+                      f"{dims.shard_strategy!r} with parallelism.context_parallel({dims.cp}) is "
+                      f"not implemented yet (cp x FSDP); use 'optim' (ZeRO-1 over "
+                      f"data_parallel_shard) or context_parallel: 1")
+
+
+def _cp_runs(dims: ParallelDims) -> bool:
+    return dims.tp == dims.pp == dims.ep == 1 and dims.shard_strategy == "optim"
+
+
 def parallel_steps(dims: ParallelDims) -> List[str]:
     """The builders ``distributed.setup`` applies to an accepted layout, in order (empty on
     one process): ``pipeline`` (this rank's stage, ZeRO-1 over its dp group), ``tensor``
     (TP/SP slices, ZeRO-1 over dp),
     ``fsdp`` (the shard strategy over dp: gradient / parameter shards, or nothing to do for
-    ZeRO-1), ``expert`` (the EP cut). Raises ValueError for a layout no builder covers."""
+    ZeRO-1), ``expert`` (the EP cut), ``context`` (the cp attention and sequence chunks).
+    Raises ValueError for a layout no builder covers."""
     if dims.world == 1:
         return []
     if dims.pp > 1:
         if dims.tp > 1 or dims.ep > 1 or dims.cp > 1 or _shards_grads(dims):
             raise ValueError(f"no builder for pipeline parallel with {dims.describe()}")
         return ["pipeline"]
-    if dims.cp > 1 or (_shards_grads(dims) and (dims.tp > 1 or dims.ep > 1)):
+    if dims.cp > 1:
+        if not _cp_runs(dims):
+            raise ValueError(f"no builder for {dims.describe()}")
+        return ["context"]   # the data-parallel reduction over every rank: dp x cp
+    if _shards_grads(dims) and (dims.tp > 1 or dims.ep > 1):
         raise ValueError(f"no builder for {dims.describe()}")
     steps = ["tensor"] if dims.tp > 1 else ["fsdp"]
     return steps + (["expert"] if dims.ep > 1 else [])

@@ -32,6 +32,7 @@ from typing import Any, Optional, Tuple
 
 from ..errors import ConfigError
 from .compat.parallel_noop import check_parallel_noop
+from .context_parallel_rules import check_context_parallel_fields
 from .pipeline import check_pipeline_fields
 from .schema import Section
 
@@ -127,6 +128,7 @@ class ParallelismConfig(Section):
                 raise ConfigError(f"{path}.{name}", f"must be >= 1, got {value}")
         check_parallel_noop(self, path, self._env_data_parallel())
         check_pipeline_fields(self, path)   # pipeline parallel (config/pipeline.py)
+        check_context_parallel_fields(self, path)   # config/context_parallel_rules.py
         if self.data_parallel_shard == 0 or self.data_parallel_shard < -1:
             resolve_dp_shard(self.data_parallel_shard, 1, f"{path}.data_parallel_shard")
         dp = self._env_data_parallel()

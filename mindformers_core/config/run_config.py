@@ -46,6 +46,7 @@ from .layout import check_layout
 from .parallelism import ParallelismConfig
 from .profiler import ProfilerConfig
 from .recompute import RecomputeConfig
+from .context_parallel_rules import check_context_parallel
 from .tensor_parallel_rules import check_tensor_parallel
 from .schema import Section, type_hints, type_name, unknown_key_error
 from .tokenizer import TokenizerConfig, check_text_sections
@@ -213,6 +214,7 @@ class RunConfig(Section):
         self._check_recompute_vs_jit()
         self.tensorboard_target()   # logging.tensorboard vs monitor.tensorboard (config/monitor.py)
         check_pipeline_vs_model(self.parallelism, self.model)   # config/pipeline.py
+        check_context_parallel(self)   # cp > 1: seq_length, ulysses heads (context_parallel_rules)
         self.plan()  # schedule against training.steps, data parallel, accumulation
         check_tensor_parallel(self)   # tp > 1: sequence parallel, sizes (tensor_parallel_rules)
 
@@ -252,7 +254,10 @@ class RunConfig(Section):
         Cells (``Cell.recompute``), so with recompute on and ``training.jit`` not written it
         is ``none``."""
         recomputes = self.recompute_layers() or self.recompute_modules()
-        if recomputes and "jit" not in self.training.explicit_keys:
+        # context parallel: the cp attention's collectives run in PyNative
+        # (config/context_parallel_rules.py)
+        cp = self.parallelism.context_parallel > 1
+        if (recomputes or cp) and "jit" not in self.training.explicit_keys:
             return "none"
         return self.training.jit
 

@@ -392,6 +392,12 @@ class MemoryPlan:
     limit: Optional[float] = None
     limit_source: str = ""
     notes: List[str] = field(default_factory=list)
+    seq_length: int = 0   # the model's (whole) sequence; each rank holds seq_length / cp
+
+    @property
+    def seq_per_rank(self) -> int:
+        """Tokens of each sequence a rank holds (context parallel splits the sequence)."""
+        return max(1, self.seq_length // self.layout.cp)
 
     @property
     def total(self) -> int:
@@ -404,7 +410,7 @@ class MemoryPlan:
                 "stage_layers": self.stage_layers, "stage": self.stage,
                 "recompute": self.settings.recompute,
                 "flash_attention": self.settings.flash_attention,
-                "micro_batch": self.settings.micro_batch,
+                "micro_batch": self.settings.micro_batch, "seq_per_rank": self.seq_per_rank,
                 "moe_dispatch": self.settings.moe_dispatch, "notes": list(self.notes)}
 
 
@@ -529,7 +535,8 @@ def estimate_memory(cfg, layout: Layout, settings: Optional[ActivationSettings] 
             best = (items, n_rank, len(layers), stage)
     items, n_rank, n_layers, stage = best
     return MemoryPlan(items=items, layout=layout, settings=settings, params_per_rank=n_rank,
-                      total_params=counts.total, stage_layers=n_layers, stage=stage)
+                      total_params=counts.total, stage_layers=n_layers, stage=stage,
+                      seq_length=model_cfg.seq_length)
 
 
 # ----------------------------------------------------------------------------------------------

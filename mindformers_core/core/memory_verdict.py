@@ -105,7 +105,12 @@ def memory_verdict(plan: MemoryPlan, cfg=None) -> Tuple[str, str, str]:
 def format_memory_plan(plan: MemoryPlan) -> str:
     """The per-rank table printed by ``--check`` and at the start of a run."""
     st = plan.settings
+    cp = plan.layout.cp
+    # context parallel: each rank holds seq_length / cp tokens of every sequence
+    seq = (f"sequence {plan.seq_per_rank} per rank (seq_length {plan.seq_length} / cp {cp}), "
+           if cp > 1 else "")
     lines = [f"memory plan (per rank, {plan.layout.describe()}; micro-batch {st.micro_batch}, "
+             f"{seq}"
              f"recompute {st.recompute}, flash attention {'on' if st.flash_attention else 'off'}"
              f", busiest pipeline stage {plan.stage} with {plan.stage_layers} layers)"]
     width = max(len(k) for k in plan.items)

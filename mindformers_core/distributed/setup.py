@@ -2,7 +2,7 @@
 
     run = setup_parallel(cfg)        # initialises communication only under msrun
     trainer = Trainer(cfg, out)      # builds its model, then:
-    model = run.parallelize(model)   # TP/SP slices -> FSDP units -> EP cut (one owner of the order)
+    model = run.parallelize(model)   # TP/SP slices -> FSDP units -> cp chunks -> EP cut (one order)
     run.attach(model)                # pipeline: keep this stage's parameters (after a load)
     build_optimizer(..., shard_layout=run.optimizer_sharding())
     run.bind_optimizer(optimizer)
@@ -11,7 +11,8 @@ The layout is the config plan's (``RunConfig.parallel_dims``: ``config/layout.py
 and named its builders, ``parallel_steps``), built once here with this process's world; the
 :class:`~.collectives.GroupCommunicator` over its groups is created once and handed to every
 builder. What each builder does lives in its own module (``tp_reduce`` / ``models.tp_model``,
-``fsdp``, ``ep_reduce`` / ``models.expert_parallel``, ``pipeline_parallel``); the trainer sees
+``fsdp``, ``ep_reduce`` / ``models.expert_parallel``, ``pipeline_parallel``,
+``models.cp_model``); the trainer sees
 only :class:`ParallelRun`'s methods, the same for every layout.
 """
 from __future__ import annotations
@@ -98,6 +99,11 @@ class ParallelRun:
         if "fsdp" in self.steps:
             from .fsdp import apply_fsdp
             self.reducer, model = apply_fsdp(self.cfg, self.reducer, model, self.group_comm)
+        if "context" in self.steps:   # the model keeps its chunks (models/cp_model.py)
+            from ..config.context_parallel_rules import ulysses_degree
+            par = self.cfg.parallelism
+            model = model.apply_context_parallel(self.group_comm, par.context_parallel_method,
+                                                 ulysses_degree(par))
         if "expert" in self.steps:   # the model keeps its experts (models/expert_parallel.py)
             from .ep_reduce import ExpertParallelReducer
             model.apply_expert_parallel(self.group_comm)
@@ -158,7 +164,10 @@ class ParallelRun:
 
     # -- one step --------------------------------------------------------------------------------
     def global_token_count(self, local_tokens: float) -> float:
-        return self.reducer.global_token_count(local_tokens)
+        """Loss tokens of the global step from this rank's micro-batches. Context parallel:
+        every cp rank read the same whole sequences (the model keeps its chunks), so the sum
+        over all ranks counts each one cp times."""
+        return self.reducer.global_token_count(local_tokens) / self.dims.cp
 
     def forward_backward(self, accumulate: Callable, params: Sequence, batches: Sequence[dict],
                          total_tokens: float, loss_scale: float = 1.0) -> Tuple[List, float, float]:
@@ -183,13 +192,19 @@ class ParallelRun:
     def step_aux(self, aux: float) -> float:
         """The logged aux loss: under expert parallel the mean over every rank's micro-batches
         (each rank routed its own tokens), under pipeline parallel the mean over the dp
-        replicas of each pipeline's (its stages' sum); elsewhere this rank's."""
+        replicas of each pipeline's (its stages' sum), under context parallel the parts of
+        the cp ranks combined (models/cp_model.py); elsewhere this rank's."""
         if self.pipeline is not None:
             return self.pipeline.mean_over_ranks(aux)
+        if self.dims.cp > 1:
+            return self.mean_over_ranks(aux)
         return self._expert.mean_over_ranks(aux) if self._expert is not None else aux
 
     def mean_over_ranks(self, value: float) -> float:
-        return self.reducer.mean_over_ranks(value)
+        """The global batch's value of a per-rank metric (the MTP loss): the mean over the
+        data-parallel replicas; under context parallel each rank's value is its part, so the
+        sum over the cp ranks of a replica (mean over all ranks times cp)."""
+        return self.reducer.mean_over_ranks(value) * self.dims.cp
 
     def sync_moe_stats(self, model) -> None:
         """The step's expert loads summed over the ranks that routed other tokens."""

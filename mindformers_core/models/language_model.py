@@ -184,6 +184,8 @@ class GPTModel(nn.Cell):
         # (set_shard_specs); expert-parallel Cells report their own (shard_specs())
         self._shard_specs: Dict[str, object] = {}
         self._max_logits: List[Optional[Tensor]] = [None] * self._num_tracked_layers
+        # context parallel: this rank's tokens of each sequence (models/cp_model.py), or None
+        self._chunks = None
         self._runner = compiled.Runner(self, "none")
 
     # ----------------------------------------------------------------- construction
@@ -256,6 +258,28 @@ class GPTModel(nn.Cell):
         from .expert_parallel import shard_experts
         return shard_experts(self, comm)
 
+    def apply_context_parallel(self, comm, method: str, ulysses_degree: int = 1):
+        """Run on this rank's chunks of every sequence with ``method``'s attention over
+        ``comm``'s ``cp`` group (models/cp_model.py); returns the model."""
+        from .cp_model import apply_context_parallel
+        return apply_context_parallel(self, comm, method, ulysses_degree)
+
+    def attention_blocks(self) -> list:
+        """Every attention block: the decoder layers', then the MTP depths'."""
+        layers = list(self.decoder.layers)
+        if self.mtp is not None:
+            layers += [depth.transformer_layer for depth in self.mtp.layers]
+        return [layer.self_attention for layer in layers]
+
+    def set_sequence_chunks(self, chunks) -> None:
+        """Keep ``chunks``' tokens of every sequence (``cp_model.SequenceChunks``)."""
+        self._chunks = chunks
+        self._tables = {}
+
+    def _local(self, x):
+        """This rank's tokens of ``x`` [B, S] (all of them without context parallel)."""
+        return x if self._chunks is None else self._chunks.take(x)
+
     def set_shard_specs(self, specs) -> None:
         """Record the layouts of parameters whose data was replaced by their shards."""
         self._shard_specs.update(specs)
@@ -274,7 +298,9 @@ class GPTModel(nn.Cell):
         """``layers.attention_tables`` of a (batch, seq_len), cached."""
         key = (batch, seq_len)
         if key not in self._tables:
-            self._tables[key] = self.position_tables(batch, seq_len)
+            tables = self.position_tables(batch, seq_len)
+            # context parallel: the rows of this rank's global positions
+            self._tables[key] = tables if self._chunks is None else self._chunks.tables(tables)
         return self._tables[key]
 
     def position_tables(self, batch: int, seq_len: int, start: int = 0) -> tuple:
@@ -314,14 +340,19 @@ class GPTModel(nn.Cell):
             self._max_logits[i] = new if old is None else ops.maximum(old, new)
 
     def _last_hidden(self, input_ids):
-        """(h [B*S, H] before the final norm, summed aux loss or None); records max logits."""
+        """(h [B*S, H] before the final norm, summed aux loss or None); records max logits.
+        Under context parallel h holds this rank's tokens only (``_local``)."""
         b, s = input_ids.shape
-        h, aux, max_logits = self._runner.layers(self._runner.embed(input_ids),
+        h, aux, max_logits = self._runner.layers(self._runner.embed(self._local(input_ids)),
                                                  self.static_tables(b, s))
         self.record_max_logits(max_logits)
         return h, aux
 
     def _whole_model_only(self, what: str) -> None:
+        if self._chunks is not None:
+            raise NotImplementedError(f"{what} of a context-parallel model (each rank holds "
+                                      f"its own chunks of the sequence); the training forward "
+                                      f"model(ids, labels, mask) is")
         if self._shard_specs and not self.gathers_weights:
             raise NotImplementedError(f"{what} of a tensor-parallel model (each rank holds "
                                       f"its own tokens and vocabulary rows); the training "
@@ -425,7 +456,8 @@ class GPTModel(nn.Cell):
     def finish(self, h, aux, input_ids, labels, loss_mask) -> tuple:
         """(loss_sum, n_tokens, aux) of the last hidden states h [B*S, H] (before the final
         norm) and the decoder's summed aux loss (or None): head, loss and the MTP depths."""
-        loss_sum, n_tokens = self._runner.head(h, labels.reshape(-1), loss_mask.reshape(-1))
+        loss_sum, n_tokens = self._runner.head(h, self._local(labels).reshape(-1),
+                                               self._local(loss_mask).reshape(-1))
         aux = mint.zeros((), dtype=ms.float32) if aux is None else aux.astype(ms.float32)
         if self.mtp is not None:
             aux = aux + self.mtp_loss(h, input_ids, labels, loss_mask)
@@ -440,7 +472,8 @@ class GPTModel(nn.Cell):
         loss, max_logits, aux = self.mtp(
             h, input_ids, labels, loss_mask, self.static_tables(b, s),
             lambda ids: self.embed_tokens(ids, table),
-            lambda hk, lab, mask, w_norm: self.head(hk, lab, mask, w_norm, w_out))
+            lambda hk, lab, mask, w_norm: self.head(hk, lab, mask, w_norm, w_out),
+            None if self._chunks is None else self._chunks.take)
         self.record_max_logits(max_logits, start=self.cfg.num_layers)
         self._mtp_losses.append(ops.stop_gradient(loss))
         return loss if aux is None else loss + aux.astype(ms.float32)

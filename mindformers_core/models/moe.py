@@ -146,7 +146,14 @@ class MoE(nn.Cell):
         self.shared_experts = MLP(hidden_size, spec.shared_ffn, precision) if spec.shared_ffn > 0 else None
         self.last_topk = None
         self.expert_parallel = 1   # ranks the experts are split over (models/expert_parallel.py)
+        # context parallel (models/cp_model.py): (sum of [B, E] counts over the cp group, cp)
+        self._sequence_counts = None
         self.reset_stats()
+
+    def set_sequence_counts(self, reduce, cp: int) -> None:
+        """Context parallel: the aux loss reads the per-sequence counts ``reduce``d over the cp
+        ranks (whole sequences) and returns this rank's part (models/cp_model.py)."""
+        self._sequence_counts = (reduce, int(cp))
 
     def reset_stats(self) -> None:
         self.tokens_per_expert = None
@@ -231,8 +238,13 @@ class MoE(nn.Cell):
         onehot = ops.one_hot(idx, s.num_experts, ms.Tensor(1.0, ms.float32),
                              ms.Tensor(0.0, ms.float32))
         per_seq = onehot.reshape(b, n * s.top_k, s.num_experts).sum(1)       # [B, E]
-        return rt.aux_loss(scores, per_seq, b, n, s.top_k, s.load_balancing_type,
-                           s.aux_loss_coeff)
+        if self._sequence_counts is not None:   # this rank's part (models/cp_model.py)
+            per_seq = self._sequence_counts[0](per_seq)
+        aux = rt.aux_loss(scores, per_seq, b, n, s.top_k, s.load_balancing_type,
+                          s.aux_loss_coeff)
+        if aux is not None and self._sequence_counts is not None:
+            aux = aux / float(self._sequence_counts[1] ** 2)
+        return aux
 
     @property
     def static_ok(self) -> bool:

@@ -68,16 +68,22 @@ class MultiTokenPrediction(nn.Cell):
         self.loss_scaling_factor = float(loss_scaling_factor)
 
     def construct(self, h, input_ids, labels, loss_mask, tables, embed_fn: Callable,
-                  head_fn: Callable):
+                  head_fn: Callable, local: Optional[Callable] = None):
         """``embed_fn(ids [B, S]) -> [B*S, H]``; ``head_fn(h, labels [T], mask [T], w_norm) ->
-        (loss_sum, n_tokens)`` with the shared output layer."""
+        (loss_sum, n_tokens)`` with the shared output layer. ``local`` (context parallel,
+        models/cp_model.py): this rank's tokens of a [B, S] array; the shifts run on the whole
+        sequences, and each depth's loss is this rank's token losses over the whole sequences'
+        count (a part: the sum over the cp ranks is the loss)."""
         ids, lab, mask = input_ids, labels, loss_mask.astype(ms.float32)
+        take = (lambda x: x) if local is None else local
         losses, max_logits, aux = [], [], None
         for layer in self.layers:
             ids, lab, mask = shift_left(ids), shift_left(lab), shift_left(mask, zero_fill=True)
-            h, ml, a = layer(h, embed_fn(ids), tables)
-            loss_sum, n_tokens = head_fn(h, lab.reshape(-1), mask.reshape(-1),
+            h, ml, a = layer(h, embed_fn(take(ids)), tables)
+            loss_sum, n_tokens = head_fn(h, take(lab).reshape(-1), take(mask).reshape(-1),
                                          layer.final_layernorm.weight)
+            if local is not None:
+                n_tokens = mask.sum()
             losses.append(loss_sum / ops.maximum(n_tokens, 1.0))
             max_logits.append(ml)
             if a is not None:

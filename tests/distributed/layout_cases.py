@@ -106,6 +106,7 @@ def _groups():
     from tp_case import MODELS, MUON_CASES
     from tpep_case import CASES as TPEP_CASES
     from eval_tp_case import LAYOUTS as EVAL_LAYOUTS
+    from cp_case import cases_of
     from ppdp_case import CASES as PPDP_CASES
     import tp_muon_case
     g = {
@@ -128,6 +129,8 @@ def _groups():
         "tpep": Group("tpep", None, [JobCase("tpep", 4, "tpep_worker:main",
                                              (list(TPEP_CASES),))]),
         "cp": Group("cp", None, [JobCase("cp", 4, "cp_worker:main")]),
+        "cp_train": Group("cp_train", None, [
+            JobCase(f"cp_train{w}", w, "cp_train_worker:main", (cases_of(w),)) for w in (2, 4)]),
         "group_comm": Group("group_comm", None, [
             JobCase("group_comm2", 2, "group_comm_worker:main", (GROUP_COMM_ROUNDS,)),
             JobCase("group_comm4", 4, "group_comm_worker:main", (GROUP_COMM_ROUNDS,))]),

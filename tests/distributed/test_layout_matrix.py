@@ -19,7 +19,7 @@ from mindformers_core.config import ConfigError, load_config
 from mindformers_core.config.layout import parallel_steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILDERS = {"pipeline", "tensor", "fsdp", "expert"}
+BUILDERS = {"pipeline", "tensor", "fsdp", "expert", "context"}
 STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 WORLDS = (1, 2, 3, 4, 6, 8, 12, 16)
 
@@ -98,6 +98,9 @@ def test_every_point_is_accepted_with_a_builder_or_refused_naming_a_parallelism_
     (4, dict(model="gpt", pp=2, global_batch=8), ["pipeline"]),
     (8, dict(model="deepseek_v3", pp=2, vpp=2, strategy="no_shard"), ["pipeline"]),
     (1, dict(model="qwen3", strategy="optim_grads"), []),
+    (2, dict(model="gpt", cp=2), ["context"]),
+    (4, dict(model="deepseek_v3", cp=2), ["context"]),
+    (8, dict(model="qwen3", cp=2), ["context"]),
 ])
 def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
     assert verdict(monkeypatch, world, **point) == ("accepted", want)
@@ -114,7 +117,13 @@ def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
     (4, dict(model="deepseek_v3", pp=2, ep=2), "parallelism.pipeline_parallel"),
     (4, dict(model="gpt", pp=2, strategy="optim_grads_params", global_batch=8),
      "parallelism.data_parallel_shard_strategy"),
-    (4, dict(model="gpt", cp=2, tp=2), "parallelism.context_parallel"),
+    (4, dict(model="gpt", cp=2, tp=2), "parallelism.tensor_parallel"),
+    (4, dict(model="gpt", cp=2, pp=2, global_batch=8), "parallelism.pipeline_parallel"),
+    (4, dict(model="deepseek_v3", cp=2, ep=2), "parallelism.expert_parallel"),
+    (4, dict(model="gpt", cp=2, strategy="optim_grads"),
+     "parallelism.data_parallel_shard_strategy"),
+    (2, dict(model="gpt", cp=2, strategy="no_shard"),
+     "parallelism.data_parallel_shard_strategy"),
     (2, dict(model="gpt", ep=2), "parallelism.expert_parallel"),
 ])
 def test_refused_points_name_their_field(monkeypatch, world, point, field):
@@ -152,7 +161,8 @@ CLI_POINTS = [
     (4, "configs/markov_check.yaml", ["parallelism.context_parallel=2",
                                       "parallelism.tensor_parallel=2",
                                       "parallelism.sequence_parallel=true"]),
-    (2, "configs/markov_check.yaml", ["parallelism.context_parallel=2"]),
+    (2, "configs/markov_check.yaml", ["parallelism.context_parallel=2",
+                                      "parallelism.data_parallel_shard_strategy=optim_grads"]),
     (3, "configs/markov_check.yaml", ["parallelism.tensor_parallel=2",
                                       "parallelism.sequence_parallel=true"]),
     (2, "configs/markov_check.yaml", ["parallelism.tensor_parallel=2"]),

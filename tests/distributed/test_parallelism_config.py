@@ -78,13 +78,16 @@ def test_data_parallel_key_gives_upstream_text():
     assert "'data_parallel_shard'" in msg
 
 
-@pytest.mark.parametrize("name", ["context_parallel"])
-def test_model_parallel_above_one_is_not_implemented(monkeypatch, name):
-    msrun_world(monkeypatch, 2)
+def test_context_parallel_runs_with_data_parallel_and_refuses_tensor_parallel(monkeypatch):
+    msrun_world(monkeypatch, 4)
     d = base(training={"steps": 10, "local_batch_size": 1, "global_batch_size": 2},
-             parallelism={name: 2})
-    with pytest.raises(ConfigError, match=rf"^parallelism\.{name}: must be 1, got 2: context "
-                                          rf"parallelism is not implemented"):
+             parallelism={"context_parallel": 2})
+    dims = load_config(d).parallel_dims()
+    assert (dims.cp, dims.dp) == (2, 2)
+    d["parallelism"].update(tensor_parallel=2, sequence_parallel=True)
+    with pytest.raises(ConfigError, match=r"^parallelism\.tensor_parallel: tensor_parallel\(2\) "
+                                          r"with parallelism\.context_parallel\(2\) is not "
+                                          r"implemented yet"):
         load_config(d)
 
 

@@ -1,6 +1,6 @@
 """Upstream `parallelism:` keys of features that do not exist here: the accepted values.
 
-Data, tensor (+sequence), expert and pipeline parallelism are implemented (which combinations
+Data, tensor (+sequence), expert, pipeline and context parallelism are implemented (which combinations
 run: config/layout.py); the keys below belong to features that are not. Such a key is accepted
 with its no-op value; any other value is a ConfigError naming the field and saying the feature
 is not implemented (``noop.require_noop``).
@@ -29,9 +29,6 @@ __all__ = ["check_parallel_noop", "SHARD_STRATEGIES", "PERFORMANCE_FLAGS",
 #: field -> (accepted values, feature)
 _NOOP = {
     "cpu_offload": ((False,), "FSDP CPU offload"),
-    "context_parallel_async": ((False,), "context parallelism"),
-    "ulysses_degree_in_cp": ((None,), "Ulysses context parallelism"),
-    "context_parallel_mask_type": (("causal",), "a non-causal context-parallel mask"),
     "pipeline_parallel_enable_dxdw_split": ((False,), "pipeline dx/dw split"),
     "expert_parallel_async_d2h": ((False,), "asynchronous expert-parallel counts"),
     "hsdp_shard_size": ((1,), "HSDP sharding"),
@@ -55,6 +52,10 @@ PERFORMANCE_FLAGS = {
         "changes nothing here: the pipeline schedule (1F1B or interleaved 1F1B) runs one "
         "micro-batch's backward and the next one's forward one after the other, not overlapped "
         "(the same math)")),
+    "context_parallel_async": (False, (
+        "changes nothing here: the ring's K/V exchange is not overlapped with the block "
+        "computations on this backend (the same math, the same ring schedule: "
+        "distributed/ring_attention.py)")),
     "dense_fsdp_shard_size": (None, (
         "changes nothing here: dense parameters are sharded over the data_parallel_shard ranks "
         "that data_parallel_shard_strategy names, with no separate dense shard group")),

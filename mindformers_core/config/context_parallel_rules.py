@@ -1,0 +1,88 @@
+"""Rules of context parallelism (``parallelism.context_parallel > 1``), pure.
+
+Fields (upstream's): ``context_parallel_method`` (``colossal`` ring attention, ``ulysses``
+all-to-all, ``hybrid`` ulysses inside groups of ``ulysses_degree_in_cp`` ranks and the ring
+across them; docs/context_parallel.md), ``ulysses_degree_in_cp`` (hybrid only; divides
+``context_parallel``), ``context_parallel_mask_type`` (``causal`` only) and
+``context_parallel_async`` (any value; it changes nothing here, a ``--check`` note:
+config/compat/parallel_noop.py ``PERFORMANCE_FLAGS``).
+
+Against the model (``check_context_parallel``, RunConfig):
+
+* ``seq_length`` divisible by ``2 * context_parallel``: the load-balanced causal split gives
+  every rank two of ``2 cp`` equal chunks (``distributed/cp_layout.py``);
+* ``num_attention_heads`` (and, without MLA, ``num_query_groups``) divisible by the ulysses
+  degree (``context_parallel`` for ulysses, ``ulysses_degree_in_cp`` for hybrid): the
+  all-to-all swaps the sequence split for a split of whole heads;
+* ``training.jit: none`` (what an unwritten ``training.jit`` means under cp) and no recompute:
+  the cp attention's collectives run in PyNative.
+"""
+from __future__ import annotations
+
+__all__ = ["ulysses_degree", "check_context_parallel_fields", "check_context_parallel"]
+
+
+def ulysses_degree(par) -> int:
+    """The ranks of one all-to-all: cp for ulysses, ``ulysses_degree_in_cp`` for hybrid, else 1."""
+    if par.context_parallel_method == "ulysses":
+        return par.context_parallel
+    if par.context_parallel_method == "hybrid":
+        return par.ulysses_degree_in_cp or 1
+    return 1
+
+
+def check_context_parallel_fields(par, path: str) -> None:
+    """The cp fields of a ParallelismConfig among themselves (ConfigError naming the field)."""
+    from ..errors import ConfigError
+    cp, method, u = par.context_parallel, par.context_parallel_method, par.ulysses_degree_in_cp
+    if par.context_parallel_mask_type != "causal":
+        raise ConfigError(f"{path}.context_parallel_mask_type",
+                          f"must be 'causal', got {par.context_parallel_mask_type!r}: the "
+                          f"load-balanced split and the ring's block masks are causal (no other "
+                          f"context-parallel mask is implemented)")
+    if u is not None and method != "hybrid":
+        raise ConfigError(f"{path}.ulysses_degree_in_cp",
+                          f"is set ({u}) while {path}.context_parallel_method is {method!r}: it "
+                          f"is the ulysses group size of the 'hybrid' method only; remove it or "
+                          f"set context_parallel_method: hybrid")
+    if u is not None and (u < 1 or cp % u):
+        raise ConfigError(f"{path}.ulysses_degree_in_cp",
+                          f"ulysses_degree_in_cp({u}) must be >= 1 and divide "
+                          f"{path}.context_parallel({cp})")
+    if method == "hybrid" and u is None and cp > 1:
+        raise ConfigError(f"{path}.ulysses_degree_in_cp",
+                          f"context_parallel_method 'hybrid' needs ulysses_degree_in_cp (the "
+                          f"ulysses group size, a divisor of context_parallel({cp}))")
+
+
+def check_context_parallel(cfg) -> None:
+    """Every context-parallel rule of a RunConfig against its model and training sections."""
+    from ..errors import ConfigError
+    par, model = cfg.parallelism, cfg.model
+    cp = par.context_parallel
+    if cp == 1:
+        return
+    layout = f" (parallelism.context_parallel: {cp})"
+    if model.seq_length % (2 * cp):
+        raise ConfigError("model.seq_length",
+                          f"seq_length({model.seq_length}) must be divisible by 2 * "
+                          f"context_parallel = {2 * cp}: the load-balanced causal split gives "
+                          f"each rank chunks i and 2cp-1-i of 2cp equal chunks" + layout)
+    u = ulysses_degree(par)
+    sizes = [("num_attention_heads", model.num_attention_heads)]
+    if not model.resolved_multi_latent_attention():
+        sizes.append(("num_query_groups", model.resolved_num_query_groups()))
+    for name, value in sizes:
+        if value % u:
+            raise ConfigError(f"model.{name}",
+                              f"{name}({value}) must be divisible by the ulysses degree {u} "
+                              f"(parallelism.context_parallel_method "
+                              f"{par.context_parallel_method!r}): the all-to-all gives each "
+                              f"rank whole heads" + layout)
+    if cfg.model_jit_mode() != "none":   # unwritten, it is none under cp (model_jit_mode)
+        raise ConfigError("training.jit", f"must be none with context parallelism (or left "
+                                          f"out): the ring's and the all-to-all's collectives "
+                                          f"run in PyNative" + layout)
+    if cfg.recompute_layers() or cfg.recompute_modules():
+        raise ConfigError("recompute.mode", "recompute is not implemented with context "
+                                            "parallelism; turn recompute off" + layout)
