@@ -506,9 +506,12 @@ def _layer_input_bytes(model_cfg, layout: Layout, settings: ActivationSettings) 
 
 
 def estimate_memory(cfg, layout: Layout, settings: Optional[ActivationSettings] = None, *,
-                    model_cfg=None, opt_state: Optional[OptimizerState] = None) -> MemoryPlan:
+                    model_cfg=None, opt_state: Optional[OptimizerState] = None,
+                    split: Optional[StageSplit] = None) -> MemoryPlan:
     """Per-rank bytes of ``cfg`` (a RunConfig) under ``layout`` (any sizes, also ones the
-    config refuses today), for the busiest pipeline stage. No device limit is attached."""
+    config refuses today), for the busiest pipeline stage. No device limit is attached.
+    ``split`` (core/pipeline_split.py) is a pipeline split other than the config's (the
+    layout advisor's candidates, tools/plan_layout.py)."""
     model_cfg = cfg.model if model_cfg is None else model_cfg
     if settings is None:
         settings = settings_from_config(cfg, layout)
@@ -521,7 +524,10 @@ def estimate_memory(cfg, layout: Layout, settings: Optional[ActivationSettings] 
     if layout.pp > model_cfg.num_layers:
         raise ValueError(f"layout.pp({layout.pp}) must be <= num_layers({model_cfg.num_layers})")
     best = None
-    stage_layers, vpp = config_stage_layers(cfg, model_cfg, layout)
+    if split is None:
+        stage_layers, vpp = config_stage_layers(cfg, model_cfg, layout)
+    else:
+        stage_layers, vpp = [split.stage_layers(s) for s in range(split.pp)], split.vpp
     for stage, layers in enumerate(stage_layers):
         items, n_rank = stage_items(model_cfg, counts, layout, settings, opt_state, stage,
                                      layers, cfg.training.max_norm is not None, vpp)
