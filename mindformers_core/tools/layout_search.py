@@ -117,16 +117,20 @@ def layers_per_stage_lists(num_layers: int, pp: int, vpp: int) -> List[Optional[
     return out
 
 
-def enumerate_candidates(cfg, world: int, vary: Iterable[str] = ()) -> Iterator[Candidate]:
+def enumerate_candidates(cfg, world: int, vary: Iterable[str] = (),
+                         node: Optional[int] = None) -> Iterator[Candidate]:
+    """Every combination (module docstring); tp and cp stay inside a node of ``node`` devices
+    (their per-layer collectives over the inter-node link never win; docs/plan_layout.md)."""
     m, gb = cfg.model, cfg.training.global_batch_size
+    node = world if node is None else node
     vary = set(vary)
     base_recompute = settings_from_config(cfg, Layout()).recompute
     experts = m.n_routed_experts if m.model_type == "deepseek_v3" else 0
     for tp in _divisors(world):
-        if tp > m.num_attention_heads:
+        if tp > m.num_attention_heads or tp > node:
             continue
         for cp in _divisors(world // tp):
-            if m.seq_length % cp:
+            if m.seq_length % cp or tp * cp > node:
                 continue
             for pp in _divisors(world // (tp * cp)):
                 if pp > m.num_layers:
@@ -140,7 +144,8 @@ def enumerate_candidates(cfg, world: int, vary: Iterable[str] = ()) -> Iterator[
                 for vpp in vpps:
                     for lps in layers_per_stage_lists(m.num_layers, pp, vpp):
                         for ep in eps:
-                            for strategy in SHARD_STRATEGIES:
+                            # one data-parallel rank: nothing to shard, one strategy
+                            for strategy in (SHARD_STRATEGIES if dp > 1 else ("optim",)):
                                 for sp in ((False, True) if tp > 1 else (False,)):
                                     for rc in (RECOMPUTE_MODES if "recompute" in vary
                                                else (base_recompute,)):
@@ -217,6 +222,7 @@ def evaluate(cfg, cand: Candidate, world: int, profile: DeviceProfile) -> Option
         return None
     layout = Layout.from_dims(dims)
     settings = _settings(cfg, layout, cand, num_micro)
+    cand = replace(cand, recompute=settings.recompute)   # FSDP units are recomputed
     try:
         memory = estimate_memory(cfg, layout, settings, split=split)
     except ValueError:
@@ -229,8 +235,10 @@ def evaluate(cfg, cand: Candidate, world: int, profile: DeviceProfile) -> Option
 def candidate_overrides(cand: Candidate) -> List[str]:
     """``--set`` overrides that turn the config into the candidate."""
     import json
-    out = [f"parallelism.{k}={json.dumps(v)}" for k, v in cand.parallelism().items()]
-    out += [f"recompute.{k}={json.dumps(v)}" for k, v in RECOMPUTE_YAML[cand.recompute].items()]
+    out = [f"parallelism.{k}={json.dumps(v, separators=(',', ':'))}"
+           for k, v in cand.parallelism().items()]
+    out += [f"recompute.{k}={json.dumps(v, separators=(',', ':'))}"
+            for k, v in RECOMPUTE_YAML[cand.recompute].items()]
     if cand.recompute != "selective":
         out.append("recompute.select_module=null")
     if cand.recompute != "full":
@@ -269,8 +277,12 @@ def search(cfg, world: int, profile: DeviceProfile, limit: float, *, source=None
     """(the ``top`` fitting layouts, best first; facts for the explanation: ``accepted`` count,
     ``smallest`` (least memory of all accepted), ``faster_unfit`` (the fastest that does not
     fit, when faster than the best))."""
-    evaluated = [e for e in (evaluate(cfg, c, world, profile)
-                             for c in enumerate_candidates(cfg, world, vary)) if e is not None]
+    seen, evaluated = set(), []
+    for c in enumerate_candidates(cfg, world, vary, profile.devices_per_node):
+        e = evaluate(cfg, c, world, profile)
+        if e is not None and e.candidate not in seen:
+            seen.add(e.candidate)
+            evaluated.append(e)
     evaluated.sort(key=lambda e: (e.cost.step_s, e.memory_bytes))
     facts: Dict[str, object] = {"accepted": len(evaluated),
                                 "smallest": min(evaluated, key=lambda e: e.memory_bytes,
