@@ -128,7 +128,9 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(args.results), exist_ok=True)
     with open(args.results, "w", encoding="utf-8") as fh:
         json.dump(report, fh, indent=2)
-    print(json.dumps(report, indent=2))
+    for r in report:
+        print(f"{r['model']}: top under {r['cap']} {r['capped_top']}, memory error "
+              f"{r['top_memory_error']}, order inversions {r['order_inversions']}")
     return 0
 
 

@@ -31,7 +31,7 @@ hide behind the backward).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, Optional
 
 from .device_profiles import DeviceProfile
 from .flops import attention_widths, flops_per_token
@@ -89,10 +89,17 @@ def layer_flops_per_token(model_cfg, lp: LayerParams, layout: Layout,
 
 
 def stage_flops_per_micro(model_cfg, counts: ParamCounts, layout: Layout, split: StageSplit,
-                          settings: ActivationSettings, stage: int) -> float:
+                          settings: ActivationSettings, stage: int,
+                          per_layer: Optional[Dict[int, float]] = None) -> float:
+    """FLOPs of one micro-batch on ``stage`` (``per_layer``: layer index -> FLOPs per token,
+    filled as computed, shared by the stages of one candidate)."""
     tokens = settings.micro_batch * model_cfg.seq_length / layout.cp
-    flops = sum(layer_flops_per_token(model_cfg, counts.layers[i], layout, settings)
-                for i in split.stage_layers(stage))
+    per_layer = {} if per_layer is None else per_layer
+    flops = 0.0
+    for i in split.stage_layers(stage):
+        if i not in per_layer:
+            per_layer[i] = layer_flops_per_token(model_cfg, counts.layers[i], layout, settings)
+        flops += per_layer[i]
     if stage == split.pp - 1:   # the output layer (the tied embedding's matrix when tied)
         flops += 6.0 * model_cfg.vocab_size * model_cfg.hidden_size / layout.tp
     return flops * tokens
@@ -178,10 +185,12 @@ def step_cost(model_cfg, counts: ParamCounts, layout: Layout, split: StageSplit,
     qk, v = attention_widths(model_cfg)
     per_micro, comm = [], {"tp": 0.0, "cp": 0.0, "ep": 0.0, "dp": 0.0, "pp": 0.0}
     busiest = (0.0, 0)
+    per_layer: Dict[int, float] = {}
     for stage in range(pp):
         layers = split.stage_layers(stage)
         moe = sum(1 for i in layers if counts.layers[i].num_experts)
-        t = stage_flops_per_micro(model_cfg, counts, layout, split, settings, stage) / rate
+        t = stage_flops_per_micro(model_cfg, counts, layout, split, settings, stage,
+                                  per_layer) / rate
         t += len(layers) * profile.ops_per_layer * profile.op_overhead_s * redo * share
         tp_s = len(layers) * (6 if settings.recompute == "full" else 4) * \
             ring_all_reduce(T * h * c, tp, tp_bw, tp_a)

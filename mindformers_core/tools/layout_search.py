@@ -27,8 +27,9 @@ from ..config import ConfigError, load_config
 from ..config.layout import check_layout
 from ..core.device_profiles import DeviceProfile
 from ..core.layout_cost import StepCost, bubble_from_busy, step_cost
-from ..core.memory_plan import (SHARD_STRATEGIES, Layout, MemoryPlan, estimate_memory,
-                                param_counts, settings_from_config)
+from ..core.memory_plan import (SHARD_STRATEGIES, Layout, MemoryPlan, ParamCounts,
+                                estimate_memory, param_counts, plan_backend,
+                                settings_from_config)
 from ..core.parallel_dims import make_mesh
 from ..core.pipeline_split import StageSplit, pipeline_stages
 from ..distributed.pipeline_schedule import FORWARD, schedule, virtual_stage
@@ -192,8 +193,8 @@ def schedule_bubble(pp: int, vpp: int, num_micro: int, name: str = "1f1b") -> fl
     return bubble_from_busy(busy, max(free.values()))
 
 
-def _settings(cfg, layout: Layout, cand: Candidate, num_micro: int):
-    s = settings_from_config(cfg, layout)
+def _settings(cfg, layout: Layout, cand: Candidate, num_micro: int, backend: str):
+    s = settings_from_config(cfg, layout, backend)
     recompute = "full" if layout.shard("params") > 1 else cand.recompute
     return replace(s, micro_batch=cand.micro_batch, num_micro_batches=num_micro,
                    recompute=recompute,
@@ -201,9 +202,14 @@ def _settings(cfg, layout: Layout, cand: Candidate, num_micro: int):
                    jit=s.jit if recompute == "none" else "none")
 
 
-def evaluate(cfg, cand: Candidate, world: int, profile: DeviceProfile) -> Optional[Evaluated]:
+def evaluate(cfg, cand: Candidate, world: int, profile: DeviceProfile, *,
+             counts: Optional[ParamCounts] = None, backend: Optional[str] = None) \
+        -> Optional[Evaluated]:
     """Memory and time of ``cand`` on ``cfg`` (None when make_mesh, check_layout, the split or
-    the schedule refuse it)."""
+    the schedule refuse it); ``counts`` / ``backend``: ``param_counts(cfg.model)`` and
+    ``plan_backend(cfg.context)`` when the caller has them (one search, many candidates)."""
+    counts = param_counts(cfg.model) if counts is None else counts
+    backend = plan_backend(cfg.context) if backend is None else backend
     gb = cfg.training.global_batch_size
     if gb % (cand.dp * cand.micro_batch):
         return None
@@ -221,14 +227,13 @@ def evaluate(cfg, cand: Candidate, world: int, profile: DeviceProfile) -> Option
     except (ConfigError, ValueError):
         return None
     layout = Layout.from_dims(dims)
-    settings = _settings(cfg, layout, cand, num_micro)
+    settings = _settings(cfg, layout, cand, num_micro, backend)
     cand = replace(cand, recompute=settings.recompute)   # FSDP units are recomputed
     try:
-        memory = estimate_memory(cfg, layout, settings, split=split)
+        memory = estimate_memory(cfg, layout, settings, split=split, counts=counts)
     except ValueError:
         return None
-    cost = step_cost(cfg.model, param_counts(cfg.model), layout, split, settings, profile,
-                     bubble, gb)
+    cost = step_cost(cfg.model, counts, layout, split, settings, profile, bubble, gb)
     return Evaluated(cand, memory, int(memory.total + profile.baseline_bytes), cost)
 
 
@@ -278,8 +283,9 @@ def search(cfg, world: int, profile: DeviceProfile, limit: float, *, source=None
     ``smallest`` (least memory of all accepted), ``faster_unfit`` (the fastest that does not
     fit, when faster than the best))."""
     seen, evaluated = set(), []
+    counts, backend = param_counts(cfg.model), plan_backend(cfg.context)
     for c in enumerate_candidates(cfg, world, vary, profile.devices_per_node):
-        e = evaluate(cfg, c, world, profile)
+        e = evaluate(cfg, c, world, profile, counts=counts, backend=backend)
         if e is not None and e.candidate not in seen:
             seen.add(e.candidate)
             evaluated.append(e)

@@ -17,10 +17,11 @@ import re
 import sys
 from typing import Dict, List, Optional
 
+from ..config import ConfigError
 from ..core.device_profiles import BACKEND_PROFILE, PROFILES, DeviceProfile, calibrated, get_profile
 from ..core.memory_plan import device_memory_limit, plan_backend
 from ..core.memory_verdict import format_bytes
-from .cli import add_run_config_arguments, load_run_config, refuse_graph_mode
+from .cli import add_run_config_arguments, load_run_config, parse_tool_args
 from .layout_search import RECOMPUTE_YAML, Evaluated, search
 
 __all__ = ["parse_device_memory", "resolve_device", "advise", "format_table", "why_best",
@@ -30,6 +31,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|KiB|MB|MiB|GB|GiB|TB|TiB)\s*$")
 _SCALE = {"B": 1, "KB": 1e3, "KiB": 2 ** 10, "MB": 1e6, "MiB": 2 ** 20, "GB": 1e9,
           "GiB": 2 ** 30, "TB": 1e12, "TiB": 2 ** 40}
 VARY = ("micro_batch", "recompute")
+VARY_ALL_UP_TO = 64
 
 
 class UsageError(ValueError):
@@ -153,9 +155,11 @@ def paste_yaml(e: Evaluated) -> str:
 
 def fitting_summary(cfg, world: int, limit: float, top: int = 3) -> str:
     """For ``--check`` when the memory verdict is FAIL: ``these fit: ...`` (the advisor's best
-    layouts on the config's device, micro-batch and recompute varied)."""
+    layouts on the config's device, recompute varied, and the micro-batch too up to
+    ``VARY_ALL_UP_TO`` devices: beyond, the search would slow ``--check`` to minutes)."""
     profile = get_profile(BACKEND_PROFILE[plan_backend(cfg.context)])
-    layouts, _ = search(cfg, world, profile, limit, vary=VARY, top=top)
+    vary = VARY if world <= VARY_ALL_UP_TO else ("recompute",)
+    layouts, _ = search(cfg, world, profile, limit, vary=vary, top=top)
     if not layouts:
         return (f"these fit: none on {world} devices (python -m "
                 f"mindformers_core.tools.plan_layout says what would)")
@@ -182,11 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    code = refuse_graph_mode(args)
+    args, code = parse_tool_args(build_parser(), argv)
     if code is not None:
         return code
-    from ..config import ConfigError
     try:
         vary = [v for v in (x.strip() for x in args.vary.split(",")) if v]
         bad = [v for v in vary if v not in VARY]

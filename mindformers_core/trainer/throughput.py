@@ -18,7 +18,7 @@ MFU = achieved model FLOP/s / (peak FLOP/s per device * devices). Default peaks 
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 from ..core.flops import PEAK_FLOPS, attention_widths, flops_per_token
 
