@@ -36,11 +36,11 @@ MODELS = {
     "gpt": ("configs/data_parallel.yaml",
             ["model.hidden_size=256", "model.num_layers=4", "model.seq_length=256",
              "model.vocab_size=4096", "model.num_attention_heads=8",
-             "training.local_batch_size=4", "training.global_batch_size=16"], "520MiB"),
+             "training.local_batch_size=4", "training.global_batch_size=16"], "680MiB"),
     "dsv3": ("configs/muon_deepseek_v3_tiny.yaml",
              ["model.seq_length=256", "model.hidden_size=128", "model.num_layers=4",
               "model.n_routed_experts=8", "training.local_batch_size=4",
-              "training.global_batch_size=16", "train_dataset.type=SyntheticMarkov"], "500MiB"),
+              "training.global_batch_size=16", "train_dataset.type=SyntheticMarkov"], "660MiB"),
 }
 RUN = ["training.steps={steps}", "checkpoint.enable_save=False"]
 
@@ -51,13 +51,15 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def run_layout(config, overrides, out_dir, workers=4, timeout=900):
+def run_layout(config, overrides, out_dir, workers=4, timeout=600):
     """(largest rss_mb of rank 0, median step_time_s after the first step) of one msrun job."""
     cmd = (f"python run_mindformer.py --config {config} --mode 1 --output_dir {out_dir} "
            + " ".join("--set " + shlex.quote(o) for o in overrides))
-    proc = subprocess.run(["flock", LOCK, "bash", "scripts/msrun_launcher.sh", cmd,
-                           str(workers), str(_port()), os.path.join(out_dir, "logs"), "True",
-                           "300"], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    # the time limit starts once the lock is held (other jobs may hold it for long)
+    proc = subprocess.run(["flock", LOCK, "timeout", str(timeout), "bash",
+                           "scripts/msrun_launcher.sh", cmd, str(workers), str(_port()),
+                           os.path.join(out_dir, "logs"), "True", "300"], cwd=ROOT,
+                          capture_output=True, text=True)
     path = os.path.join(out_dir, "metrics.jsonl")
     if proc.returncode != 0 or not os.path.exists(path):
         return None, None, (proc.stdout + proc.stderr)[-1500:]

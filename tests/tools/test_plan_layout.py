@@ -75,7 +75,7 @@ def test_memory_forces_the_layout(capsys):
     code, out, err = _run(capsys, "--config", GPT, "--set", "model.hidden_size=256", "--set",
                           "model.seq_length=256", "--set", "model.vocab_size=4096", "--set",
                           "model.num_attention_heads=8", "--set", "model.num_layers=4",
-                          "--world", "4", "--device", "cpu", "--device-memory", "520MiB")
+                          "--world", "4", "--device", "cpu", "--device-memory", "680MiB")
     assert code == 0, err
     assert "tp4" in out.splitlines()[3]
     assert "memory forces it: tp1 pp1 ep1 cp1 dp4" in out
@@ -144,9 +144,9 @@ def test_refused_vary(capsys):
 def test_refused_no_fit_says_what_would(capsys):
     args = ["--config", GPT] + [a for o in BIG for a in ("--set", o)]
     code, _, err = _run(capsys, *args, "--world", "2", "--device", "cpu",
-                        "--device-memory", "900MiB")
+                        "--device-memory", "1000MiB")
     assert code == 2
-    assert "error: --world: no layout fits on 2 devices of 900.00 MiB: the smallest" in err
+    assert "error: --world: no layout fits on 2 devices of 1000.00 MiB: the smallest" in err
     assert ("would fit: more devices (--world 4); recompute (--vary recompute); a smaller "
             "micro-batch (--vary micro_batch)") in err
     code, _, err = _run(capsys, *args, "--world", "2", "--device", "cpu",
