@@ -218,3 +218,30 @@ def test_671b_on_64gib_ascend_says_what_forces_it(capsys):
                           "--device", "ascend910b", "--vary", "recompute")
     assert code == 0, err
     assert "memory forces it" in out
+
+
+@pytest.mark.parametrize("flag, value, text", [
+    ("--world", "0", "error: --world: must be >= 1, got 0"),
+    ("--top", "0", "error: --top: must be >= 1, got 0"),
+])
+def test_refused_counts(capsys, flag, value, text):
+    argv = {"--world": "2", "--top": "3", flag: value}
+    code, _, err = _run(capsys, "--config", GPT, "--device-memory", "4GiB",
+                        *[a for k, v in argv.items() for a in (k, v)])
+    assert code == 2 and text in err
+
+
+def test_calibration_file(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    code, _, err = _run(capsys, "--config", GPT, "--world", "2", "--device", "cpu",
+                        "--device-memory", "4GiB", "--calibration", str(bad))
+    assert code == 2 and f"error: --calibration: cannot read {str(bad)!r}" in err
+    # a 10x slower matmul makes every predicted step slower
+    base = json.loads(_run(capsys, "--config", GPT, "--world", "2", "--device", "cpu",
+                           "--device-memory", "4GiB", "--json")[1])["layouts"][0]
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps({"matmul_flops": 8e8, "op_overhead_s": 4e-4}))
+    code, out, _ = _run(capsys, "--config", GPT, "--world", "2", "--device", "cpu",
+                        "--device-memory", "4GiB", "--json", "--calibration", str(slow))
+    assert code == 0 and json.loads(out)["layouts"][0]["step_time_s"] > base["step_time_s"]
