@@ -32,6 +32,8 @@ GIB = 1024 ** 3
 #: peak RSS of a MindSpore CPU process training configs/data_parallel.yaml (3 steps, 547 MiB
 #: measured) minus the planner's 7 MiB for that model: the runtime before any model
 CPU_BASELINE_BYTES = 540.0 * 1024 ** 2
+# op_overhead_s x ops_per_layer: the same run's 0.20-0.32 s per step is almost all dispatch
+# (2 layers x 4 micro-batches of a 64-wide GPT): about 32 ms per layer and micro-batch
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ PROFILES: Dict[str, DeviceProfile] = {
     # measured here (2 cores, six agents sharing them): tools/calibrate_device.py
     "cpu": DeviceProfile(
         "cpu", "CPU", 0.0, PEAK_FLOPS["CPU"], 8e9, 1 << 30, 1.0e9, 2e-3, 1.0e9, 2e-3,
-        CPU_BASELINE_BYTES, cores=os.cpu_count() or 1, op_overhead_s=4e-4, ops_per_layer=120),
+        CPU_BASELINE_BYTES, cores=os.cpu_count() or 1, op_overhead_s=2.7e-4, ops_per_layer=120),
 }
 #: the profile of a config's backend (core/memory_plan.plan_backend) when --device is not given
 BACKEND_PROFILE = {"Ascend": "ascend910b", "GPU": "gpu80g", "CPU": "cpu"}
