@@ -127,7 +127,8 @@ def _check(cfg, args) -> int:
         print(format_memory_plan(memory))
         if memory_verdict(memory, cfg)[0] == "FAIL" and memory.limit is not None:
             from mindformers_core.tools.plan_layout import fitting_summary
-            print(fitting_summary(cfg, plan.world_size, memory.limit))   # the layout advisor
+            print(fitting_summary(cfg, plan.world_size, memory.limit,   # the layout advisor
+                                  source=args.config, overrides=args.overrides))
         print()
         print(format_doctor_report(cfg, verdicts))
     if args.groups:

@@ -153,13 +153,17 @@ def paste_yaml(e: Evaluated) -> str:
     return "\n".join(lines)
 
 
-def fitting_summary(cfg, world: int, limit: float, top: int = 3) -> str:
+def fitting_summary(cfg, world: int, limit: float, top: int = 3, *, source=None,
+                    overrides=()) -> str:
     """For ``--check`` when the memory verdict is FAIL: ``these fit: ...`` (the advisor's best
     layouts on the config's device, recompute varied, and the micro-batch too up to
-    ``VARY_ALL_UP_TO`` devices: beyond, the search would slow ``--check`` to minutes)."""
+    ``VARY_ALL_UP_TO`` devices: beyond, the search would slow ``--check`` to minutes);
+    ``source`` / ``overrides``: the config file and ``--set`` values, so that every layout
+    listed loads (tools/layout_search.py's config check)."""
     profile = get_profile(BACKEND_PROFILE[plan_backend(cfg.context)])
     vary = VARY if world <= VARY_ALL_UP_TO else ("recompute",)
-    layouts, _ = search(cfg, world, profile, limit, vary=vary, top=top)
+    layouts, _ = search(cfg, world, profile, limit, source=source, overrides=overrides,
+                        vary=vary, top=top)
     if not layouts:
         return (f"these fit: none on {world} devices (python -m "
                 f"mindformers_core.tools.plan_layout says what would)")
