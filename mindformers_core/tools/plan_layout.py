@@ -191,8 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args, code = parse_tool_args(build_parser(), argv)
-    if code is not None:
-        return code
+    return code if code is not None else _run(args)
+
+
+def _run(args) -> int:
     try:
         vary = [v for v in (x.strip() for x in args.vary.split(",")) if v]
         bad = [v for v in vary if v not in VARY]
