@@ -125,6 +125,10 @@ def _check(cfg, args) -> int:
         print(plan.format())
         print(data)
         print(format_memory_plan(memory))
+        if memory_verdict(memory, cfg)[0] == "FAIL" and memory.limit is not None:
+            from mindformers_core.tools.plan_layout import fitting_summary
+            print(fitting_summary(cfg, plan.world_size, memory.limit,   # the layout advisor
+                                  source=args.config, overrides=args.overrides))
         print()
         print(format_doctor_report(cfg, verdicts))
     if args.groups:

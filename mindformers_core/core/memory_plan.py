@@ -456,12 +456,13 @@ def stage_items(model_cfg, counts: ParamCounts, layout: Layout, settings: Activa
     }
     # micro-batch chunks held at once by the schedule (1F1B: pp - stage), each 1/vpp of the stage
     in_flight = peak_in_flight_bound(pp, stage, settings.num_micro_batches, vpp)
-    per_layer = []
+    per_layer, by_kind = [], {}
     for i in layers:
         moe = counts.layers[i].num_experts > 0
-        parts = layer_activation_bytes(model_cfg, layout, settings, moe)
-        dispatch = moe_dispatch_bytes(model_cfg, layout, settings) if moe else 0
-        per_layer.append((parts, dispatch, moe))
+        if moe not in by_kind:   # every dense (MoE) layer of a model keeps the same bytes
+            by_kind[moe] = (layer_activation_bytes(model_cfg, layout, settings, moe),
+                            moe_dispatch_bytes(model_cfg, layout, settings) if moe else 0, moe)
+        per_layer.append(by_kind[moe])
     n_layers = len(per_layer)
     recomputed = 0
     if settings.recompute == "full":
@@ -512,22 +513,30 @@ def _layer_input_bytes(model_cfg, layout: Layout, settings: ActivationSettings) 
 
 
 def estimate_memory(cfg, layout: Layout, settings: Optional[ActivationSettings] = None, *,
-                    model_cfg=None, opt_state: Optional[OptimizerState] = None) -> MemoryPlan:
+                    model_cfg=None, opt_state: Optional[OptimizerState] = None,
+                    split: Optional[StageSplit] = None,
+                    counts: Optional[ParamCounts] = None) -> MemoryPlan:
     """Per-rank bytes of ``cfg`` (a RunConfig) under ``layout`` (any sizes, also ones the
-    config refuses today), for the busiest pipeline stage. No device limit is attached."""
+    config refuses today), for the busiest pipeline stage. No device limit is attached.
+    ``split`` (core/pipeline_split.py) is a pipeline split other than the config's (the
+    layout advisor's candidates, tools/plan_layout.py); ``counts`` is ``param_counts(model_cfg)``
+    when the caller has it."""
     model_cfg = cfg.model if model_cfg is None else model_cfg
     if settings is None:
         settings = settings_from_config(cfg, layout)
     if opt_state is None:
         opt_state = optimizer_state_from_config(cfg.optimizer, model_cfg.params_dtype)
-    counts = param_counts(model_cfg)
+    counts = param_counts(model_cfg) if counts is None else counts
     if model_cfg.model_type == "deepseek_v3" and model_cfg.n_routed_experts % layout.ep != 0:
         raise ValueError(f"layout.ep({layout.ep}) must divide n_routed_experts "
                          f"({model_cfg.n_routed_experts})")
     if layout.pp > model_cfg.num_layers:
         raise ValueError(f"layout.pp({layout.pp}) must be <= num_layers({model_cfg.num_layers})")
     best = None
-    stage_layers, vpp = config_stage_layers(cfg, model_cfg, layout)
+    if split is None:
+        stage_layers, vpp = config_stage_layers(cfg, model_cfg, layout)
+    else:
+        stage_layers, vpp = [split.stage_layers(s) for s in range(split.pp)], split.vpp
     for stage, layers in enumerate(stage_layers):
         items, n_rank = stage_items(model_cfg, counts, layout, settings, opt_state, stage,
                                      layers, cfg.training.max_norm is not None, vpp)

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Optional
 
-__all__ = ["add_run_config_arguments", "refuse_graph_mode", "load_run_config"]
+__all__ = ["add_run_config_arguments", "refuse_graph_mode", "load_run_config", "parse_tool_args"]
 
 
 def add_run_config_arguments(parser: argparse.ArgumentParser, mode: bool = True) -> None:
@@ -33,3 +33,9 @@ def load_run_config(args):
     """``load_config(args.config, overrides=args.overrides)`` (raises ConfigError)."""
     from ..config import load_config
     return load_config(args.config, overrides=list(args.overrides))
+
+
+def parse_tool_args(parser: argparse.ArgumentParser, argv=None):
+    """``(args, None)``, or ``(args, 2)`` after printing why when ``--mode`` is not 1."""
+    args = parser.parse_args(argv)
+    return args, refuse_graph_mode(args)

@@ -20,7 +20,7 @@ from ..core.memory_plan import (ActivationSettings, Layout, MemoryPlan, device_m
                                 estimate_memory, plan_backend, plan_memory,
                                 settings_from_config)
 from ..core.memory_verdict import format_bytes, format_count, format_memory_plan, memory_verdict
-from .cli import add_run_config_arguments, load_run_config, refuse_graph_mode
+from .cli import add_run_config_arguments, load_run_config, parse_tool_args
 
 __all__ = ["parse_layout", "memory_report", "markdown_report", "UPSTREAM_671B_COMMAND", "main"]
 
@@ -113,8 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    code = refuse_graph_mode(args)
+    args, code = parse_tool_args(build_parser(), argv)
     if code is not None:
         return code
     from ..config import ConfigError

@@ -18,12 +18,13 @@ MFU = achieved model FLOP/s / (peak FLOP/s per device * devices). Default peaks 
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
+
+from ..core.flops import PEAK_FLOPS, attention_widths, flops_per_token
 
 __all__ = ["PEAK_FLOPS", "param_counts", "flops_per_token", "attention_widths", "mfu",
            "rss_bytes", "eta_seconds", "format_duration", "format_param_counts"]
 
-PEAK_FLOPS = {"CPU": 1e11, "Ascend": 3.2e14, "GPU": 9.89e14}
 _EMBED_SUFFIXES = ("embedding.word_embeddings.weight", "output_layer.weight")
 
 
@@ -34,30 +35,6 @@ def param_counts(named_sizes: Dict[str, int]) -> Dict[str, int]:
     output = sum(int(v) for k, v in named_sizes.items() if k.endswith("output_layer.weight"))
     return {"total": total, "embedding": embedding, "non_embedding": total - embedding,
             "output_layer": output}
-
-
-def flops_per_token(counts: Dict[str, int], num_layers: int, hidden_size: int,
-                    seq_length: int, vocab_size: int, tied: bool = False,
-                    attention_widths: Optional[Tuple[int, int]] = None) -> float:
-    """Training FLOPs per token (forward + backward) of the PaLM count.
-
-    ``attention_widths`` = ``(heads x query/key head dim, heads x value head dim)``, the widths
-    of the score and weighted-sum matmuls; None means ``(hidden_size, hidden_size)``, PaLM's
-    ``12 * L * H * T`` term. They differ from the hidden size for an explicit head dim (Qwen3's
-    ``head_dim``) and for MLA (``qk_nope + qk_rope`` against ``v_head_dim`` per head)."""
-    readout = vocab_size * hidden_size if tied else counts["output_layer"]
-    matmul_params = counts["non_embedding"] + readout
-    qk, v = attention_widths if attention_widths is not None else (hidden_size, hidden_size)
-    return 6.0 * matmul_params + 6.0 * num_layers * (qk + v) * seq_length
-
-
-def attention_widths(model_cfg) -> Tuple[int, int]:
-    """``(heads x query/key head dim, heads x value head dim)`` of a ``ModelConfig``."""
-    heads = model_cfg.num_attention_heads
-    if model_cfg.resolved_multi_latent_attention():
-        return (heads * (model_cfg.qk_nope_head_dim + model_cfg.qk_rope_head_dim),
-                heads * model_cfg.v_head_dim)
-    return (heads * model_cfg.resolved_kv_channels(),) * 2
 
 
 def mfu(tokens_per_s: float, flops_per_tok: float, peak_flops: float, devices: int = 1) -> float:
