@@ -91,8 +91,9 @@ def test_pp2_loads_on_two_workers(monkeypatch):
      r"the ranges cover layers 0..2, but the model has 4 layers"),
     (2, {"pipeline_parallel_interleave_num": 4}, "parallelism.pipeline_parallel_layers_per_stage",
      r"Number of layers \(4\) is not divisible by total stages \(8\)"),
-    (4, {}, "parallelism.pipeline_parallel",
-     r"pipeline_parallel\(2\) runs with data_parallel 1 here: world_size\(4\) must equal"),
+    (4, {"tensor_parallel": 2, "sequence_parallel": True}, "parallelism.pipeline_parallel",
+     r"pipeline_parallel\(2\) with parallelism.tensor_parallel\(2\) is not implemented yet "
+     r"\(pp x tp\)"),
 ])
 def test_pipeline_config_errors(monkeypatch, world, par, field, msg):
     msrun_world(monkeypatch, world)

@@ -40,7 +40,9 @@ def _loss_and_grads(model, ids, labels, mask):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_compiled_moe_layer_equals_pynative(case):
+def test_compiled_moe_layer_equals_pynative(case, monkeypatch):
+    from mindformers_core.models import compiled as compiled_module
+    monkeypatch.setattr(compiled_module, "COMPILE_MOE", True)
     cfg = _cfg(**CASES[case])
     eager, compiled = build_model(cfg, seed=3), build_model(cfg, seed=3, jit="layer")
     assert compiled.jit_mode == "layer"
