@@ -73,12 +73,23 @@ class ParallelRun:
             self.pipeline = self.reducer = PipelineParallel(cfg, group_comm)
         elif "tensor" in self.steps:
             from .tp_reduce import TensorParallelGradReducer
-            self._tensor = self.reducer = TensorParallelGradReducer(group_comm)
+            self._tensor = self.reducer = TensorParallelGradReducer(
+                group_comm, self._data_group(dims, group_comm))
         else:
             self.reducer = DataParallelGradReducer(comm)
         coords = dims.coords(self.rank)
         #: the data shard this rank reads: its index among the data-parallel replicas
         self.data_rank = coords["dp"]
+
+    @staticmethod
+    def _data_group(dims: ParallelDims, group_comm) -> str:
+        """The group a tp shard's gradients, tokens and ZeRO-1 state are reduced over: ``dp``,
+        or under cp x tp the ranks of both (``dp_cp``: every cp rank holds other tokens of the
+        same sequences, models/cp_model.py)."""
+        if dims.cp == 1:
+            return "dp"
+        group_comm.add_group("dp_cp", dims.dp_cp_group(group_comm.rank))
+        return "dp_cp"
 
     # -- layout ----------------------------------------------------------------------------------
     def coords(self) -> Dict[str, int]:

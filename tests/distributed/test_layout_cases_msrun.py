@@ -23,8 +23,14 @@ def finite_mtp_loss(name, got, want):
     assert values and all(math.isfinite(v) for v in values), f"{name}: mtp_loss {values}"
 
 
+def qk_clip_active(name, got, want):
+    """QK-Clip clipped heads in every step (the compared max logits drove the weights)."""
+    clipped = [r["qk_clipped_heads"] for r in want if "loss" in r]
+    assert clipped and all(c > 0 for c in clipped), f"{name}: qk_clipped_heads {clipped}"
+
+
 #: name -> check(case name, N-worker rows, 1-process rows)
-CHECKS = {"finite_mtp_loss": finite_mtp_loss}
+CHECKS = {"finite_mtp_loss": finite_mtp_loss, "qk_clip_active": qk_clip_active}
 
 
 @pytest.mark.multiproc
@@ -38,6 +44,11 @@ def test_layout_equals_one_process(layout_matrix, case):
     assert trained[0] != trained[-1], f"{case.name}: the reference loss never moved"
     for check in case.checks:
         CHECKS[check](case.name, got, want)
+    if case.resume_at is not None:   # its own checkpoint resumed under the same layout
+        resumed = read_metrics(os.path.join(layout_matrix.case_dir(case.name), "resumed"))
+        compare_rows(f"{case.name} resumed", resumed,
+                     [r for r in want if r["step"] > case.resume_at], case.metrics, case.rtol)
+        assert resumed and resumed[0]["step"] == case.resume_at + 1, resumed[:1]
 
 
 def test_compare_rows_names_the_case_step_and_values():
