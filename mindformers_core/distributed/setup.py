@@ -218,9 +218,19 @@ class ParallelRun:
         return self.reducer.mean_over_ranks(value) * self.dims.cp
 
     def sync_moe_stats(self, model) -> None:
-        """The step's expert loads summed over the ranks that routed other tokens."""
-        if self.world_size > 1:
-            self.reducer.sync_moe_stats(model)
+        """The step's expert loads summed over the ranks that routed other tokens; under
+        context parallel each MoE layer's recorded aux loss is this rank's part
+        (models/cp_model.py), summed over the cp group into the whole sequences' (one
+        all-reduce; every cp rank ran the same layers)."""
+        if self.world_size == 1:
+            return
+        self.reducer.sync_moe_stats(model)
+        layers = [m for _, m in sorted(model.moe_layers().items()) if m.aux_sum is not None]
+        if self.dims.cp > 1 and layers:
+            import mindspore as ms
+            parts = np.array([float(m.aux_sum.asnumpy()) for m in layers], np.float32)
+            for moe, total in zip(layers, self.group_comm.all_reduce(parts, "cp")):
+                moe.aux_sum = ms.Tensor(np.float32(total))
 
     def grad_norm(self, grads: Sequence) -> float:
         """The global L2 norm of the reduced gradients (aligned with the bound optimizer's

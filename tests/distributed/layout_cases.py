@@ -45,12 +45,12 @@ LAYOUTS = [
                 layout=CP2 + TP2 + ("parallelism.context_parallel_method=ulysses",), steps=6),
     # MLA under cp2 x tp2 with Muon and QK-Clip active (MAX over dp x cp, per local head)
     TrainerCase("cp2_tp2_colossal_dsv3", 4, DSV3, CP_COMMON + DSV3_QK, layout=CP2 + TP2,
-                metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active",)),
+                metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active", "moe_layers_whole")),
     # dp2 x cp2 with ep2: ep folds over cp x dp (core/parallel_dims.py), so the ep group is
     # the cp group; per-sequence counts and the aux loss over whole sequences
     TrainerCase("cp2_ep2_dsv3", 4, DSV3, CP_COMMON + DSV3_QK,
                 layout=CP2 + ("parallelism.expert_parallel=2",), metrics=DSV3_METRICS,
-                steps=4, checks=("qk_clip_active",)),
+                steps=4, checks=("qk_clip_active", "moe_layers_whole")),
 ]
 
 

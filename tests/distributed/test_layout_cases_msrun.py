@@ -29,8 +29,23 @@ def qk_clip_active(name, got, want):
     assert sum(clipped) > 0, f"{name}: qk_clipped_heads {clipped}"
 
 
+def moe_layers_whole(name, got, want):
+    """Each MoE layer's logged expert loads (the expert-bias counts) equal one process's and
+    its aux loss is the whole sequences' (the cp parts summed), per step."""
+    ref = {r["step"]: r["moe"]["layers"] for r in want if "moe" in r}
+    rows = [r for r in got if "moe" in r]
+    assert rows and [r["step"] for r in rows] == sorted(ref), (name, [r["step"] for r in rows])
+    for r in rows:
+        for layer, stats in r["moe"]["layers"].items():
+            w = ref[r["step"]][layer]
+            assert stats["tokens_per_expert"] == w["tokens_per_expert"], (name, r["step"], layer)
+            assert math.isclose(stats["aux_loss"], w["aux_loss"], rel_tol=1e-4), \
+                (name, r["step"], layer, stats["aux_loss"], w["aux_loss"])
+
+
 #: name -> check(case name, N-worker rows, 1-process rows)
-CHECKS = {"finite_mtp_loss": finite_mtp_loss, "qk_clip_active": qk_clip_active}
+CHECKS = {"finite_mtp_loss": finite_mtp_loss, "qk_clip_active": qk_clip_active,
+          "moe_layers_whole": moe_layers_whole}
 
 
 @pytest.mark.multiproc
