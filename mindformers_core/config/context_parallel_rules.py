@@ -11,9 +11,10 @@ Against the model (``check_context_parallel``, RunConfig):
 
 * ``seq_length`` divisible by ``2 * context_parallel``: the load-balanced causal split gives
   every rank two of ``2 cp`` equal chunks (``distributed/cp_layout.py``);
-* ``num_attention_heads`` (and, without MLA, ``num_query_groups``) divisible by the ulysses
-  degree (``context_parallel`` for ulysses, ``ulysses_degree_in_cp`` for hybrid): the
-  all-to-all swaps the sequence split for a split of whole heads;
+* ``num_attention_heads`` (and, without MLA, ``num_query_groups``), divided by
+  ``tensor_parallel`` under cp x tp, divisible by the ulysses degree (``context_parallel`` for
+  ulysses, ``ulysses_degree_in_cp`` for hybrid): the all-to-all swaps the sequence split for a
+  split of whole heads (of a tp rank's local heads);
 * ``training.jit: none`` (what an unwritten ``training.jit`` means under cp) and no recompute:
   the cp attention's collectives run in PyNative.
 """
@@ -68,15 +69,19 @@ def check_context_parallel(cfg) -> None:
                           f"seq_length({model.seq_length}) must be divisible by 2 * "
                           f"context_parallel = {2 * cp}: the load-balanced causal split gives "
                           f"each rank chunks i and 2cp-1-i of 2cp equal chunks" + layout)
-    u = ulysses_degree(par)
+    u, tp = ulysses_degree(par), par.tensor_parallel
     sizes = [("num_attention_heads", model.num_attention_heads)]
     if not model.resolved_multi_latent_attention():
         sizes.append(("num_query_groups", model.resolved_num_query_groups()))
     for name, value in sizes:
-        if value % u:
+        # under cp x tp the all-to-all splits a tp rank's value / tp local heads (a size tp
+        # does not divide is tensor_parallel_rules.py's refusal)
+        local = value // tp if value % tp == 0 else value
+        if local % u:
+            of_tp = f" / tensor_parallel({tp}) = {local}" if local != value else ""
             raise ConfigError(f"model.{name}",
-                              f"{name}({value}) must be divisible by the ulysses degree {u} "
-                              f"(parallelism.context_parallel_method "
+                              f"{name}({value}){of_tp} must be divisible by the ulysses degree "
+                              f"{u} (parallelism.context_parallel_method "
                               f"{par.context_parallel_method!r}): the all-to-all gives each "
                               f"rank whole heads" + layout)
     if cfg.model_jit_mode() != "none":   # unwritten, it is none under cp (model_jit_mode)

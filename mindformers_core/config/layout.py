@@ -19,12 +19,14 @@ until they are):
     pipeline parallel      x data parallel with ZeRO-1 (no_shard / optim), 1F1B or interleaved
     context parallel       x data parallel with ZeRO-1 (optim); colossal, ulysses, hybrid
                            (docs/context_parallel.md)
+    cp x tp                tp (+sp) inside each cp rank; gradients over dp x cp (dp_cp)
+    cp x ep                ep folded over cp x dp (core/parallel_dims.py), ZeRO-1 over dp x cp
 
 The refusals in words: ``tensor_parallel`` with ``pipeline_parallel`` (pp x tp) or with a
 gradient/parameter-sharding strategy (tp x FSDP); ``expert_parallel`` with
 ``pipeline_parallel`` or with FSDP; ``pipeline_parallel`` with a gradient/parameter-sharding
-strategy (pp x FSDP); ``context_parallel`` with ``tensor_parallel``, ``expert_parallel``,
-``pipeline_parallel`` or a strategy other than ``optim``.
+strategy (pp x FSDP); ``context_parallel`` with ``pipeline_parallel``, with a strategy other
+than ``optim``, or with both ``tensor_parallel`` and ``expert_parallel`` (cp x tp x ep).
 """
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ LAYOUT_TABLE = (
      "tp (+sp) x ep (ep divides dp, folded over tp x dp) with ZeRO-1 (no_shard / optim)"),
     ("pipeline parallel", "pp x dp with ZeRO-1 (no_shard / optim), 1F1B or interleaved 1F1B"),
     ("context parallel", "cp x dp with ZeRO-1 (optim): colossal, ulysses, hybrid"),
+    ("cp x tp", "cp x tp (+sp) x dp with ZeRO-1 (optim) over dp x cp"),
+    ("cp x ep", "cp x ep (ep divides dp, folded over cp x dp) with ZeRO-1 (optim)"),
 )
 
 P = "parallelism"
@@ -88,13 +92,19 @@ def check_layout(dims: ParallelDims) -> None:
 
 
 def _check_context(dims: ParallelDims) -> None:
-    """cp runs with data parallel and ZeRO-1 only (each composition refused names its field)."""
-    for field, size in (("tensor_parallel", dims.tp), ("pipeline_parallel", dims.pp),
-                        ("expert_parallel", dims.ep)):
-        if size > 1:
-            raise _refuse(field, f"{field}({size}) with parallelism.context_parallel({dims.cp}) "
-                                 f"is not implemented yet (cp x {field.split('_')[0]}); set "
-                                 f"parallelism.{field}: 1 or context_parallel: 1")
+    """cp runs with data parallel and ZeRO-1, and with tp or ep (each composition refused
+    names its field)."""
+    if dims.pp > 1:
+        raise _refuse("pipeline_parallel",
+                      f"pipeline_parallel({dims.pp}) with parallelism.context_parallel("
+                      f"{dims.cp}) is not implemented yet (cp x pp); set "
+                      f"parallelism.pipeline_parallel: 1 or context_parallel: 1")
+    if dims.tp > 1 and dims.ep > 1:
+        raise _refuse("expert_parallel",
+                      f"expert_parallel({dims.ep}) with parallelism.context_parallel({dims.cp}) "
+                      f"and tensor_parallel({dims.tp}) is not implemented yet (cp x tp x ep); "
+                      f"set parallelism.expert_parallel: 1 (cp x tp runs), tensor_parallel: 1 "
+                      f"(cp x ep runs) or context_parallel: 1")
     if dims.shard_strategy != "optim":
         raise _refuse("data_parallel_shard_strategy",
                       f"{dims.shard_strategy!r} with parallelism.context_parallel({dims.cp}) is "
@@ -103,13 +113,14 @@ def _check_context(dims: ParallelDims) -> None:
 
 
 def _cp_runs(dims: ParallelDims) -> bool:
-    return dims.tp == dims.pp == dims.ep == 1 and dims.shard_strategy == "optim"
+    return (dims.pp == 1 and (dims.tp == 1 or dims.ep == 1)
+            and dims.shard_strategy == "optim")
 
 
 def parallel_steps(dims: ParallelDims) -> List[str]:
     """The builders ``distributed.setup`` applies to an accepted layout, in order (empty on
     one process): ``pipeline`` (this rank's stage, ZeRO-1 over its dp group), ``tensor``
-    (TP/SP slices, ZeRO-1 over dp),
+    (TP/SP slices, ZeRO-1 over dp; over dp x cp with cp),
     ``fsdp`` (the shard strategy over dp: gradient / parameter shards, or nothing to do for
     ZeRO-1), ``expert`` (the EP cut), ``context`` (the cp attention and sequence chunks).
     Raises ValueError for a layout no builder covers."""
@@ -122,7 +133,9 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
     if dims.cp > 1:
         if not _cp_runs(dims):
             raise ValueError(f"no builder for {dims.describe()}")
-        return ["context"]   # the data-parallel reduction over every rank: dp x cp
+        # the data-parallel reduction over dp x cp (without tp: every rank)
+        return ((["tensor"] if dims.tp > 1 else []) + ["context"]
+                + (["expert"] if dims.ep > 1 else []))
     if _shards_grads(dims) and (dims.tp > 1 or dims.ep > 1):
         raise ValueError(f"no builder for {dims.describe()}")
     steps = ["tensor"] if dims.tp > 1 else ["fsdp"]

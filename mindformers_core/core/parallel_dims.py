@@ -160,6 +160,14 @@ class ParallelDims:
                 out.append(self.rank_of(k["tp"], k["cp"], k["dp"], k["pp"]))
         return tuple(sorted(out))
 
+    def dp_cp_group(self, rank: int) -> Tuple[int, ...]:
+        """The ranks that hold the same model shard and read other tokens: ``rank``'s dp x cp
+        group (the same tp and pp index; Megatron's data-parallel group with context
+        parallel), ascending. Gradients of a tp shard are reduced over it under cp x tp."""
+        c = self.coords(rank)
+        return tuple(sorted(self.rank_of(c["tp"], cp, dp, c["pp"])
+                            for cp in range(self.cp) for dp in range(self.dp)))
+
     def groups(self, axis: str) -> List[Tuple[int, ...]]:
         """Every group along ``axis`` (a partition of the world), ordered by its first rank."""
         return sorted({self.group_of(axis, r) for r in range(self.world)})

@@ -73,12 +73,23 @@ class ParallelRun:
             self.pipeline = self.reducer = PipelineParallel(cfg, group_comm)
         elif "tensor" in self.steps:
             from .tp_reduce import TensorParallelGradReducer
-            self._tensor = self.reducer = TensorParallelGradReducer(group_comm)
+            self._tensor = self.reducer = TensorParallelGradReducer(
+                group_comm, self._data_group(dims, group_comm))
         else:
             self.reducer = DataParallelGradReducer(comm)
         coords = dims.coords(self.rank)
         #: the data shard this rank reads: its index among the data-parallel replicas
         self.data_rank = coords["dp"]
+
+    @staticmethod
+    def _data_group(dims: ParallelDims, group_comm) -> str:
+        """The group a tp shard's gradients, tokens and ZeRO-1 state are reduced over: ``dp``,
+        or under cp x tp the ranks of both (``dp_cp``: every cp rank holds other tokens of the
+        same sequences, models/cp_model.py)."""
+        if dims.cp == 1:
+            return "dp"
+        group_comm.add_group("dp_cp", dims.dp_cp_group(group_comm.rank))
+        return "dp_cp"
 
     # -- layout ----------------------------------------------------------------------------------
     def coords(self) -> Dict[str, int]:
@@ -207,9 +218,19 @@ class ParallelRun:
         return self.reducer.mean_over_ranks(value) * self.dims.cp
 
     def sync_moe_stats(self, model) -> None:
-        """The step's expert loads summed over the ranks that routed other tokens."""
-        if self.world_size > 1:
-            self.reducer.sync_moe_stats(model)
+        """The step's expert loads summed over the ranks that routed other tokens; under
+        context parallel each MoE layer's recorded aux loss is this rank's part
+        (models/cp_model.py), summed over the cp group into the whole sequences' (one
+        all-reduce; every cp rank ran the same layers)."""
+        if self.world_size == 1:
+            return
+        self.reducer.sync_moe_stats(model)
+        layers = [m for _, m in sorted(model.moe_layers().items()) if m.aux_sum is not None]
+        if self.dims.cp > 1 and layers:
+            import mindspore as ms
+            parts = np.array([float(m.aux_sum.asnumpy()) for m in layers], np.float32)
+            for moe, total in zip(layers, self.group_comm.all_reduce(parts, "cp")):
+                moe.aux_sum = ms.Tensor(np.float32(total))
 
     def grad_norm(self, grads: Sequence) -> float:
         """The global L2 norm of the reduced gradients (aligned with the bound optimizer's

@@ -44,11 +44,13 @@ class TensorParallelGradReducer:
     """The trainer's reducer for tp x dp (module docstring). ``rank``/``world_size`` are the
     world's; ``data_parallel_rank`` picks the data shard."""
 
-    def __init__(self, comm: GroupCommunicator):
+    def __init__(self, comm: GroupCommunicator, data_group: str = "dp"):
         self.comm = comm
         self.world_size = comm.mesh.world
         self.rank = comm.rank
-        self.dp_comm = GroupView(comm, "dp")
+        #: ``dp``, or ``dp_cp`` under cp x tp (distributed/setup.py ``ParallelRun``)
+        self.data_group = data_group
+        self.dp_comm = GroupView(comm, data_group)
         self.data_parallel_rank = self.dp_comm.rank
         self.data = DataParallelGradReducer(self.dp_comm)
         self._model = None
@@ -78,7 +80,7 @@ class TensorParallelGradReducer:
                                "model: call bind_model(model) first")
         _, shards = cfg.parallelism.dp_shard(self.dp_comm.world_size)
         return TensorParallelSharding(self._model.shard_specs(), self.comm,
-                                      data_parallel_shard=shards)
+                                      data_parallel_shard=shards, data_group=self.data_group)
 
     def sync_moe_stats(self, model) -> None:
         self.data.sync_moe_stats(model)

@@ -98,12 +98,15 @@ class TensorParallelSharding:
             dp ranks).
         p2p: Muon deredundency's send/recv: None = as ``collectives.CAPABILITIES`` says for
             the backend, True / False to force it (``shard_exchange.SpecLevel``).
+        data_group: the data-parallel group (``dp``; ``dp_cp`` under cp x tp, whose cp ranks
+            hold the same shards).
     """
 
     def __init__(self, specs: Mapping[str, ShardSpec], comm: GroupCommunicator,
-                 data_parallel_shard: Optional[int] = 1, p2p: Optional[bool] = None):
+                 data_parallel_shard: Optional[int] = 1, p2p: Optional[bool] = None,
+                 data_group: str = "dp"):
         self.specs, self.comm, self.p2p = dict(specs), comm, p2p
-        self.dp = GroupView(comm, "dp")
+        self.dp = GroupView(comm, data_group)
         self.data_parallel_shard = data_parallel_shard
         #: names whose state stays whole on their rank, not tp-split nor ZeRO-sharded: the
         #: experts under tp x ep (``ep_reduce.ExpertParallelReducer.optimizer_sharding``)

@@ -21,6 +21,16 @@ The MoE's aux-loss part: with counts c summed over cp, the sequence length S = c
 ``router.aux_loss`` computed on the local L positions, f is cp times the full sequence's and P
 the mean over L local positions, whose mean over the cp ranks is the full P; so the full loss
 is the sum over the cp ranks of ``aux_loss(local) / cp**2``.
+
+Composed (config/layout.py). cp x tp: the tensor-parallel cut runs first
+(``distributed/setup.py``), so its runner (``models/tp_model.py``) embeds this rank's chunks,
+splits their tokens over tp (sequence parallel) and gathers them before each attention block,
+whose core is the cp one here on the local heads; the routed experts see this rank's chunks
+whole, so the counts hook above is the same. The tp runner's loss on the chunks' labels is a
+cp part as without tp; the reductions over dp x cp are the run's (``dp_cp``). cp x ep: the
+EP cut runs after this one; each rank dispatches its own chunks' tokens over the ep group
+(folded over cp x dp: at dp2 x cp2 x ep2 it is the cp group), and routing, counts and the aux
+loss are computed before the dispatch, per token, so they are the same as without ep.
 """
 from __future__ import annotations
 

@@ -16,6 +16,18 @@ from layout_matrix import Group, JobCase, TrainerCase  # noqa: E402
 from trainer_case import MTP_OVERRIDES, TRAINER_OVERRIDES  # noqa: E402
 
 MARKOV = "configs/markov_check.yaml"
+DSV3 = "configs/muon_deepseek_v3_tiny.yaml"
+#: the composed cp cases: 6 steps, global batch 4 as micro-batches of 2, lr 1e-3
+CP_COMMON = ("training.steps=6", "training.local_batch_size=2", "training.global_batch_size=4",
+             "lr_scheduler.learning_rate=1e-3", "model.seq_length=16",
+             "checkpoint.enable_save=false")
+CP_SAVE = ("checkpoint.enable_save=true", "checkpoint.save_interleaved_steps=4")
+CP2 = ("parallelism.context_parallel=2",)
+TP2 = ("parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true")
+#: QK-Clip active: below the tiny DeepSeek-V3's max logits at seq_length 16 (0.06 - 0.09), so
+#: heads clip every step and a wrong MAX over dp x cp would change the weights
+DSV3_QK = ("optimizer.qk_clip_threshold=0.05", "training.steps=4")
+DSV3_METRICS = ("loss", "grad_norm", "max_attention_logit", "aux_loss", "qk_clipped_heads")
 
 #: N workers == 1 process through the Trainer, compared per step (test_layout_cases_msrun.py)
 LAYOUTS = [
@@ -23,6 +35,22 @@ LAYOUTS = [
     TrainerCase("dp2_mtp", 2, MARKOV, tuple(TRAINER_OVERRIDES + MTP_OVERRIDES),
                 metrics=("mtp_loss", "loss", "grad_norm"), rtol=1e-4, steps=4,
                 checks=("finite_mtp_loss",)),
+    # composed context parallel (issue 32), 4 workers, global batch 4 (2 micro-batches of 2
+    # on each replica): cp2 x tp2 (+sp), gradients over dp x cp; the colossal one saves at
+    # step 4 and resumes there under the same layout
+    TrainerCase("cp2_tp2_colossal_gpt", 4, MARKOV, CP_COMMON + CP_SAVE,
+                layout=CP2 + TP2 + ("parallelism.context_parallel_method=colossal",),
+                steps=6, resume_at=4),
+    TrainerCase("cp2_tp2_ulysses_gpt", 4, MARKOV, CP_COMMON + CP_SAVE,   # the same reference
+                layout=CP2 + TP2 + ("parallelism.context_parallel_method=ulysses",), steps=6),
+    # MLA under cp2 x tp2 with Muon and QK-Clip active (MAX over dp x cp, per local head)
+    TrainerCase("cp2_tp2_colossal_dsv3", 4, DSV3, CP_COMMON + DSV3_QK, layout=CP2 + TP2,
+                metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active", "moe_layers_whole")),
+    # dp2 x cp2 with ep2: ep folds over cp x dp (core/parallel_dims.py), so the ep group is
+    # the cp group; per-sequence counts and the aux loss over whole sequences
+    TrainerCase("cp2_ep2_dsv3", 4, DSV3, CP_COMMON + DSV3_QK,
+                layout=CP2 + ("parallelism.expert_parallel=2",), metrics=DSV3_METRICS,
+                steps=4, checks=("qk_clip_active", "moe_layers_whole")),
 ]
 
 

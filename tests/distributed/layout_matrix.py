@@ -45,7 +45,10 @@ class TrainerCase:
     side's overrides (``parallelism.*``). ``reference``: overrides of the 1-process side only
     (a local batch that keeps the global batch). ``metrics``: the metrics.jsonl keys compared
     at every step (a key a row lacks on both sides is skipped for that row; ``lr`` is compared
-    at 1e-12). ``checks``: names of extra checks in ``test_layout_cases_msrun.CHECKS``."""
+    at 1e-12). ``checks``: names of extra checks in ``test_layout_cases_msrun.CHECKS``.
+    ``resume_at``: the workers then resume their own step-``resume_at`` checkpoint under the
+    same layout into ``<case dir>/resumed`` (its steps are compared too; the overrides must
+    save at that step)."""
     name: str
     world: int
     config: str
@@ -57,6 +60,7 @@ class TrainerCase:
     steps: Optional[int] = None
     checks: Tuple[str, ...] = ()
     group: str = "layouts"
+    resume_at: Optional[int] = None
 
     def worker_overrides(self, run_dir: str):
         return list(self.overrides) + list(self.layout) + [
@@ -103,16 +107,25 @@ def train_one(config: str, overrides, run_dir: str):
     return trainer
 
 
-def train_case(case_dir: str, config: str, overrides) -> None:
-    """The worker side of a TrainerCase (its run directory is the case's)."""
+def train_case(case_dir: str, config: str, overrides, resume_at: Optional[int] = None) -> None:
+    """The worker side of a TrainerCase (its run directory is the case's), then the resume of
+    its step-``resume_at`` checkpoint into ``resumed/`` (TrainerCase.resume_at)."""
     train_one(config, overrides, case_dir)
+    if resume_at is not None:
+        ckpt = os.path.join(case_dir, "checkpoint",
+                            f"mindformers_core_step{resume_at:08d}.safetensors")
+        resumed = os.path.join(case_dir, "resumed")
+        train_one(config, list(overrides) + [
+            f"checkpoint.save_path={os.path.join(resumed, 'checkpoint')}",
+            f"checkpoint.load_path={ckpt}"], resumed)
 
 
 def plan_entry(case, case_dir: str, prepared: dict) -> dict:
     """What the worker runs for ``case``: a target and its arguments (JSON)."""
     if isinstance(case, TrainerCase):
         return {"name": case.name, "dir": case_dir, "target": "layout_matrix:train_case",
-                "args": [case.config, case.worker_overrides(case_dir)]}
+                "args": [case.config, case.worker_overrides(case_dir)]
+                + ([case.resume_at] if case.resume_at is not None else [])}
     args = [a.format(**prepared) if isinstance(a, str) else a for a in case.args]
     return {"name": case.name, "dir": case_dir, "target": case.target, "args": args}
 

@@ -42,6 +42,22 @@ def test_cp_layouts_are_accepted_with_the_context_builder(world, n, config, sets
     assert cfg.model_jit_mode() == "none"   # an unwritten training.jit is none under cp
 
 
+TP2 = ["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true"]
+
+
+@pytest.mark.parametrize("n,config,sets,want", [
+    (4, MARKOV, CP2 + TP2, ["tensor", "context"]),
+    (4, MARKOV, CP2 + TP2 + ["parallelism.context_parallel_method=ulysses"],
+     ["tensor", "context"]),
+    (4, DSV3, CP2 + TP2, ["tensor", "context"]),
+    (4, DSV3, CP2 + ["parallelism.expert_parallel=2"], ["context", "expert"]),
+])
+def test_cp_times_tp_and_cp_times_ep_are_accepted(world, n, config, sets, want):
+    world(n)
+    dims = load_config(config, overrides=sets).parallel_dims()
+    assert parallel_steps(dims) == want and dims.cp == 2
+
+
 #: (world, config, overrides, the field the error starts with, a part of its text)
 REFUSED = [
     (2, MARKOV, CP2 + ["model.seq_length=30"], "model.seq_length",
@@ -80,6 +96,13 @@ REFUSED = [
                                                               r"parallelism"),
     (2, MARKOV, CP2 + ["recompute.mode=full"], "recompute.mode", r"not implemented with "
                                                                       r"context parallelism"),
+    # under cp x tp the all-to-all splits a tp rank's 4 / 2 = 2 local heads
+    (8, MARKOV, ["parallelism.context_parallel=4", "parallelism.context_parallel_method=ulysses",
+                 "parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true"],
+     "model.num_attention_heads", r"num_attention_heads\(4\) / tensor_parallel\(2\) = 2 must "
+                                  r"be divisible by the ulysses degree 4"),
+    (8, DSV3, CP2 + TP2 + ["parallelism.expert_parallel=2"], "parallelism.expert_parallel",
+     r"\(cp x tp x ep\); set parallelism.expert_parallel: 1"),
 ]
 
 
@@ -107,6 +130,14 @@ def check(n, config, sets):
 def test_check_exits_2_fast_naming_the_field(n, config, sets, field, text):
     rc, out, elapsed = check(n, config, sets)
     assert rc == 2 and f"error: {field}: " in out, out[-1500:]
+    assert elapsed < 5.0, elapsed
+
+
+def test_check_accepts_cp_times_tp_and_seq_length_30_still_exits_2():
+    rc, out, _ = check(4, MARKOV, CP2 + TP2)
+    assert rc == 0, out[-1500:]
+    rc, out, elapsed = check(4, MARKOV, CP2 + TP2 + ["model.seq_length=30"])
+    assert rc == 2 and "error: model.seq_length: seq_length(30)" in out, out[-1500:]
     assert elapsed < 5.0, elapsed
 
 

@@ -22,6 +22,24 @@ def test_tp2_dp2_groups_on_four_ranks():
     assert m.coords(3) == {"tp": 1, "cp": 0, "dp": 1, "pp": 0, "ep": 0, "edp": 3, "world": 3}
 
 
+def test_dp_cp_group_holds_the_ranks_of_one_tp_shard_and_stage():
+    m = make_mesh(4, tp=2, cp=2)   # cp x tp on 4: cp {0,2} {1,3}, tp {0,1} {2,3}
+    assert m.groups("cp") == [(0, 2), (1, 3)] and m.dp == 1
+    assert [m.dp_cp_group(r) for r in range(4)] == [(0, 2), (1, 3), (0, 2), (1, 3)]
+    m = make_mesh(16, tp=2, cp=2, pp=2)   # dp 2
+    for r in range(16):
+        group = m.dp_cp_group(r)
+        assert len(group) == m.dp * m.cp and r in group
+        assert {m.coords(g)["tp"] for g in group} == {m.coords(r)["tp"]}
+        assert {m.coords(g)["pp"] for g in group} == {m.coords(r)["pp"]}
+        assert set(group) >= set(m.group_of("dp", r)) | set(m.group_of("cp", r))
+    # dp2 x cp2 with ep2 on 4: ep folds over cp x dp, so the ep group is the cp group
+    m = make_mesh(4, cp=2, ep=2)
+    assert m.groups("ep") == m.groups("cp") == [(0, 1), (2, 3)]
+    assert m.groups("edp") == m.groups("dp") == [(0, 2), (1, 3)]
+    assert m.dp_cp_group(3) == (0, 1, 2, 3)
+
+
 def test_rank_formula_and_partition_for_a_full_mesh():
     m = make_mesh(48, tp=2, cp=3, pp=2, ep=2)
     assert m.dp == 4 and m.size("edp") == 12   # tp * cp * dp / ep

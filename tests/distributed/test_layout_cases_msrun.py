@@ -23,8 +23,29 @@ def finite_mtp_loss(name, got, want):
     assert values and all(math.isfinite(v) for v in values), f"{name}: mtp_loss {values}"
 
 
+def qk_clip_active(name, got, want):
+    """QK-Clip clipped heads (the compared max logits changed the weights)."""
+    clipped = [r["qk_clipped_heads"] for r in want if "loss" in r]
+    assert sum(clipped) > 0, f"{name}: qk_clipped_heads {clipped}"
+
+
+def moe_layers_whole(name, got, want):
+    """Each MoE layer's logged expert loads (the expert-bias counts) equal one process's and
+    its aux loss is the whole sequences' (the cp parts summed), per step."""
+    ref = {r["step"]: r["moe"]["layers"] for r in want if "moe" in r}
+    rows = [r for r in got if "moe" in r]
+    assert rows and [r["step"] for r in rows] == sorted(ref), (name, [r["step"] for r in rows])
+    for r in rows:
+        for layer, stats in r["moe"]["layers"].items():
+            w = ref[r["step"]][layer]
+            assert stats["tokens_per_expert"] == w["tokens_per_expert"], (name, r["step"], layer)
+            assert math.isclose(stats["aux_loss"], w["aux_loss"], rel_tol=1e-4), \
+                (name, r["step"], layer, stats["aux_loss"], w["aux_loss"])
+
+
 #: name -> check(case name, N-worker rows, 1-process rows)
-CHECKS = {"finite_mtp_loss": finite_mtp_loss}
+CHECKS = {"finite_mtp_loss": finite_mtp_loss, "qk_clip_active": qk_clip_active,
+          "moe_layers_whole": moe_layers_whole}
 
 
 @pytest.mark.multiproc
@@ -38,6 +59,11 @@ def test_layout_equals_one_process(layout_matrix, case):
     assert trained[0] != trained[-1], f"{case.name}: the reference loss never moved"
     for check in case.checks:
         CHECKS[check](case.name, got, want)
+    if case.resume_at is not None:   # its own checkpoint resumed under the same layout
+        resumed = read_metrics(os.path.join(layout_matrix.case_dir(case.name), "resumed"))
+        compare_rows(f"{case.name} resumed", resumed,
+                     [r for r in want if r["step"] > case.resume_at], case.metrics, case.rtol)
+        assert resumed and resumed[0]["step"] == case.resume_at + 1, resumed[:1]
 
 
 def test_compare_rows_names_the_case_step_and_values():

@@ -62,6 +62,10 @@ def test_plan_entries_and_the_groups_a_session_needs(tmp_path):
         "checkpoint.save_path=/o/pp2/checkpoint"]]
     assert case.reference_overrides("/r") == ["training.steps=2", "training.local_batch_size=4",
                                               "checkpoint.save_path=/r/checkpoint"]
+    # a resumed case: the worker resumes its own step-4 checkpoint after the run
+    resumed = TrainerCase("cp", 4, "configs/markov_check.yaml", ("training.steps=6",),
+                          resume_at=4)
+    assert plan_entry(resumed, "/o/cp", {})["args"][2:] == [4]
     job = plan_entry(JobCase("j", 2, "m:f", ("{ckpt}", 3)), "/o/j", {"ckpt": "/c"})
     assert job == {"name": "j", "dir": "/o/j", "target": "m:f", "args": ["/c", 3]}
 

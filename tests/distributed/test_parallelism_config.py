@@ -78,16 +78,19 @@ def test_data_parallel_key_gives_upstream_text():
     assert "'data_parallel_shard'" in msg
 
 
-def test_context_parallel_runs_with_data_parallel_and_refuses_tensor_parallel(monkeypatch):
+def test_context_parallel_runs_with_data_and_tensor_parallel_and_refuses_pipeline(monkeypatch):
     msrun_world(monkeypatch, 4)
     d = base(training={"steps": 10, "local_batch_size": 1, "global_batch_size": 2},
              parallelism={"context_parallel": 2})
     dims = load_config(d).parallel_dims()
     assert (dims.cp, dims.dp) == (2, 2)
     d["parallelism"].update(tensor_parallel=2, sequence_parallel=True)
-    with pytest.raises(ConfigError, match=r"^parallelism\.tensor_parallel: tensor_parallel\(2\) "
-                                          r"with parallelism\.context_parallel\(2\) is not "
-                                          r"implemented yet"):
+    dims = load_config(d).parallel_dims()
+    assert (dims.cp, dims.tp, dims.dp) == (2, 2, 1)
+    d["parallelism"].update(tensor_parallel=1, pipeline_parallel=2)
+    with pytest.raises(ConfigError, match=r"^parallelism\.pipeline_parallel: pipeline_parallel"
+                                          r"\(2\) with parallelism\.context_parallel\(2\) is "
+                                          r"not implemented yet \(cp x pp\)"):
         load_config(d)
 
 
