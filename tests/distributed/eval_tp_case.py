@@ -30,28 +30,10 @@ EP_CASE = ["training.steps=2", "training.eval_interval=1", "training.eval_steps=
            "logging.sample_max_new_tokens=8"]
 
 
-# The hidden check's runs (issue 31): the quickstart config for 10 steps, held-out evaluations
-# at steps 5 and 10, a 16-token greedy sample, local batch 4 in a global batch of 8; each
-# layout of LAYOUTS against the same config on one process (case "quick", no overrides).
-# Data only, so the cases can move to a shared layout matrix: name -> (msrun workers,
-# overrides).
-QUICK = ["training.steps=10", "training.eval_interval=5", "logging.sample_max_new_tokens=16",
-         "training.local_batch_size=4", "training.global_batch_size=8",
-         "training.log_interval=1", "checkpoint.enable_save=false"]
-LAYOUTS = {
-    "fsdp": (2, ["parallelism.data_parallel_shard_strategy=optim_grads_params"]),
-    "pp2": (2, ["parallelism.pipeline_parallel=2"]),
-    "tp2dp2": (4, TP),
-}
-
-
 def config(name: str, overrides=(), path=None):
     from mindformers_core.config import load_config
     if name == "ep":
         return load_config(path, overrides=BASE + EP_CASE + list(overrides))
-    if name == "quick":
-        return load_config(os.path.join(ROOT, "configs", "quickstart.yaml"),
-                           overrides=QUICK + list(overrides))
     return load_config(os.path.join(ROOT, "configs", "quickstart.yaml"),
                        overrides=BASE + CASES[name] + list(overrides))
 
