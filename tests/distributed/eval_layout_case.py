@@ -9,7 +9,8 @@ AdamW as the quickstart), the layout's overrides; ``save``: the run also writes 
 checkpoint (the checkpoint kind of the layout, which ``tools.generate`` reads on one process);
 ``no_eval``: the worker also runs the layout for ``NO_EVAL_STEPS`` steps without an
 evaluation or sample (``no_eval_overrides``), whose rows are those of the run with the
-evaluation at step 5, bit for bit.
+evaluation at step 5, bit for bit; ``generate``: every worker then runs ``tools.generate``
+(``generate_argv``) on the saved checkpoint.
 """
 import os
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ class EvalLayout:
     layout: Tuple[str, ...]
     save: bool = False
     no_eval: bool = False
+    generate: bool = False
 
     def overrides(self):
         return list(self.layout) + (list(SAVE) if self.save else [])
@@ -47,7 +49,7 @@ LAYOUTS = {
     "fsdp": EvalLayout(2, "gpt", ("parallelism.data_parallel_shard_strategy=optim_grads_params",),
                        save=True),
     "pp2": EvalLayout(2, "gpt", PP, save=True),
-    "tp2dp2": EvalLayout(4, "gpt", TP, save=True),
+    "tp2dp2": EvalLayout(4, "gpt", TP, save=True, generate=True),
     "ep2": EvalLayout(2, "dsv3", EP, save=True),
     # the composed layouts: pp2 x dp2 (ZeRO-1 in each stage), tp2 x ep2 (at world 4 the ep
     # group is the tp group, core/parallel_dims.py), cp2 x dp2 (ZeRO-1)
@@ -63,6 +65,17 @@ def no_eval_overrides():
     after it)."""
     return [f"training.steps={NO_EVAL_STEPS}", "training.eval_interval=null",
             "training.eval_steps=1", "logging.sample_prompt=null"]
+
+
+PROMPT = "The with statement"
+
+
+def generate_argv(config_path: str, checkpoint: str, layout=()):
+    """``tools.generate``'s arguments: 16 greedy tokens after PROMPT, the model of
+    ``config_path`` under ``QUICK`` and ``layout`` (a layout that fits the launch's world)."""
+    sets = [a for o in QUICK + list(layout) for a in ("--set", o)]
+    return ["--config", config_path, *sets, "--checkpoint", checkpoint, "--prompt", PROMPT,
+            "--max_new_tokens", "16"]
 
 
 def config(model: str, run_dir: str, overrides=()):

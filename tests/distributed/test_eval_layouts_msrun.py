@@ -13,7 +13,8 @@ issue 31's hidden check runs it (``eval_layout_case.QUICK``):
   at step 5, bit for bit (an evaluation changes no training state);
 * ``python -m mindformers_core.tools.generate`` on one process from each saved checkpoint (the
   sharded ones of FSDP, tp x dp with ZeRO-1, ep, tp x ep, pp x dp; the gathered one of pp)
-  prints the run's end-of-run sample, the 1-process sample of the same weights."""
+  prints the run's end-of-run sample, the 1-process sample of the same weights; on the 4
+  msrun workers of tp2 x dp2 (the run's config and layout) rank 0 prints it."""
 import os
 import re
 import sys
@@ -27,7 +28,7 @@ from test_eval_tp_msrun import _sample
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from eval_layout_case import LAYOUTS, NO_EVAL_STEPS  # noqa: E402
+from eval_layout_case import LAYOUTS, NO_EVAL_STEPS, generate_argv  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 LAYOUT_GROUPS = ("eval_layouts",)
@@ -120,10 +121,20 @@ def test_generate_tool_reads_the_layouts_checkpoint(layout_matrix, capsys, name)
     assert step == 10
     config = (str(out / f"{name}.rank0.yaml") if LAYOUTS[name].model == "dsv3"
               else os.path.join(ROOT, "configs", "quickstart.yaml"))
-    prompt = "The with statement"
     capsys.readouterr()
-    assert main(["--config", config, "--checkpoint", str(ckpt), "--prompt", prompt,
-                 "--max_new_tokens", "16"]) == 0
+    assert main(generate_argv(config, str(ckpt))) == 0
     text = capsys.readouterr().out
     assert text.endswith("\n")
     assert text[:-1] == _sample((out / f"{name}.log").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("name", [n for n, c in LAYOUTS.items() if c.generate])
+def test_generate_tool_on_msrun_workers(layout_matrix, name):
+    """tools.generate on every worker of the launch (the run's config and layout): each
+    decodes the whole model alone, rank 0 prints the run's sample, the others nothing."""
+    out = _out(layout_matrix, name)
+    sample = _sample((out / f"{name}.log").read_text(encoding="utf-8"))
+    got = [(out / f"{name}.generate.rank{r}.txt").read_text(encoding="utf-8")
+           for r in range(LAYOUTS[name].workers)]
+    assert got[0] == f"0\n{sample}\n"
+    assert got[1:] == ["0\n"] * (len(got) - 1)
