@@ -54,16 +54,16 @@ LAYOUTS = {
     # the composed layouts: pp2 x dp2 (ZeRO-1 in each stage), tp2 x ep2 (at world 4 the ep
     # group is the tp group, core/parallel_dims.py), cp2 x dp2 (ZeRO-1)
     "pp2dp2": EvalLayout(4, "gpt", PP, save=True, no_eval=True),
-    "tp2ep2": EvalLayout(4, "dsv3", TP + EP, save=True, no_eval=True),
     "cp2dp2": EvalLayout(4, "gpt", CP, no_eval=True),
+    "tp2ep2": EvalLayout(4, "dsv3", TP + EP, save=True, no_eval=True),
 }
 MODELS = sorted({case.model for case in LAYOUTS.values()})
 
 
 def no_eval_overrides():
     """The run without an evaluation before its last step or a sample (one held-out batch
-    after it)."""
-    return [f"training.steps={NO_EVAL_STEPS}", "training.eval_interval=null",
+    after it), stopped after step NO_EVAL_STEPS of the same 10 (the same lr schedule)."""
+    return [f"training.stop_at_step={NO_EVAL_STEPS}", "training.eval_interval=null",
             "training.eval_steps=1", "logging.sample_prompt=null"]
 
 
@@ -94,9 +94,5 @@ def config(model: str, run_dir: str, overrides=()):
 
 def run(model: str, run_dir: str, overrides=()):
     """Train into ``run_dir``: (the Trainer, the run log's text: rank 0's, '' elsewhere)."""
-    import io
-    from mindformers_core.trainer import Trainer
-    stream = io.StringIO()
-    trainer = Trainer(config(model, run_dir, overrides), run_dir, overwrite=True, stream=stream)
-    trainer.train()
-    return trainer, stream.getvalue()
+    from eval_tp_case import train_logged
+    return train_logged(config(model, run_dir, overrides), run_dir)
