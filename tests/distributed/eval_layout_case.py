@@ -54,7 +54,7 @@ LAYOUTS = {
     # the composed layouts: pp2 x dp2 (ZeRO-1 in each stage), cp2 x dp2 (ZeRO-1)
     "pp2dp2": EvalLayout(4, "gpt", PP, save=True, no_eval=True),
     "cp2dp2": EvalLayout(4, "gpt", CP, no_eval=True),
-    # not yet: tp2 x ep2 on this model fails in its first step's expert-gradient all-reduce
+    # not yet: tp2 x ep2 on this model fails in a training step: the expert-gradient all-reduce
     # over edp (ep_reduce.py; "RunRingAllReduce Memcpy error, dest size 32768, src size
     # 65536": the two edp ranks hold expert gradients of different sizes)
 }
