@@ -34,6 +34,7 @@ loss are computed before the dispatch, per token, so they are the same as withou
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Dict
 
 import numpy as np
@@ -42,14 +43,16 @@ from mindspore import Tensor, ops
 from ..distributed import cp_layout
 from ..distributed.context_parallel import context_parallel_attention
 
-__all__ = ["SequenceChunks", "apply_context_parallel"]
+__all__ = ["SequenceChunks", "apply_context_parallel", "whole_sequences"]
 
 
 class SequenceChunks:
     """This cp rank's tokens of the load-balanced split (``cp`` ranks, rank ``rank``)."""
 
-    def __init__(self, cp: int, rank: int):
+    def __init__(self, cp: int, rank: int, own_cores=()):
         self.cp, self.rank = int(cp), int(rank)
+        #: (attention block, its core before the cut): what :func:`whole_sequences` restores
+        self.own_cores = tuple(own_cores)
         self._index: Dict[int, Tensor] = {}
 
     def index(self, seq: int) -> Tensor:
@@ -81,8 +84,10 @@ def apply_context_parallel(model, comm, method: str, ulysses_degree: int = 1):
     members = comm.ranks("cp")
     cp = len(members)
     cores = {}   # one cp core per distinct inner core (hybrid registers its sub-groups once)
+    own = []
     for attn in model.attention_blocks():
         inner = attn.core_attention
+        own.append((attn, inner))
         if id(inner) not in cores:
             cores[id(inner)] = context_parallel_attention(comm, method, inner, ulysses_degree)
         attn.core_attention = cores[id(inner)]
@@ -92,5 +97,28 @@ def apply_context_parallel(model, comm, method: str, ulysses_degree: int = 1):
 
     for moe in model.moe_layers().values():
         moe.set_sequence_counts(sequence_counts, cp)
-    model.set_sequence_chunks(SequenceChunks(cp, members.index(comm.rank)))
+    model.set_sequence_chunks(SequenceChunks(cp, members.index(comm.rank), own))
     return model
+
+
+@contextmanager
+def whole_sequences(model, chunks):
+    """While inside, ``model`` (cut with ``chunks``) runs whole sequences on this rank: no
+    chunks, each attention block's own core. Context parallel splits no weight, so every cp
+    rank decodes the prompt alone, with the key/value cache (the end-of-run sample,
+    trainer/progress.py); the MoE blocks still sum their per-sequence counts over the cp group,
+    which only the aux loss reads, and every rank decodes the same tokens together. Nothing
+    changes for ``chunks`` None (no context parallel)."""
+    if chunks is None:
+        yield model
+        return
+    cut = [(attn, attn.core_attention) for attn, _ in chunks.own_cores]
+    for attn, own in chunks.own_cores:
+        attn.core_attention = own
+    model.set_sequence_chunks(None)
+    try:
+        yield model
+    finally:
+        for attn, core in cut:
+            attn.core_attention = core
+        model.set_sequence_chunks(chunks)

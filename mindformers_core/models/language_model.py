@@ -276,6 +276,12 @@ class GPTModel(nn.Cell):
         self._chunks = chunks
         self._tables = {}
 
+    def whole_sequences(self):
+        """A context in which this rank runs whole sequences (generation under context
+        parallel: ``cp_model.whole_sequences``); it changes nothing elsewhere."""
+        from .cp_model import whole_sequences
+        return whole_sequences(self, self._chunks)
+
     def _local(self, x):
         """This rank's tokens of ``x`` [B, S] (all of them without context parallel)."""
         return x if self._chunks is None else self._chunks.take(x)

@@ -12,7 +12,10 @@ prompt is encoded with the config's tokenizer (``tokenizer:``; byte-level for ``
 or when the config has none). ``--temperature 0`` (the default) is greedy decoding; otherwise
 tokens are sampled from the tempered softmax restricted by ``--top_k`` / ``--top_p``
 (``models/generation.py``, with the key/value cache of ``models/kv_cache.py`` while the text
-fits ``seq_length``). Prints the prompt followed by the continuation.
+fits ``seq_length``). Prints the prompt followed by the continuation. A sharded checkpoint of
+any layout (its index) is merged on reading (``checkpoint/sharded.py``). Under msrun (with
+the config the run trained with, whose layout fits the launch) every worker decodes the whole
+model alone and rank 0 prints.
 
 Exit codes: 0 ok, 2 a configuration error, 1 an unusable checkpoint.
 """
@@ -85,7 +88,9 @@ def main(argv=None) -> int:
     except (ConfigError, ValueError) as exc:   # the config; sampling arguments out of range
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(args.prompt + text)
+    from ..launch_env import env_rank
+    if env_rank() == 0:   # msrun: every worker decoded the same text
+        print(args.prompt + text)
     return 0
 
 

@@ -11,7 +11,9 @@ its pipeline stages) read the same one. So the samples, and the loss, are those 
 with the same global batch, whatever the layout. Each rank sums its token losses and loss
 tokens; the sums go through ``layout.global_token_count`` (an all-reduce SUM over the
 data-parallel replicas only), so every rank gets ``loss = sum of token losses / loss tokens``
-of the whole set, independent of the layout for the same ``G``. Forward passes only: no
+of the whole set, independent of the layout for the same ``G`` (under context parallel each
+cp rank's loss sum is its chunks' part, so the summed losses are not divided by cp as the
+token counts are). Forward passes only: no
 gradient is computed and nothing in the model changes except the running statistics that
 :func:`evaluate` resets (QK-Clip max logits, MoE loads), so an evaluation between steps does
 not alter training.
@@ -72,7 +74,9 @@ def evaluate(model, held_out, eval_steps: int, local_batch_size: int, layout,
     reset_running_stats(model)
     local_loss = float(sum(float(x.asnumpy()) for x in loss_parts))
     total_tokens = layout.global_token_count(local_tokens)
-    total_loss = layout.global_token_count(local_loss)
+    # context parallel: every cp rank counts the whole sequences' tokens (global_token_count
+    # divides their sum by cp) but returns the loss of its own chunks only (models/cp_model.py)
+    total_loss = layout.global_token_count(local_loss) * layout.dims.cp
     if total_tokens <= 0:
         raise ValueError("the held-out batches have no loss tokens (every loss_mask is 0)")
     return EvalResult(step=int(step), loss=total_loss / total_tokens, tokens=int(total_tokens))

@@ -18,6 +18,7 @@ latest ``eval_loss``.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -159,13 +160,17 @@ class RunProgress:
         """The greedy sample, decoded on every rank and logged by rank 0: under tensor, expert
         and pipeline parallelism and fully sharded parameters the forward is a collective of
         every rank of a group (models/generation.py, distributed/pipeline_eval.py,
-        distributed/fsdp.py); elsewhere each rank's copy of the weights is the same."""
+        distributed/fsdp.py); under context parallel every rank decodes the whole prompt
+        alone (models/cp_model.py); elsewhere each rank's copy of the weights is the same."""
         prompt = self.t.cfg.logging.sample_prompt
         if prompt is None or self.tokenizer is None:
             return
         from ..models.generation import generate
         ids = self.tokenizer.encode(prompt)
-        new = generate(self.t.parallel.forward_only(self.t.model), ids,
-                       self.t.cfg.logging.sample_max_new_tokens, temperature=0.0)
+        # context parallel: each rank decodes the whole prompt (models/cp_model.py)
+        whole = getattr(self.t.model, "whole_sequences", None)
+        with whole() if whole is not None else contextlib.nullcontext():
+            new = generate(self.t.parallel.forward_only(self.t.model), ids,
+                           self.t.cfg.logging.sample_max_new_tokens, temperature=0.0)
         reset_running_stats(self.t.model)
         self.t.log(f"sample (greedy, {len(new)} tokens):\n{prompt}{self.tokenizer.decode(new)}")

@@ -1,6 +1,9 @@
-"""msrun worker of tests/distributed/test_eval_layouts_msrun.py: the ``quick`` run of
-``eval_tp_case`` under the overrides of ``eval_tp_case.LAYOUTS[NAME]``; rank 0 leaves
-``OUT_DIR/NAME/metrics.jsonl`` and the run log ``OUT_DIR/NAME.log``.
+"""msrun worker of tests/distributed/test_eval_layouts_msrun.py: the quickstart run of
+``eval_layout_case`` under layout ``eval_layout_case.LAYOUTS[NAME]``; rank 0 leaves
+``OUT_DIR/NAME/metrics.jsonl`` (and the final checkpoint under ``OUT_DIR/NAME/checkpoint``
+when the layout saves) and the run log ``OUT_DIR/NAME.log``; a ``no_eval`` layout then runs
+without evaluation into ``OUT_DIR/NAME_no_eval``; a ``generate`` layout runs
+``tools.generate`` on every worker (``OUT_DIR/NAME.generate.rankR.txt``).
 
     python tests/distributed/eval_layout_worker.py OUT_DIR NAME
 """
@@ -15,12 +18,37 @@ sys.path.insert(0, HERE)
 def main(out: str, name: str):
     import mindspore as ms
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    from eval_tp_case import LAYOUTS, run
+    from eval_layout_case import LAYOUTS, no_eval_overrides, run
+    case = LAYOUTS[name]
     os.makedirs(out, exist_ok=True)
-    _, text = run("quick", os.path.join(out, name), LAYOUTS[name][1])
+    _, text = run(case.model, os.path.join(out, name), case.overrides())
     if text:
         with open(os.path.join(out, f"{name}.log"), "w", encoding="utf-8") as fh:
             fh.write(text)
+    if case.generate:   # tools.generate on every worker: rank 0 prints
+        generate_on_workers(out, name, case)
+    if case.no_eval:
+        run(case.model, os.path.join(out, f"{name}_no_eval"),
+            list(case.layout) + no_eval_overrides())
+
+
+def generate_on_workers(out: str, name: str, case):
+    """``tools.generate`` on this worker from the case's final checkpoint, once every rank's
+    run is over; its stdout goes to ``OUT_DIR/NAME.generate.rankR.txt``."""
+    import contextlib
+    import io
+    from mindformers_core.distributed.comm import init_distributed
+    from mindformers_core.launch_env import env_rank
+    from mindformers_core.tools.generate import main as generate
+    from eval_layout_case import ROOT, generate_argv
+    init_distributed().barrier()
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = generate(generate_argv(os.path.join(ROOT, "configs", "quickstart.yaml"),
+                                      os.path.join(out, name, "checkpoint"), case.layout))
+    with open(os.path.join(out, f"{name}.generate.rank{env_rank()}.txt"), "w",
+              encoding="utf-8") as fh:
+        fh.write(f"{code}\n{buf.getvalue()}")
 
 
 if __name__ == "__main__":

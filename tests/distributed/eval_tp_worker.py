@@ -2,8 +2,7 @@
 ``eval_tp_case.CASES`` under tensor parallel 2, in one launch; rank 0 leaves
 ``OUT_DIR/NAME/metrics.jsonl`` and the run log ``OUT_DIR/NAME.log``. Then both ranks decode
 ``eval_tp_case.untrained_sample`` together, then sample ``eval_tp_case.SAMPLING`` (temperature,
-top-k, top-p), and rank 0 writes both ids to ``OUT_DIR/untrained.json``. Last the
-``ep`` case under expert parallel 2 (``OUT_DIR/ep/``, ``OUT_DIR/ep.log``).
+top-k, top-p), and rank 0 writes both ids to ``OUT_DIR/untrained.json``.
 
     python tests/distributed/eval_tp_worker.py OUT_DIR
 """
@@ -19,7 +18,7 @@ sys.path.insert(0, HERE)
 def main(out):
     import mindspore as ms
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    from eval_tp_case import (CASES, EP, PROMPT, SAMPLED_TOKENS, SAMPLING, TP, run,
+    from eval_tp_case import (CASES, PROMPT, SAMPLED_TOKENS, SAMPLING, TP, run,
                               untrained_model, untrained_sample)
     os.makedirs(out, exist_ok=True)
     for name in CASES:
@@ -34,10 +33,6 @@ def main(out):
     if trainer.rank == 0:
         with open(os.path.join(out, "untrained.json"), "w") as fh:
             json.dump({"ids": ids, "sampled": sampled}, fh)
-    trainer, text = run("ep", os.path.join(out, "ep"), EP)
-    if text:
-        with open(os.path.join(out, "ep.log"), "w", encoding="utf-8") as fh:
-            fh.write(text)
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ def _groups():
     from pp_case import CASES as PP_CASES
     from tp_case import MODELS, MUON_CASES
     from tpep_case import CASES as TPEP_CASES
-    from eval_tp_case import LAYOUTS as EVAL_LAYOUTS
+    from eval_layout_case import LAYOUTS as EVAL_LAYOUTS
     from cp_case import cases_of
     from ppdp_case import CASES as PPDP_CASES
     import tp_muon_case
@@ -170,7 +170,8 @@ def _groups():
         "eval_tp": Group("eval_tp", None, [JobCase("eval_tp", 2, "eval_tp_worker:main")]),
         "eval_dp": Group("eval_dp", None, [JobCase("eval_dp", 2, "eval_dp_case:run", (2,))]),
         "eval_layouts": Group("eval_layouts", None, [
-            JobCase(f"eval_{name}", EVAL_LAYOUTS[name][0], "eval_layout_worker:main", (name,))
+            JobCase(f"eval_{name}", EVAL_LAYOUTS[name].workers, "eval_layout_worker:main",
+                    (name,))
             for name in EVAL_LAYOUTS]),
     }
     for group in g.values():

@@ -48,3 +48,31 @@ def test_aux_loss_parts_sum_over_the_cp_ranks_to_the_full_loss(kind, cp):
         parts.append(float(rt.aux_loss(local, Tensor(counts), b, s // cp, k, kind,
                                        1e-2).asnumpy()) / cp ** 2)
     assert abs(sum(parts) - float(full.asnumpy())) < 1e-6 * abs(float(full.asnumpy())) + 1e-9
+
+
+def test_whole_sequences_decodes_the_uncut_model_and_restores_the_cut():
+    """Generation under context parallel (the end-of-run sample): inside
+    ``model.whole_sequences()`` a cut model runs whole sequences with its own attention cores
+    (the uncut model's ids, with the key/value cache); outside it is cut again."""
+    import os
+    from mindformers_core.config import load_config
+    from mindformers_core.core.parallel_dims import make_mesh
+    from mindformers_core.distributed.collectives import GroupCommunicator
+    from mindformers_core.models import build_model
+    from mindformers_core.models.generation import generate
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cfg = load_config(os.path.join(root, "configs", "quickstart.yaml")).model
+    prompt = list(b"The with statement")
+    want = generate(build_model(cfg, seed=7, jit="none"), prompt, 12)
+    model = build_model(cfg, seed=7, jit="none").apply_context_parallel(
+        GroupCommunicator(make_mesh(1), 0, "cpu"), "colossal")
+    cut = [attn.core_attention for attn in model.attention_blocks()]
+    with pytest.raises(NotImplementedError, match="logits of a context-parallel model"):
+        model.logits(Tensor(np.array([prompt], np.int32)))
+    with model.whole_sequences():
+        assert all(a.core_attention is not c for a, c in zip(model.attention_blocks(), cut))
+        assert generate(model, prompt, 12) == want
+    assert [attn.core_attention for attn in model.attention_blocks()] == cut
+    with pytest.raises(NotImplementedError, match="logits of a context-parallel model"):
+        model.logits(Tensor(np.array([prompt], np.int32)))
