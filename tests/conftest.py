@@ -40,16 +40,3 @@ def layout_matrix(request, tmp_path_factory):
     from layout_matrix import LayoutMatrix, needed_groups
     return LayoutMatrix(groups(), needed_groups(request.session.items),
                         str(tmp_path_factory.mktemp("layout_matrix")))
-
-
-# The README's test command runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`):
-# the single-process tests use about one core each, so two of them fill the 2-core machine.
-# Every msrun test joins one group, so a single worker makes the launches one after another
-# (one launch per world size through ``layout_matrix``; never two msrun jobs at once), and each
-# other module stays whole on one worker (its module-scoped fixtures are built once). Without
-# xdist the marks change nothing.
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        group = "msrun" if item.get_closest_marker("multiproc") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
