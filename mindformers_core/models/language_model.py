@@ -277,8 +277,7 @@ class GPTModel(nn.Cell):
         self._tables = {}
 
     def whole_sequences(self):
-        """A context in which this rank runs whole sequences (generation under context
-        parallel: ``cp_model.whole_sequences``); it changes nothing elsewhere."""
+        """Context: this rank runs whole sequences (``cp_model.whole_sequences``)."""
         from .cp_model import whole_sequences
         return whole_sequences(self, self._chunks)
 

@@ -18,7 +18,6 @@ latest ``eval_loss``.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -167,9 +166,7 @@ class RunProgress:
             return
         from ..models.generation import generate
         ids = self.tokenizer.encode(prompt)
-        # context parallel: each rank decodes the whole prompt (models/cp_model.py)
-        whole = getattr(self.t.model, "whole_sequences", None)
-        with whole() if whole is not None else contextlib.nullcontext():
+        with self.t.model.whole_sequences():   # context parallel: models/cp_model.py
             new = generate(self.t.parallel.forward_only(self.t.model), ids,
                            self.t.cfg.logging.sample_max_new_tokens, temperature=0.0)
         reset_running_stats(self.t.model)
