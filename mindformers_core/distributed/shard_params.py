@@ -4,6 +4,14 @@ Tensor parallel (models/tp_model.py), expert parallel (models/expert_parallel.py
 (distributed/fsdp.py) all build the model whole, with the single-process initialisation, and
 then keep this rank's piece of each split parameter under the same name and dtype; the layout
 of the piece is its :class:`~.shard_spec.ShardSpec` (``shard_spec.shard`` is the numpy math).
+
+A parameter that a forward may leave unused is cut into a new Parameter (:func:`cut_parameter`)
+rather than in place: MindSpore 2.10 keeps the shape a Parameter was built with in its
+autograd leaf, and differentiating a function that does not read the parameter returns zeros
+of that built shape after ``set_data`` changed it (an expert-parallel rank whose experts
+received no token in a step got [E, ...] zeros for its [E / ep, ...] experts, and the
+expert-gradient all-reduce of the two edp ranks then got different sizes;
+tests/distributed/test_shard_params.py has the reproducer).
 """
 from __future__ import annotations
 
@@ -13,12 +21,29 @@ from mindspore import Tensor
 
 from .shard_spec import ShardSpec, shard
 
-__all__ = ["keep_shard"]
+__all__ = ["keep_shard", "cut_parameter"]
+
+
+def _piece(param, spec: ShardSpec, index: int) -> Tensor:
+    """Shard ``index`` of ``spec`` of ``param`` (its full tensor) in its dtype (a bf16/fp16
+    parameter is cut in float32, which holds its values exactly)."""
+    full = (param if param.dtype == ms.float32 else param.astype(ms.float32)).asnumpy()
+    piece = Tensor(shard(spec, np.asarray(full, np.float32), index))
+    return piece if param.dtype == ms.float32 else piece.astype(param.dtype)
 
 
 def keep_shard(param, spec: ShardSpec, index: int) -> None:
-    """Set ``param`` (its full tensor) to shard ``index`` of ``spec``, keeping its dtype (a
-    bf16/fp16 parameter is cut in float32, which holds its values exactly)."""
-    full = (param if param.dtype == ms.float32 else param.astype(ms.float32)).asnumpy()
-    piece = Tensor(shard(spec, np.asarray(full, np.float32), index))
-    param.set_data(piece if param.dtype == ms.float32 else piece.astype(param.dtype))
+    """Set ``param`` (its full tensor) to shard ``index`` of ``spec``, keeping its dtype; for
+    parameters every forward reads (see the module docstring)."""
+    param.set_data(_piece(param, spec, index))
+
+
+def cut_parameter(owner, attr: str, spec: ShardSpec, index: int):
+    """Replace ``owner.<attr>`` (a Parameter of the Cell ``owner``, its full tensor) by a new
+    Parameter holding shard ``index`` of ``spec``, with the same name, dtype and
+    ``requires_grad``; returns the new Parameter. Call it before an optimizer is built over
+    the model (the optimizer would hold the old one)."""
+    old = getattr(owner, attr)
+    new = ms.Parameter(_piece(old, spec, index), name=old.name, requires_grad=old.requires_grad)
+    setattr(owner, attr, new)
+    return new

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from ..distributed.shard_params import keep_shard
+from ..distributed.shard_params import cut_parameter
 from ..distributed.shard_spec import ShardSpec
 from .ep_dispatch import AllToAll
 from .moe import GroupedExperts
@@ -44,9 +44,11 @@ def shard_experts(model, comm) -> Dict[str, ShardSpec]:
         if experts.ep_comm is not None:
             raise ValueError("the experts of this model are already split over expert parallel "
                              "ranks")
-        for param in (experts.weight1, experts.weight2):
-            spec = expert_spec(param.shape, ep)
-            keep_shard(param, spec, index)
+        for attr in ("weight1", "weight2"):
+            # a new Parameter: a rank whose experts get no token in a step must still get
+            # gradients of the local shape (distributed/shard_params.py)
+            spec = expert_spec(getattr(experts, attr).shape, ep)
+            param = cut_parameter(experts, attr, spec, index)
             experts.specs[param.name] = spec
             out[param.name] = spec
         experts.ep_comm = comm

@@ -54,9 +54,9 @@ LAYOUTS = {
     # the composed layouts: pp2 x dp2 (ZeRO-1 in each stage), cp2 x dp2 (ZeRO-1)
     "pp2dp2": EvalLayout(4, "gpt", PP, save=True, no_eval=True),
     "cp2dp2": EvalLayout(4, "gpt", CP, no_eval=True),
-    # not yet: tp2 x ep2 on this model fails in a training step: the expert-gradient all-reduce
-    # over edp (ep_reduce.py; "RunRingAllReduce Memcpy error, dest size 32768, src size
-    # 65536": the two edp ranks hold expert gradients of different sizes)
+    # tp2 x ep2 (sequence parallel): ep folds over the tp group at world 4; in its step 3
+    # one rank's experts get no token (the case that distributed/shard_params.py is about)
+    "tp2ep2": EvalLayout(4, "dsv3", TP + EP, save=True),
 }
 MODELS = sorted({case.model for case in LAYOUTS.values()})
 
