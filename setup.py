@@ -18,9 +18,10 @@ setup(
         "safetensors>=0.4",
     ],
     extras_require={
-        # plots, hf tokenizers and TensorBoard files are tested too
-        "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.5", "tokenizers>=0.15",
-                 "tensorboardX>=2.6"],
+        # plots, hf tokenizers and TensorBoard files are tested too; the README's test command
+        # runs on two pytest-xdist workers (tests/conftest.py groups the msrun tests)
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "matplotlib>=3.5",
+                 "tokenizers>=0.15", "tensorboardX>=2.6"],
         "plot": ["matplotlib>=3.5"],
         "hf": ["tokenizers>=0.15"],
         "tensorboard": ["tensorboardX>=2.6"],

@@ -40,3 +40,22 @@ def layout_matrix(request, tmp_path_factory):
     from layout_matrix import LayoutMatrix, needed_groups
     return LayoutMatrix(groups(), needed_groups(request.session.items),
                         str(tmp_path_factory.mktemp("layout_matrix")))
+
+
+# The README's test command runs the suite on two pytest-xdist workers (`-n 2 --dist
+# loadgroup`): a single-process test keeps about one core busy, so two of them fill the 2-core
+# machine. Every msrun test joins one group, "msrun", so one worker makes the launches one after
+# another (one launch per world size through ``layout_matrix``; never two msrun jobs at once),
+# and that group is collected first so its worker starts on it while the other worker takes the
+# single-process modules. The tests that bound a wall-clock time (``timed``) join the same
+# group: they never run beside a launch. Every other module stays whole on one worker (its
+# module-scoped fixtures are built once). Without xdist the marks change nothing.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    def serial(item):
+        return bool(item.get_closest_marker("multiproc") or item.get_closest_marker("timed"))
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("msrun" if serial(item)
+                                                else item.nodeid.split("::")[0]))
+    items.sort(key=lambda item: not serial(item))   # stable: the order within each part stays

@@ -18,6 +18,7 @@ def run(*args):
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
 
 
+@pytest.mark.timed
 def test_check_valid_exits_0_fast_and_prints_plan():
     t0 = time.perf_counter()
     r = run("--config", SEED_41_MODEL, "--mode", "1", "--check")

@@ -271,6 +271,7 @@ SIGTERM_DURING_COMPILE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.timed
 @pytest.mark.parametrize("handler", ["handler", "default"])
 def test_sigterm_during_a_compile_kills_the_compiler_and_reaches_the_handler(source, tmp_path,
                                                                              handler):

@@ -15,6 +15,8 @@ import os
 
 import yaml
 
+from trainer_case import PYNATIVE
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 STEPS = 10
@@ -58,6 +60,6 @@ def case_config(name: str, expert_parallel: int, global_batch: int = 4, override
     data["parallelism"] = {"expert_parallel": expert_parallel}
     if name.endswith("_dedup"):
         data["parallelism"]["moe_token_dispatcher_type"] = "alltoall_deredundancy"
-    return load_config(data, overrides=list(overrides))
+    return load_config(data, overrides=[PYNATIVE] + list(overrides))
 
 

@@ -6,6 +6,8 @@ its ``pipeline_parallel: 2`` form; the reference runs the same config on one pro
 """
 import os
 
+from trainer_case import PYNATIVE
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 STEPS = 10
@@ -14,7 +16,7 @@ SAVE_AT = 5
 COMMON = [f"training.steps={STEPS}", "training.local_batch_size=1",
           "training.global_batch_size=4", "model.seq_length=16",
           f"checkpoint.save_interleaved_steps={SAVE_AT}", "checkpoint.save_max=4",
-          "training.deterministic=True"]
+          "training.deterministic=True", PYNATIVE]
 
 #: name -> (config file, overrides, pipeline overrides)
 CASES = {

@@ -10,6 +10,8 @@ optimizer state over its 2 dp ranks (ZeRO-1).
 """
 import os
 
+from trainer_case import PYNATIVE
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 STEPS = 10
@@ -19,7 +21,7 @@ WORKERS = 4
 COMMON = [f"training.steps={STEPS}", "training.local_batch_size=2",
           "training.global_batch_size=8", "lr_scheduler.learning_rate=1e-3",
           "model.seq_length=16", f"checkpoint.save_interleaved_steps={SAVE_AT}",
-          "checkpoint.save_max=4", "training.deterministic=True"]
+          "checkpoint.save_max=4", "training.deterministic=True", PYNATIVE]
 
 #: name -> {config, overrides (both runs), layout (the 4-worker run only), resume}
 CASES = {

@@ -127,12 +127,14 @@ def check(n, config, sets):
 
 @pytest.mark.parametrize("n,config,sets,field,text",
                          [REFUSED[i] for i in (0, 2, 5, 6, 9)])
+@pytest.mark.timed
 def test_check_exits_2_fast_naming_the_field(n, config, sets, field, text):
     rc, out, elapsed = check(n, config, sets)
     assert rc == 2 and f"error: {field}: " in out, out[-1500:]
     assert elapsed < 5.0, elapsed
 
 
+@pytest.mark.timed
 def test_check_accepts_cp_times_tp_and_seq_length_30_still_exits_2():
     rc, out, _ = check(4, MARKOV, CP2 + TP2)
     assert rc == 0, out[-1500:]

@@ -195,6 +195,7 @@ def run_check(world, config, sets):
     return proc, time.monotonic() - t0
 
 
+@pytest.mark.timed
 @pytest.mark.parametrize("world,config,sets", CLI_POINTS)
 def test_check_exits_2_fast_naming_a_parallelism_field(world, config, sets):
     proc, elapsed = run_check(world, config, sets)
@@ -217,6 +218,7 @@ CLI_ACCEPTED = [
 ]
 
 
+@pytest.mark.timed
 @pytest.mark.parametrize("world,config,sets", CLI_ACCEPTED)
 def test_check_accepts_pipeline_times_data_parallel(world, config, sets):
     proc, elapsed = run_check(world, config, sets)

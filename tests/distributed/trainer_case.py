@@ -6,6 +6,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 STEPS = 6
 
+#: the PyNative path (``training.jit: none``) of the parallel cases that test a layout rather
+#: than the compiled layers: under ``jit: layer`` every new model compiles each layer's graph
+#: (about 8 s a graph per process on the 2-core CPU, and a 4-worker launch has 4 processes
+#: compiling at once), which was more than half of each case's time (measured on the
+#: layout-matrix launches: 994 s of first steps against 717 s of all later steps). The compiled
+#: layers under each layout still run the way a user runs them: the eval-layout matrix
+#: (eval_layout_case.py, the quickstart config with its defaults) and tp_case's
+#: ``dsv3_muon_layer``.
+PYNATIVE = "training.jit=none"
+
 
 def trainer_config(out_dir: str, overrides=()):
     from mindformers_core.config import load_config
@@ -18,7 +28,7 @@ def trainer_config(out_dir: str, overrides=()):
 TRAINER_OVERRIDES = [
     f"training.steps={STEPS}", "training.local_batch_size=2", "training.global_batch_size=4",
     "model.hidden_size=32", "model.seq_length=16", "checkpoint.save_interleaved_steps=2",
-    "checkpoint.save_max=5"]
+    "checkpoint.save_max=5", PYNATIVE]
 
 
 #: the MTP variant (tests/distributed/test_mtp_loss_msrun.py): one depth module, 4 steps, no
