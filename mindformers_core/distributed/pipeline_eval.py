@@ -5,9 +5,8 @@ A pipeline rank holds only its stage's weights (distributed/pipeline_release.py)
 ``model(ids, labels, mask)`` nor ``model.logits`` runs on one rank. :class:`PipelineForward`
 runs one batch through the virtual stages in order, each on its rank (virtual stage ``v`` on
 stage ``v mod pp``, core/pipeline_split.py): virtual stage 0 embeds the tokens
-(``model.embed_ids``), each one runs
-its decoder layers (``model.run_layers``) and sends the hidden states ``[B*S, H]`` to the next
-one's rank; the last computes
+(``model.embed_ids``), each one runs its decoder layers (``model.run_layers``) and sends the
+hidden states ``[B*S, H]`` to the next one's rank; the last computes
 
 * the loss (``model.finish``: the same head and loss as one process's forward), or
 * the next greedy id: the argmax of the last position's logits (the lowest id on ties, as
