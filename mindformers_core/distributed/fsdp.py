@@ -53,6 +53,7 @@ from ..optim.clip_grad import global_grad_norm
 from .collectives import GroupCommunicator
 from .fsdp_layout import FSDP_GROUP, fsdp_specs
 from .grad_reduce import DataParallelGradReducer
+from .model_runner import RunnerDefaults, run_layer_steps
 from .shard_params import keep_shard
 from .shard_spec import ShardSpec, sharded_grad_norm
 from .zero import ZeroSharding
@@ -109,9 +110,18 @@ def _moe_fn(layer):
     return run
 
 
-class FSDPRunner:
-    """The forward of a ``GPTModel`` whose split parameters hold shards (module docstring);
-    ``compiled.Runner``'s interface under ``training.jit: none``."""
+def _layer_step(layer, run):
+    """``step(h, tables) -> (h, max_logits, aux or None)`` of ``layer``'s unit ``run``."""
+    def step(h, tables):
+        out = run(h, *tables, *layer.weights())
+        return out[0], out[1], out[2] if len(out) > 2 else None
+    return step
+
+
+class FSDPRunner(RunnerDefaults):
+    """The forward of a ``GPTModel`` whose split parameters hold shards (module docstring):
+    the ``model_runner.ModelRunner`` interface under ``training.jit: none``, gathering the
+    weights (``gathers_weights``)."""
 
     mode = "none"
 
@@ -124,23 +134,23 @@ class FSDPRunner:
             return FSDPUnit(fn, [w.name in split_names for w in weights], gather)
 
         self._embed = unit(model.embed_tokens, [model.embedding.word_embeddings.weight])
-        self._layers = [(layer, unit(_dense_fn(layer) if layer.dense_mlp else _moe_fn(layer),
-                                     layer.weights()))
-                        for layer in model.decoder.layers]
+        self._steps = [_layer_step(layer, unit(_dense_fn(layer) if layer.dense_mlp
+                                               else _moe_fn(layer), layer.weights()))
+                       for layer in model.decoder_layers()]
         self._head = unit(model.head, model.output_weights())
+
+    @property
+    def gathers_weights(self) -> bool:
+        return True
 
     def embed(self, input_ids):
         return self._embed(input_ids, self._model.embedding.word_embeddings.weight)
 
-    def layers(self, h, tables):
-        aux_total, max_logits = None, []
-        for layer, run in self._layers:
-            out = run(h, *tables, *layer.weights())
-            h = out[0]
-            max_logits.append(out[1])
-            if len(out) > 2:
-                aux_total = out[2] if aux_total is None else aux_total + out[2]
-        return h, aux_total, max_logits
+    def layers(self, h, tables, indices=None):
+        """(h after the last layer, summed aux loss or None, [max_logits per layer]); only the
+        decoder layers ``indices`` (in order) when given: each one unit (its weights gathered
+        for it alone)."""
+        return run_layer_steps(self._steps, h, tables, indices)
 
     def head(self, h, labels, loss_mask) -> tuple:
         return self._head(h, labels, loss_mask, *self._model.output_weights())

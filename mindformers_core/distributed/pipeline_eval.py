@@ -4,9 +4,9 @@ under ``parallelism.pipeline_parallel`` > 1.
 A pipeline rank holds only its stage's weights (distributed/pipeline_release.py), so neither
 ``model(ids, labels, mask)`` nor ``model.logits`` runs on one rank. :class:`PipelineForward`
 runs one batch through the virtual stages in order, each on its rank (virtual stage ``v`` on
-stage ``v mod pp``, core/pipeline_split.py): virtual stage 0 embeds the tokens, each one runs
-its decoder layers (``model.run_layers``) and sends the hidden states ``[B*S, H]`` to the next
-one's rank; the last computes
+stage ``v mod pp``, core/pipeline_split.py): virtual stage 0 embeds the tokens
+(``model.embed_ids``), each one runs its decoder layers (``model.run_layers``) and sends the
+hidden states ``[B*S, H]`` to the next one's rank; the last computes
 
 * the loss (``model.finish``: the same head and loss as one process's forward), or
 * the next greedy id: the argmax of the last position's logits (the lowest id on ties, as
@@ -60,7 +60,7 @@ class PipelineForward:
             if v % split.pp != pipe.stage:
                 continue
             if v == 0:
-                h = model.embed_tokens(ids, model.embedding.word_embeddings.weight)
+                h = model.embed_ids(ids)
             else:
                 if like is None:
                     like = ms.Tensor(np.zeros((b * s, self.cfg.hidden_size), np.float32)

@@ -2,8 +2,9 @@
 
 Virtual stage ``v`` (core/pipeline_split.py) runs
 
-    v == 0      the embedding of the micro-batch's tokens
-    layers      its decoder layers (``model.run_layers``: max logits into their rows)
+    v == 0      the embedding of the micro-batch's tokens (``model.embed_ids``)
+    layers      its decoder layers (``model.run_layers``: the model's runner,
+                distributed/model_runner.py, on their indices; max logits into their rows)
     v == V - 1  final norm, output layer, loss and the MTP depths (``model.finish``)
 
 The forward keeps the stage's input (the received activation, or nothing on virtual stage 0);
@@ -53,8 +54,7 @@ class StageRunner:
         last = v == self.split.num_virtual - 1
 
         def fn(h_in):
-            h = model.embed_tokens(ids, model.embedding.word_embeddings.weight) if v == 0 \
-                else h_in
+            h = model.embed_ids(ids) if v == 0 else h_in
             h, aux = model.run_layers(h, tables, layers)
             if last:
                 loss_sum, n_tokens, aux = model.finish(h, aux, ids, labels, mask)

@@ -47,6 +47,7 @@ import mindspore as ms
 
 from ..config.training import check_jit_mode as check_mode_name
 from ..core.memory_jit import jit_capture_mode
+from ..distributed.model_runner import RunnerDefaults, run_layer_steps
 
 
 #: Whether ``layer`` compiles the MoE layers too (``MoE.static_apply``). Off: a run resumed
@@ -166,15 +167,16 @@ def effective_mode(mode: str, model) -> str:
     return mode
 
 
-class Runner:
-    """Runs the decoder of a ``GPTModel`` under one ``training.jit`` mode."""
+class Runner(RunnerDefaults):
+    """Runs the decoder of a ``GPTModel`` under one ``training.jit`` mode (the
+    ``distributed.model_runner.ModelRunner`` interface: whole weights, whole logits)."""
 
     def __init__(self, model, mode: str):
-        check_jit_mode(mode, any(not layer.dense_mlp for layer in model.decoder.layers))
+        layers = model.decoder_layers()
+        check_jit_mode(mode, any(not layer.dense_mlp for layer in layers))
         mode = effective_mode(mode, model)
         self.mode = mode
         self._model = model
-        layers = list(model.decoder.layers)
         dense = [layer for layer in layers if layer.dense_mlp]
         moes = [layer for layer in layers if not layer.dense_mlp]
         # the dense graph needs a dense template; the attention graph fits any layer
@@ -201,14 +203,7 @@ class Runner:
     def layers(self, h, tables, indices=None):
         """(h after the last layer, summed aux loss or None, [max_logits per layer]); only the
         decoder layers ``indices`` (in order) when given (a pipeline stage's)."""
-        aux_total, max_logits = None, []
-        runs = self._layers if indices is None else [self._layers[i] for i in indices]
-        for run in runs:
-            h, ml, aux = run(h, tables)
-            max_logits.append(ml)
-            if aux is not None:
-                aux_total = aux if aux_total is None else aux_total + aux
-        return h, aux_total, max_logits
+        return run_layer_steps(self._layers, h, tables, indices)
 
     def head(self, h, labels, loss_mask) -> tuple:
         """(loss_sum, n_tokens) of the last hidden states [T, H], labels and mask [T]."""

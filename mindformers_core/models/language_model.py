@@ -19,123 +19,19 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, mint, nn, ops
 
+from ..distributed.model_runner import ModelRunner
 from ..distributed.shard_spec import collect_shard_specs
 from . import compiled, qk_clip, yarn
 from .attention import MLASelfAttention, SelfAttention
 from .blockwise_attention import attention_function
-from .layers import Embedding, Linear, RMSNorm, attention_tables, embed, linear, rms_norm
+from .layers import Embedding, Linear, attention_tables, embed, linear, rms_norm
 from .mlp import MLP
 from .moe import MoE, MoESpec
 from .router import expert_bias_step
 from .mtp import MTPLayer, MultiTokenPrediction
 from .precision import Precision
 from .transformer_config import GPTTransformerConfig
-
-
-class RecomputedCore(nn.Cell):
-    """A core attention function ``fn(q, k, v, scale, mask_bias) -> (context, max_logits)``
-    as a recomputed Cell: the backward reruns it from q, k, v, so its scores and
-    probabilities are not kept (``recompute.select_module``'s ``core_attention``)."""
-
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-        self.recompute()
-
-    def construct(self, q, k, v, scale, mask_bias):
-        return self.fn(q, k, v, scale, mask_bias)
-
-
-class TransformerLayer(nn.Cell):
-    """Pre-norm layer on 2-D hidden states [B*S, H].
-
-    ``construct(h, tables) -> (h, max_logits [N], aux)`` (aux None for a dense MLP). The pure
-    parts take their weights as arguments (``attention_block``: the two norms and the
-    attention, ``apply``: the whole dense layer), so ``models.compiled`` can run them under
-    ``mindspore.jit`` with the weights as graph inputs.
-    """
-
-    def __init__(self, attention: nn.Cell, mlp: nn.Cell, hidden_size: int, eps: float,
-                 precision: Precision, dense_mlp: bool):
-        super().__init__()
-        self.input_layernorm = RMSNorm(hidden_size, eps, precision)
-        self.self_attention = attention
-        self.pre_mlp_layernorm = RMSNorm(hidden_size, eps, precision)
-        self.mlp = mlp
-        self.dense_mlp = dense_mlp
-        self._num_attention_weights = len(attention.weights())
-        self._attention_as_cell = False
-
-    def attention_weights(self) -> tuple:
-        return ((self.input_layernorm.weight,) + self.self_attention.weights()
-                + (self.pre_mlp_layernorm.weight,))
-
-    def weights(self) -> tuple:
-        """Every weight of the layer, in ``apply``'s (dense) / ``run_with``'s order."""
-        return self.attention_weights() + self.mlp.weights()
-
-    def run_with(self, h, tables, *ws):
-        """``construct`` with ``weights()`` as arguments: (h, max_logits, aux)."""
-        na = self._num_attention_weights + 2
-        h, x, max_logits = self.attention_block(h, tables, *ws[:na])
-        h, aux = self.mlp_block(h, x, tables, *ws[na:])
-        return h, max_logits, aux
-
-    def attention_block(self, h, tables, *ws):
-        """(h + attn(norm1(h)), norm2 of that, max_logits) with ``attention_weights()``."""
-        na = self._num_attention_weights
-        norm1, norm2 = self.input_layernorm, self.pre_mlp_layernorm
-        x = rms_norm(h, ws[0], norm1.eps, norm1.mean_column)
-        if self._attention_as_cell:   # recomputed: a Cell call (its weights are ws[1:1 + na])
-            out, max_logits = self.self_attention(x, tables)
-        else:
-            out, max_logits = self.self_attention.apply(x, tables, *ws[1:1 + na])
-        h = h + out
-        return h, rms_norm(h, ws[1 + na], norm2.eps, norm2.mean_column), max_logits
-
-    def recompute_parts(self, parts) -> None:
-        """Recompute these parts (``core.recompute.SELECTIVE_PARTS``) in the backward."""
-        for part in parts:
-            if part == "self_attention":
-                self.self_attention.recompute()
-                self._attention_as_cell = True
-            elif part == "self_attention.core_attention":
-                self.self_attention.core_attention = RecomputedCore(
-                    self.self_attention.core_attention)
-            elif part == "mlp":
-                self.mlp.recompute()
-            else:
-                raise ValueError(f"cannot recompute part {part!r} of a decoder layer")
-
-    def apply(self, h, tables, *ws):
-        """The dense layer with ``weights()``: (h, max_logits)."""
-        na = self._num_attention_weights
-        h, x, max_logits = self.attention_block(h, tables, *ws[:na + 2])
-        return h + self.mlp.apply(x, *ws[na + 2:]), max_logits
-
-    def mlp_block(self, h, x, tables, *ws):
-        """h + mlp(x) for the normed x; (h, aux) (aux None for a dense MLP). ``ws``: the MLP's
-        weights as arguments (FSDP's gathered ones); without them the MLP runs as its Cell,
-        so a recomputed MLP (``recompute`` / selective recompute) recomputes."""
-        mlp = (lambda v: self.mlp.apply(v, *ws)) if ws else self.mlp
-        if self.dense_mlp:
-            return h + mlp(x), None
-        b, _, s, _ = tables[-1].shape
-        out, aux = mlp(x.reshape(b, s, x.shape[-1]))   # the MoE reads sequences
-        return h + out.reshape(x.shape), aux
-
-    def construct(self, h, tables):
-        h, x, max_logits = self.attention_block(h, tables, *self.attention_weights())
-        h, aux = self.mlp_block(h, x, tables)
-        return h, max_logits, aux
-
-
-class Decoder(nn.Cell):
-    def __init__(self, layers: List[TransformerLayer], hidden_size: int, eps: float,
-                 precision: Precision):
-        super().__init__()
-        self.layers = nn.CellList(layers)
-        self.final_layernorm = RMSNorm(hidden_size, eps, precision)
+from .transformer_layer import Decoder, TransformerLayer
 
 
 def token_losses(logits, labels, loss_mask):
@@ -186,7 +82,7 @@ class GPTModel(nn.Cell):
         self._max_logits: List[Optional[Tensor]] = [None] * self._num_tracked_layers
         # context parallel: this rank's tokens of each sequence (models/cp_model.py), or None
         self._chunks = None
-        self._runner = compiled.Runner(self, "none")
+        self._runner: ModelRunner = compiled.Runner(self, "none")
 
     # ----------------------------------------------------------------- construction
     def _make_layer(self, i: int) -> TransformerLayer:
@@ -237,11 +133,14 @@ class GPTModel(nn.Cell):
     def jit_mode(self) -> str:
         return self._runner.mode
 
-    def set_runner(self, runner) -> None:
-        """Run the forward through ``runner`` (``compiled.Runner``'s interface: ``mode``,
-        ``embed``, ``layers``, ``head``); fully sharded data parallel installs its own
-        (``distributed/fsdp.py``)."""
+    def set_runner(self, runner: ModelRunner) -> None:
+        """Run the forward through ``runner`` (``distributed.model_runner.ModelRunner``);
+        fully sharded data parallel installs its own (``distributed/fsdp.py``)."""
         self._runner = runner
+
+    def decoder_layers(self) -> list:
+        """The decoder layers in order: index i is layer i (what the runners run)."""
+        return list(self.decoder.layers)
 
     # ----------------------------------------------------------------- parallel layout
     # The model owns its shard plan: the run's layout (distributed/setup.py) asks the model to
@@ -266,7 +165,7 @@ class GPTModel(nn.Cell):
 
     def attention_blocks(self) -> list:
         """Every attention block: the decoder layers', then the MTP depths'."""
-        layers = list(self.decoder.layers)
+        layers = self.decoder_layers()
         if self.mtp is not None:
             layers += [depth.transformer_layer for depth in self.mtp.layers]
         return [layer.self_attention for layer in layers]
@@ -344,11 +243,16 @@ class GPTModel(nn.Cell):
             old = self._max_logits[i]
             self._max_logits[i] = new if old is None else ops.maximum(old, new)
 
+    def embed_ids(self, input_ids):
+        """The embedded tokens [B*S, H] of ``input_ids`` [B, S] through the runner: this rank's
+        tokens (``_local``; a pipeline stage's first layers read them)."""
+        return self._runner.embed(self._local(input_ids))
+
     def _last_hidden(self, input_ids):
         """(h [B*S, H] before the final norm, summed aux loss or None); records max logits.
         Under context parallel h holds this rank's tokens only (``_local``)."""
         b, s = input_ids.shape
-        h, aux, max_logits = self._runner.layers(self._runner.embed(self._local(input_ids)),
+        h, aux, max_logits = self._runner.layers(self.embed_ids(input_ids),
                                                  self.static_tables(b, s))
         self.record_max_logits(max_logits)
         return h, aux
@@ -367,12 +271,12 @@ class GPTModel(nn.Cell):
     def gathers_weights(self) -> bool:
         """Whether this rank stores shards of weights that :meth:`full_weights` gathers
         (fully sharded data parallel, distributed/fsdp.py): a collective of the group."""
-        return hasattr(self._runner, "full_weights")
+        return self._runner.gathers_weights
 
     def full_weights(self, weights) -> tuple:
         """``weights`` whole: gathered from their shards under :attr:`gathers_weights`, else
-        as they are."""
-        return self._runner.full_weights(weights) if self.gathers_weights else tuple(weights)
+        as they are (the runner's ``full_weights``)."""
+        return self._runner.full_weights(weights)
 
     def hidden_states(self, input_ids):
         """Final-normed hidden states [B, S, H] and the summed aux loss (Tensor or None)."""
@@ -394,7 +298,7 @@ class GPTModel(nn.Cell):
     def vocab_parallel(self) -> bool:
         """Whether the output layer is split over tensor-parallel ranks: no rank has whole
         logits (:meth:`logits` refuses), :meth:`greedy_next` combines the ranks' tops."""
-        return hasattr(self._runner, "greedy_next")
+        return self._runner.vocab_parallel
 
     def greedy_next(self, input_ids) -> int:
         """The greedy next id after ``input_ids`` [1, S] (the lowest id on ties): under tensor
@@ -407,7 +311,7 @@ class GPTModel(nn.Cell):
     @property
     def samples_vocab_parallel(self) -> bool:
         """Whether :meth:`next_logits` combines the vocabulary shards (tensor parallelism)."""
-        return hasattr(self._runner, "next_logits")
+        return self._runner.vocab_parallel
 
     def next_logits(self, input_ids) -> np.ndarray:
         """The whole float32 logits ``[V]`` of the last position after ``input_ids`` [1, S]:
@@ -426,7 +330,7 @@ class GPTModel(nn.Cell):
         (loss_sum, n_tokens, max_logits [L, N]) (what ``training.jit: model`` compiles)."""
         h = self.embed_tokens(input_ids, ws[0])
         start, max_logits = 1, []
-        for layer in self.decoder.layers:
+        for layer in self.decoder.layers:   # traced into training.jit: model's graph as it was
             n = len(layer.weights())
             h, ml = layer.apply(h, tables, *ws[start:start + n])
             max_logits.append(ml)
@@ -437,7 +341,7 @@ class GPTModel(nn.Cell):
     def all_weights(self) -> tuple:
         """Every weight of a dense model, in ``apply``'s order."""
         ws = (self.embedding.word_embeddings.weight,)
-        for layer in self.decoder.layers:
+        for layer in self.decoder_layers():
             ws = ws + layer.weights()
         return ws + self.output_weights()
 
@@ -538,7 +442,7 @@ class GPTModel(nn.Cell):
         if not self._tc.multi_latent_attention:
             return []
         attns = [(f"decoder.layers.{i}.self_attention", layer.self_attention)
-                 for i, layer in enumerate(self.decoder.layers)]
+                 for i, layer in enumerate(self.decoder_layers())]
         attns += [(f"mtp.layers.{k}.transformer_layer.self_attention",
                    depth.transformer_layer.self_attention)
                   for k, depth in enumerate(self.mtp.layers if self.mtp is not None else ())]
@@ -570,7 +474,7 @@ class GPTModel(nn.Cell):
         """Index -> MoE block: decoder layers 0..L-1, then the MTP depths' layers as L + k (the
         rows of ``get_max_attention_logits``), so that their loads are logged, summed over the
         data-parallel ranks and drive their expert bias like the decoder's."""
-        layers = list(self.decoder.layers)
+        layers = self.decoder_layers()
         if self.mtp is not None:
             layers += [depth.transformer_layer for depth in self.mtp.layers]
         return {i: l.mlp for i, l in enumerate(layers) if isinstance(l.mlp, MoE)}

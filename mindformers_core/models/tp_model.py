@@ -74,11 +74,14 @@ the collectives).
 """
 from __future__ import annotations
 
+import functools
+
 import mindspore as ms
 import numpy as np
 from mindspore import ops
 
 from ..distributed.collectives import GroupCommunicator
+from ..distributed.model_runner import RunnerDefaults, run_layer_steps
 from ..distributed.shard_params import keep_shard
 from .tp_plan import (AttentionShape, is_partial_replicated, tp_shard_specs,
                                      vocab_range)
@@ -112,7 +115,7 @@ def apply_tensor_parallel(model, comm: GroupCommunicator, group: str = "tp"):
         if p.name in specs:
             keep_shard(p, specs[p.name], index)
     mla = model.get_gpt_transformer_config().multi_latent_attention
-    for layer in model.decoder.layers:
+    for layer in model.decoder_layers():
         attn = layer.self_attention
         attn.num_heads //= tp
         if not mla:
@@ -155,10 +158,11 @@ def _graph_mlp(template):
     return ms.jit(run)
 
 
-class TensorParallelRunner:
-    """Runs the embedding, decoder and head of a tensor-parallel ``GPTModel`` (the interface of
-    ``models.compiled.Runner``: ``mode``, ``embed``, ``layers``, ``head``); ``mode`` "none"
-    or "layer" (module docstring)."""
+class TensorParallelRunner(RunnerDefaults):
+    """Runs the embedding, decoder and head of a tensor-parallel ``GPTModel`` (the
+    ``distributed.model_runner.ModelRunner`` interface; ``vocab_parallel``: the output layer
+    is split, so :meth:`greedy_next` and :meth:`next_logits` combine the ranks); ``mode``
+    "none" or "layer" (module docstring)."""
 
     def __init__(self, model, comm: GroupCommunicator, group: str, partial: set,
                  mode: str = "none"):
@@ -178,7 +182,8 @@ class TensorParallelRunner:
         self.split = SplitSequence(comm, group)
         self.grad_sum = CopyToGroup(comm, group)
         self.reduce = ReduceFromGroup(comm, group)
-        layers = list(model.decoder.layers)
+        layers = model.decoder_layers()
+        self._steps = [functools.partial(self._layer, layer) for layer in layers]
         dense = [layer.mlp for layer in layers if layer.dense_mlp]
         # one graph per kind: every layer has the same structure, only the weights differ
         self._attention = (_graph(layers[0].self_attention.apply) if self.mode == "layer"
@@ -196,15 +201,14 @@ class TensorParallelRunner:
         return self.scatter(vocab_parallel_embed(input_ids.reshape(-1), table,
                                                  self.vocab_start, m.precision))
 
-    def layers(self, h, tables):
-        """(h [T/tp, H] after the last layer, summed aux loss or None, [max_logits [N/tp]])."""
-        aux_total, max_logits = None, []
-        for layer in self._model.decoder.layers:
-            h, ml, aux = self._layer(layer, h, tables)
-            max_logits.append(ml)
-            if aux is not None:
-                aux_total = aux if aux_total is None else aux_total + aux
-        return h, aux_total, max_logits
+    @property
+    def vocab_parallel(self) -> bool:
+        return True
+
+    def layers(self, h, tables, indices=None):
+        """(h [T/tp, H] after the last layer, summed aux loss or None, [max_logits [N/tp]]);
+        only the decoder layers ``indices`` (in order) when given."""
+        return run_layer_steps(self._steps, h, tables, indices)
 
     def _layer(self, layer, h, tables):
         n1, n2, attn = layer.input_layernorm, layer.pre_mlp_layernorm, layer.self_attention

@@ -6,7 +6,7 @@ import pytest
 
 from mindformers_core.core.recompute import SELECTIVE_PARTS, selected_modules
 from mindformers_core.models.build import build_model
-from mindformers_core.models.language_model import RecomputedCore
+from mindformers_core.models.transformer_layer import RecomputedCore
 
 from model_test_utils import loss_and_grads, tiny_dsv3, tiny_gpt
 

@@ -7,7 +7,7 @@ import pytest
 
 from mindformers_core.config import load_config
 from mindformers_core.config.yaml_io import load_yaml_text
-from mindformers_core.models.language_model import RecomputedCore
+from mindformers_core.models.transformer_layer import RecomputedCore
 from mindformers_core.trainer import Trainer
 
 from test_trainer import rows

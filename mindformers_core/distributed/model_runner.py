@@ -1,0 +1,103 @@
+"""The interface a ``GPTModel`` runs its forward through, and the pipeline stages through it.
+
+A runner holds how the model's pieces execute on this rank: ``models/compiled.py``'s
+``Runner`` (one process, ``training.jit`` none / layer / model), ``models/tp_model.py``'s
+``TensorParallelRunner`` (the tensor-parallel cut) and ``distributed/fsdp.py``'s
+``FSDPRunner`` (the weights gathered one unit at a time). The model calls
+
+* ``embed(input_ids)``: the embedded tokens ``[T, H]`` (this rank's tokens);
+* ``layers(h, tables, indices)``: the decoder layers ``indices`` (consecutive, ascending; None
+  = all of them) on ``h``: ``(h, summed aux loss or None, [max_logits per layer run])`` -- a
+  pipeline stage runs its range of layers through the same call;
+* ``head(h, labels, loss_mask)``: ``(loss_sum, n_tokens)``;
+* ``model(input_ids, labels, loss_mask)``: the compiled whole forward, under ``mode`` "model"
+  only.
+
+The capabilities a runner may lack are members with a declared answer rather than methods a
+caller looks for: ``gathers_weights`` / ``full_weights`` (the weights are shards that the
+runner gathers), ``vocab_parallel`` / ``greedy_next`` / ``next_logits`` (no rank has whole
+logits; the runner combines the ranks' vocabulary shards). :class:`RunnerDefaults` gives the
+answers of a runner that has none of them. This module lives in ``distributed/`` because
+``models/`` already imports ``distributed/`` and never the other way (``fsdp.py`` implements
+it without importing a model).
+"""
+from __future__ import annotations
+
+from typing import Optional, Protocol, Sequence, runtime_checkable
+
+__all__ = ["ModelRunner", "RunnerDefaults", "run_layer_steps"]
+
+
+@runtime_checkable
+class ModelRunner(Protocol):
+    """What ``GPTModel`` (models/language_model.py) and the pipeline call (module docstring)."""
+
+    #: the ``training.jit`` mode that runs: "none", "layer" or "model"
+    mode: str
+
+    @property
+    def gathers_weights(self) -> bool:
+        """Whether :meth:`full_weights` gathers shards (a collective of the group)."""
+
+    @property
+    def vocab_parallel(self) -> bool:
+        """Whether :meth:`greedy_next` and :meth:`next_logits` combine vocabulary shards."""
+
+    def embed(self, input_ids): ...
+
+    def layers(self, h, tables, indices: Optional[Sequence[int]] = None) -> tuple: ...
+
+    def head(self, h, labels, loss_mask) -> tuple: ...
+
+    def model(self, input_ids, labels, loss_mask) -> tuple: ...
+
+    def full_weights(self, weights: Sequence) -> tuple: ...
+
+    def greedy_next(self, input_ids) -> int: ...
+
+    def next_logits(self, input_ids): ...
+
+
+class RunnerDefaults:
+    """The answers of a runner without the optional capabilities: whole weights, whole
+    logits, no compiled whole forward. A runner inherits these and overrides what it has."""
+
+    mode: str
+
+    @property
+    def gathers_weights(self) -> bool:
+        return False
+
+    @property
+    def vocab_parallel(self) -> bool:
+        return False
+
+    def full_weights(self, weights: Sequence) -> tuple:
+        """``weights`` as they are: they are whole on this rank."""
+        return tuple(weights)
+
+    def model(self, input_ids, labels, loss_mask) -> tuple:
+        raise NotImplementedError(f"{type(self).__name__} has no compiled whole forward "
+                                  f"(training.jit: model); it runs under mode "
+                                  f"{self.mode!r}")
+
+    def greedy_next(self, input_ids) -> int:
+        raise NotImplementedError(f"{type(self).__name__} splits no vocabulary "
+                                  f"(vocab_parallel False): take the argmax of the model's logits")
+
+    def next_logits(self, input_ids):
+        raise NotImplementedError(f"{type(self).__name__} splits no vocabulary "
+                                  f"(vocab_parallel False): read the model's logits")
+
+
+def run_layer_steps(steps: Sequence, h, tables, indices: Optional[Sequence[int]]) -> tuple:
+    """``layers``' answer from one step per decoder layer (``step(h, tables) -> (h,
+    max_logits, aux or None)``): the steps ``indices`` (all for None) in order, their aux
+    losses summed in that order, their max logits listed."""
+    aux_total, max_logits = None, []
+    for step in (steps if indices is None else [steps[i] for i in indices]):
+        h, ml, aux = step(h, tables)
+        max_logits.append(ml)
+        if aux is not None:
+            aux_total = aux if aux_total is None else aux_total + aux
+    return h, aux_total, max_logits
