@@ -91,7 +91,10 @@ def test_static_dispatch_equals_the_host_plan(capacity, policy, pad):
             Tensor(rng.standard_normal((e, f, h)).astype(np.float32)), f, capacity, policy, pad)
     want, want_counts, want_dropped = expert_ffn(*args)
     got, counts, dropped = static_expert_ffn(*args)
-    np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-6, atol=1e-6)
+    # the two sum the same float32 products in other orders (other blocks); outputs reach |15|,
+    # where one ulp is ~1e-6, so a few ulps of the largest partial sum is the bound (a wrong row
+    # or gate weight is off by O(1)); the BLAS kernel chosen for this CPU sets the exact ulps
+    np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-6, atol=2e-5)
     np.testing.assert_array_equal(counts.asnumpy(), want_counts.asnumpy())
     assert int(dropped.asnumpy()) == want_dropped and (want_dropped > 0) == (capacity is not None)
 
