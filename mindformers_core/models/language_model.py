@@ -83,6 +83,7 @@ class GPTModel(nn.Cell):
         # context parallel: this rank's tokens of each sequence (models/cp_model.py), or None
         self._chunks = None
         self._runner: ModelRunner = compiled.Runner(self, "none")
+        self._eager_runner: Optional[ModelRunner] = None   # run_layers(..., eager=True)
 
     # ----------------------------------------------------------------- construction
     def _make_layer(self, i: int) -> TransformerLayer:
@@ -353,11 +354,20 @@ class GPTModel(nn.Cell):
         h, aux = self._last_hidden(input_ids)
         return self.finish(h, aux, input_ids, labels, loss_mask)
 
-    def run_layers(self, h, tables, indices) -> tuple:
+    def run_layers(self, h, tables, indices, eager: bool = False) -> tuple:
         """Decoder layers ``indices`` (consecutive, ascending) on h [B*S, H]: (h, summed aux
-        loss or None); records their max logits in their rows (a pipeline stage's part)."""
+        loss or None); records their max logits in their rows (a pipeline stage's part).
+        ``eager``: in PyNative whatever ``training.jit`` is (the same values): for calls whose
+        shapes change from call to call, such as generation's growing window, where a compiled
+        layer would compile again for every new length."""
         indices = list(indices)
-        h, aux, max_logits = self._runner.layers(h, tables, indices)
+        runner = self._runner
+        # only the model's own runner has a PyNative twin (a parallel runner's forward is its own)
+        if eager and runner.mode != "none" and isinstance(runner, compiled.Runner):
+            if self._eager_runner is None:
+                self._eager_runner = compiled.Runner(self, "none")
+            runner = self._eager_runner
+        h, aux, max_logits = runner.layers(h, tables, indices)
         if indices:
             self.record_max_logits(max_logits, start=indices[0])
         return h, aux

@@ -101,3 +101,16 @@ def test_run_layers_records_max_logits_in_the_rows_of_its_indices():
     model.run_layers(h, tables, [1, 2])
     got = model.get_max_attention_logits()
     assert np.isneginf(got[0]).all() and np.isfinite(got[1:]).all()
+
+
+def test_run_layers_eager_equals_the_compiled_layers():
+    """``run_layers(..., eager=True)`` (generation's growing window under the pipeline) gives
+    the compiled layers' values in PyNative, for every length asked."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    model = build_model(tiny_gpt(num_layers=2), seed=3, jit="layer")
+    assert model.jit_mode == "layer"
+    for s in (5, 6):
+        h, tables = _hidden(model, b=1, s=s)
+        want, _ = model.run_layers(h, tables, [0, 1])
+        got, _ = model.run_layers(h, tables, [0, 1], eager=True)
+        np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6)
