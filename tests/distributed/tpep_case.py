@@ -14,8 +14,6 @@ are irrelevant on one rank).
 """
 import os
 
-from trainer_case import PYNATIVE
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CONFIG = os.path.join(ROOT, "configs", "muon_deepseek_v3_tiny.yaml")
@@ -25,7 +23,7 @@ WORKERS = 4
 BASE = ["model.num_layers=4", "optimizer.qk_clip_threshold=1.0",
         "training.global_batch_size=8", "training.local_batch_size=2",
         "lr_scheduler.learning_rate=1e-3", f"training.steps={STEPS}", "training.log_interval=1",
-        "checkpoint.enable_save=false", PYNATIVE]
+        "checkpoint.enable_save=false"]
 LAYOUT = ["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true",
           "parallelism.expert_parallel=2"]
 #: the optimizer section of the AdamW cases (the config's is Muon's)
