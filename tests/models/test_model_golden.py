@@ -9,9 +9,12 @@ import pytest
 from make_model_golden import CONFIGS, GOLDEN, compute
 
 
-# A compiled graph may re-associate sums (the norm gains' gradients sum over every token with
-# cancellation: up to ~2e-6 of their largest entry for MLA); everything else stays within 1e-6.
-COMPILED_GRAD_RTOL = 5e-6
+# The norm gains' gradients sum over every token with cancellation, so another association of
+# those sums moves them by up to ~2e-6 of their largest entry (MLA): a compiled graph
+# re-associates them, and so does the BLAS kernel of another CPU than the one that wrote the
+# golden file (measured: 1.3e-6 for an MLA kv_layernorm gain under ``none``). Every other
+# tensor stays within 1e-6.
+GRAD_RTOL = 5e-6
 
 
 def _close(got, want, what, rtol=1e-6):
@@ -32,5 +35,5 @@ def test_matches_original_implementation(name, jit):
     assert sorted(got) == sorted(want)
     for key in sorted(want):
         assert got[key].shape == want[key].shape, key
-        rtol = COMPILED_GRAD_RTOL if jit != "none" and key.startswith("grad.") else 1e-6
+        rtol = GRAD_RTOL if key.startswith("grad.") else 1e-6
         _close(got[key], want[key], f"{name} {jit} {key}", rtol)
