@@ -63,12 +63,13 @@ from typing import (Dict, Iterable, List, Mapping, Optional, Protocol, Sequence,
 
 import numpy as np
 
-from ..distributed.shard_spec import ShardSpec, local_shape, local_slice, shard, unshard
+from ..distributed.shard_spec import (ShardSpec, local_shape, local_slice, param_of, shard,
+                                      unshard)
 from .plan import ZERO_REPLICA, axis_sizes, pieces_to_write
 from .file_io import (CheckpointData, CheckpointError, checkpoint_data, encode, parse_json,
                             read_header, read_verified, run_metadata, write_atomic)
 
-__all__ = ["SHARD_FORMAT", "INDEX_FORMAT", "Piece", "ZeroRows", "param_of", "describe_pieces",
+__all__ = ["SHARD_FORMAT", "INDEX_FORMAT", "Piece", "ZeroRows", "describe_pieces",
            "rank_file_name", "shard_files_of", "save_rank_file", "write_rank",
            "save_index",
            "FileSharing", "load_sharded", "merge_pieces", "reshard", "RankLayout", "zero_rows_of",
@@ -123,17 +124,6 @@ class ZeroRows:
     num_shards: int
     shard_index: int
     replica: int
-
-
-def param_of(key: str) -> Optional[str]:
-    """The parameter a checkpoint key belongs to (``model.x``, ``optim.adam_m.x`` -> ``x``);
-    None for other keys (``rng.*``)."""
-    if key.startswith("model."):
-        return key[len("model."):]
-    if key.startswith("optim."):
-        parts = key.split(".", 2)
-        return parts[2] if len(parts) == 3 else None
-    return None
 
 
 def describe_pieces(tensors: Mapping[str, np.ndarray], specs: Mapping[str, ShardSpec],

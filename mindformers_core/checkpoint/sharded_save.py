@@ -29,11 +29,11 @@ import contextlib
 import os
 from typing import Dict, Optional, Protocol, Tuple, runtime_checkable
 
-from ..distributed.shard_spec import ShardSpec
+from ..distributed.shard_spec import ShardSpec, param_of
 from .store import checkpoint_name, prune_checkpoints
 from .balanced_load import file_sharing
 from .file_io import CheckpointData, CheckpointError
-from .sharded import ZeroRows, param_of, reshard, save_index, write_rank
+from .sharded import ZeroRows, reshard, save_index, write_rank
 
 __all__ = ["ShardedModel", "RowShardedOptimizer", "model_specs", "uses_sharded_checkpoint",
            "save_sharded", "settle_rank_file", "load_options", "reshard_for_model"]

@@ -17,14 +17,15 @@ until they are):
     expert parallel        x data parallel (ep carved out of dp), ZeRO-1 (no_shard / optim)
     tp x ep                ep folded over tp x dp (core/parallel_dims.py), ZeRO-1 over dp
     pipeline parallel      x data parallel with ZeRO-1 (no_shard / optim), 1F1B or interleaved
+    pp x ep                ep carved out of each stage's dp (DeepSeek-V3's pp x ep x ZeRO-1 dp),
+                           experts' gradients over the stage's edp
     context parallel       x data parallel with ZeRO-1 (optim); colossal, ulysses, hybrid
                            (docs/context_parallel.md)
     cp x tp                tp (+sp) inside each cp rank; gradients over dp x cp (dp_cp)
     cp x ep                ep folded over cp x dp (core/parallel_dims.py), ZeRO-1 over dp x cp
 
 The refusals in words: ``tensor_parallel`` with ``pipeline_parallel`` (pp x tp) or with a
-gradient/parameter-sharding strategy (tp x FSDP); ``expert_parallel`` with
-``pipeline_parallel`` or with FSDP; ``pipeline_parallel`` with a gradient/parameter-sharding
+gradient/parameter-sharding strategy (tp x FSDP); ``expert_parallel`` with FSDP; ``pipeline_parallel`` with a gradient/parameter-sharding
 strategy (pp x FSDP); ``context_parallel`` with ``pipeline_parallel``, with a strategy other
 than ``optim``, or with both ``tensor_parallel`` and ``expert_parallel`` (cp x tp x ep).
 """
@@ -46,6 +47,7 @@ LAYOUT_TABLE = (
     ("tp x ep",
      "tp (+sp) x ep (ep divides dp, folded over tp x dp) with ZeRO-1 (no_shard / optim)"),
     ("pipeline parallel", "pp x dp with ZeRO-1 (no_shard / optim), 1F1B or interleaved 1F1B"),
+    ("pp x ep", "pp x ep (ep divides each stage's dp) with ZeRO-1 (no_shard / optim)"),
     ("context parallel", "cp x dp with ZeRO-1 (optim): colossal, ulysses, hybrid"),
     ("cp x tp", "cp x tp (+sp) x dp with ZeRO-1 (optim) over dp x cp"),
     ("cp x ep", "cp x ep (ep divides dp, folded over cp x dp) with ZeRO-1 (optim)"),
@@ -58,6 +60,12 @@ def _refuse(field: str, text: str) -> ConfigError:
     return ConfigError(f"{P}.{field}", text)
 
 
+def _not_yet(field: str, what: str, kind: str, fixes: str) -> ConfigError:
+    """The refusal of a composition that does not run yet: ``what`` (the sizes), its short
+    ``kind`` (``pp x tp``) and the settings that run (``fixes``)."""
+    return _refuse(field, f"{what} is not implemented yet ({kind}); set {fixes}")
+
+
 def _shards_grads(dims: ParallelDims) -> bool:
     return dims.shard_strategy in GRAD_SHARDING and dims.dp_shard > 1
 
@@ -68,14 +76,11 @@ def check_layout(dims: ParallelDims) -> None:
     config's own checks (config/tensor_parallel_rules.py, expert_layout.py, pipeline.py)."""
     if dims.cp > 1:
         _check_context(dims)
-    for field, size, kind, then in (
-            ("tensor_parallel", dims.tp, "tp", "pipeline x data parallel runs"),
-            ("expert_parallel", dims.ep, "ep", "every stage runs all its layers' experts")):
-        if dims.pp > 1 and size > 1:
-            raise _refuse("pipeline_parallel",
-                          f"pipeline_parallel({dims.pp}) with parallelism.{field}({size}) is not "
-                          f"implemented yet (pp x {kind}); set parallelism.{field}: 1 ({then}) "
-                          f"or parallelism.pipeline_parallel: 1")
+    if dims.pp > 1 and dims.tp > 1:
+        raise _not_yet("pipeline_parallel", f"pipeline_parallel({dims.pp}) with "
+                       f"parallelism.tensor_parallel({dims.tp})", "pp x tp",
+                       "parallelism.tensor_parallel: 1 (pipeline x data parallel, and pp x ep, "
+                       "run) or parallelism.pipeline_parallel: 1")
     for field, size, kind, use in (
             ("pipeline_parallel", dims.pp, "pp", "ZeRO-1 over the data-parallel ranks of each "
                                                  "stage"),
@@ -95,16 +100,14 @@ def _check_context(dims: ParallelDims) -> None:
     """cp runs with data parallel and ZeRO-1, and with tp or ep (each composition refused
     names its field)."""
     if dims.pp > 1:
-        raise _refuse("pipeline_parallel",
-                      f"pipeline_parallel({dims.pp}) with parallelism.context_parallel("
-                      f"{dims.cp}) is not implemented yet (cp x pp); set "
-                      f"parallelism.pipeline_parallel: 1 or context_parallel: 1")
+        raise _not_yet("pipeline_parallel", f"pipeline_parallel({dims.pp}) with "
+                       f"parallelism.context_parallel({dims.cp})", "cp x pp",
+                       "parallelism.pipeline_parallel: 1 or context_parallel: 1")
     if dims.tp > 1 and dims.ep > 1:
-        raise _refuse("expert_parallel",
-                      f"expert_parallel({dims.ep}) with parallelism.context_parallel({dims.cp}) "
-                      f"and tensor_parallel({dims.tp}) is not implemented yet (cp x tp x ep); "
-                      f"set parallelism.expert_parallel: 1 (cp x tp runs), tensor_parallel: 1 "
-                      f"(cp x ep runs) or context_parallel: 1")
+        raise _not_yet("expert_parallel", f"expert_parallel({dims.ep}) with "
+                       f"parallelism.context_parallel({dims.cp}) and tensor_parallel({dims.tp})",
+                       "cp x tp x ep", "parallelism.expert_parallel: 1 (cp x tp runs), "
+                       "tensor_parallel: 1 (cp x ep runs) or context_parallel: 1")
     if dims.shard_strategy != "optim":
         raise _refuse("data_parallel_shard_strategy",
                       f"{dims.shard_strategy!r} with parallelism.context_parallel({dims.cp}) is "
@@ -127,9 +130,10 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
     if dims.world == 1:
         return []
     if dims.pp > 1:
-        if dims.tp > 1 or dims.ep > 1 or dims.cp > 1 or _shards_grads(dims):
+        if dims.tp > 1 or dims.cp > 1 or _shards_grads(dims):
             raise ValueError(f"no builder for pipeline parallel with {dims.describe()}")
-        return ["pipeline"]
+        # pp x ep: each stage's experts cut over its ep group (distributed/setup.py)
+        return ["pipeline"] + (["expert"] if dims.ep > 1 else [])
     if dims.cp > 1:
         if not _cp_runs(dims):
             raise ValueError(f"no builder for {dims.describe()}")

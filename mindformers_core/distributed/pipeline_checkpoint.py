@@ -9,19 +9,27 @@ process or on the same pipeline layout (each stage loads the entries of its para
 records the stage map (``state["pipeline_stages"]``: parameter name -> stage) for a
 resharding loader.
 
+Under pp x ep a stage's routed experts are split over its ``ep`` group (models/
+expert_parallel.py): the ranks of the stage's first ``edp`` replica send their expert
+entries (weights and optimizer slots, whole on their rank: ``ZeroSharding.keep_whole``) and
+rank 0 joins them along the spec's split dim (:func:`join_expert_shards`), so the file holds
+the single-process tensors and a resume on any layout slices them again.
+
 The part of a stage travels as distributed/object_exchange.py sends objects (each rank
 broadcasts its pickled part over the world group, exactly at any size). A checkpoint is not on
 the step's hot path.
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Mapping, Sequence, Tuple
 
 import numpy as np
 
 from .object_exchange import all_gather_objects
+from .shard_spec import ShardSpec, param_of, unshard
 
-__all__ = ["gather_to_all", "stage_payload", "merge_stage_payloads", "stage_map"]
+__all__ = ["gather_to_all", "stage_payload", "merge_stage_payloads", "stage_map",
+           "sharded_entries", "join_expert_shards"]
 
 
 def gather_to_all(comm, obj) -> list:
@@ -63,3 +71,33 @@ def merge_stage_payloads(tensors: Dict[str, np.ndarray], parts: list,
                                f"its shape {tuple(shape)} (got "
                                f"{None if got is None else tuple(got.shape)})")
     return merged
+
+
+def sharded_entries(payload: Dict[str, np.ndarray], specs: Mapping[str, ShardSpec]
+                    ) -> Dict[str, np.ndarray]:
+    """The entries of ``payload`` (model weights and optimizer slots) of a sharded parameter."""
+    return {k: v for k, v in payload.items() if param_of(k) in specs}
+
+
+def join_expert_shards(parts: Sequence[Dict[str, np.ndarray]], indices: Sequence[int],
+                       specs: Mapping[str, ShardSpec]) -> Tuple[list, Dict[str, np.ndarray]]:
+    """``(parts without their sharded entries, {key: whole tensor})``: every sharded entry
+    joined from the parts that hold it, ``indices[r]`` being part r's shard index in its
+    spec's group. Each shard must come exactly once."""
+    pieces: Dict[str, Dict[int, np.ndarray]] = {}
+    rest = []
+    for part, index in zip(parts, indices):
+        rest.append({k: v for k, v in part.items() if param_of(k) not in specs})
+        for key, arr in sharded_entries(part, specs).items():
+            got = pieces.setdefault(key, {})
+            if index in got:
+                raise RuntimeError(f"pipeline checkpoint: shard {index} of {key} came twice")
+            got[index] = arr
+    whole = {}
+    for key, by_index in pieces.items():
+        spec = specs[param_of(key)]
+        if sorted(by_index) != list(range(spec.num_shards)):
+            raise RuntimeError(f"pipeline checkpoint: {key} has shards {sorted(by_index)} of "
+                               f"{spec.num_shards}")
+        whole[key] = unshard(spec, [by_index[i] for i in range(spec.num_shards)])
+    return rest, whole

@@ -82,8 +82,15 @@ class PipelineParallel:
         # this pipeline: the stages of this rank's dp index (its pp group, ascending by stage)
         self.stage_ranks = {s: r for s, r in enumerate(self.comm.ranks("pp"))}
         self.dp = self.mesh.dp
-        #: the data-parallel sums (token count, gradients, loss) over this stage's dp group
-        self.data = DataParallelGradReducer(GroupView(comm, "dp"))
+        #: this stage's dp group (its ZeRO-1 group)
+        self.dp_view = GroupView(comm, "dp")
+        #: the data-parallel sums (token count, gradients, loss) over this stage's dp group: a
+        #: ``GradReduction`` (distributed/setup.py), the expert-parallel one under pp x ep
+        self.data = DataParallelGradReducer(self.dp_view)
+        #: parameters whose optimizer state stays whole on this rank (pp x ep: the experts)
+        self.keep_whole: frozenset = frozenset()
+        #: name -> ShardSpec of the parameters this rank holds a shard of (pp x ep: experts)
+        self.specs: Dict[str, object] = {}
         self.runner: Optional[StageRunner] = None
         self._programs: Dict[int, list] = {}
         self.model = None
@@ -91,12 +98,24 @@ class PipelineParallel:
         self.full_shapes: Dict[str, Tuple[int, ...]] = {}
 
     # -- construction ---------------------------------------------------------------------------
+    def set_stage_reduction(self, reduction) -> None:
+        """The stage's data-parallel reduction under pp x ep (distributed/setup.py): the
+        expert-parallel one (ep_reduce.py) over this stage's dp group, whose experts are
+        split over ``ep`` (their gradients summed over ``edp``, their optimizer state kept
+        whole, their squared norm summed over ``ep``)."""
+        self.data = reduction
+        self.specs = dict(reduction.specs)
+        self.keep_whole = frozenset(reduction.experts)
+
     def attach(self, model) -> None:
         """Freeze and release the parameters other stages own (after any checkpoint load,
         before the optimizer is built)."""
         from .pipeline_release import release_foreign_parameters
         self.model = model
-        self.full_shapes = release_foreign_parameters(model, self.split, self.stage)
+        shapes = release_foreign_parameters(model, self.split, self.stage)
+        # a shard (pp x ep: this rank's experts) is recorded at the whole model's shape
+        self.full_shapes = {n: tuple(self.specs[n].full_shape) if n in self.specs else s
+                            for n, s in shapes.items()}
 
     def parameter_sizes(self) -> Dict[str, int]:
         """name -> element count of the whole model's parameters (every stage's)."""
@@ -156,21 +175,22 @@ class PipelineParallel:
             return None
         from .zero import ZeroSharding
         _, shards = cfg.parallelism.dp_shard(self.dp)
-        return ZeroSharding(self.data.comm, shards)
+        return ZeroSharding(self.dp_view, shards, keep_whole=self.keep_whole)
 
     def broadcast_flag(self, flag: bool) -> bool:
         out = self.comm.all_reduce(np.array([1.0 if flag else 0.0], np.float32), "world")
         return bool(out[0] > 0)
 
     def bind_parameters(self, params: Sequence) -> None:
-        """Nothing to learn here: :meth:`forward_backward` receives the parameters."""
+        """The stage reduction's (pp x ep: which gradient is an expert's)."""
+        self.data.bind_parameters(params)
 
     def grad_norm(self, grads: Sequence) -> float:
-        """sqrt of the sum over stages of this stage's squared norm (each parameter once)."""
-        from ..optim.clip_grad import global_grad_norm
-        own = [g for p, g in zip(self._params, grads)
-               if self.split.owner(p.name) == self.stage]
-        sq = global_grad_norm(own) ** 2
+        """sqrt of the sum over stages of this stage's squared norm (each parameter once; the
+        stage's norm is its dp reduction's: under pp x ep the experts' summed over ep)."""
+        own = [g if self.split.owner(p.name) == self.stage else None
+               for p, g in zip(self._params, grads)]
+        sq = float(self.data.grad_norm(own)) ** 2
         if not math.isfinite(sq):
             sq = float("nan") if math.isnan(sq) else float("inf")
         total = self.comm.all_reduce(np.array([sq], np.float32), "pp")
@@ -220,14 +240,23 @@ class PipelineParallel:
         collective; distributed/pipeline_checkpoint.py); other ranks get theirs back. Only
         the pipeline of dp index 0 sends its stages: the other replicas hold the same
         weights and, after the optimizer's collective ``state_dict``, the same whole
-        (ZeRO-gathered) optimizer state."""
-        from .pipeline_checkpoint import (gather_to_all, merge_stage_payloads, stage_map,
+        (ZeRO-gathered) optimizer state; under pp x ep the other ranks of the first edp
+        replica add their experts (distributed/pipeline_checkpoint.py)."""
+        from .pipeline_checkpoint import (gather_to_all, join_expert_shards,
+                                          merge_stage_payloads, sharded_entries, stage_map,
                                           stage_payload)
-        own = stage_payload(self.split, self.stage, tensors) if self.data_rank == 0 else {}
+        coords = self.mesh.coords(self.rank)
+        own = stage_payload(self.split, self.stage, tensors)
+        if self.data_rank != 0:   # pp x ep: the first edp replica's experts of this stage
+            own = sharded_entries(own, self.specs) if coords["edp"] == 0 else {}
         parts = gather_to_all(self.comm, own)
         if self.rank != 0:
             return tensors, state
-        merged = merge_stage_payloads(tensors, parts, self.full_shapes)
+        parts, whole = join_expert_shards(
+            parts, [self.mesh.coords(r)["ep"] for r in range(self.world_size)], self.specs)
+        local_shards = sharded_entries(tensors, self.specs)
+        merged = merge_stage_payloads({k: v for k, v in tensors.items() if k not in local_shards},
+                                      parts + [whole], self.full_shapes)
         state = dict(state, pipeline_stages=stage_map(
             self.split, [k[len("model."):] for k in merged if k.startswith("model.")]))
         if state.get("has_optimizer"):

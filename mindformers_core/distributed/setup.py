@@ -103,7 +103,8 @@ class ParallelRun:
     def parallelize(self, model):
         """This rank's model, cut by every builder of the layout, in their one order: TP/SP
         slices, the FSDP strategy, the EP cut. (The pipeline keeps its stage in ``attach``,
-        after any checkpoint load.)"""
+        after any checkpoint load; under pp x ep each stage's data-parallel reduction is the
+        expert-parallel one.)"""
         if "tensor" in self.steps:   # the model cuts itself (models/tp_model.py)
             model = model.apply_tensor_parallel(self.group_comm)
             self._tensor.bind_model(model)
@@ -119,8 +120,13 @@ class ParallelRun:
             from .ep_reduce import ExpertParallelReducer
             model.apply_expert_parallel(self.group_comm)
             # every layout of the model (tp and ep splits): the norm counts each over its group
-            self.reducer = self._expert = ExpertParallelReducer(self.reducer, self.group_comm,
-                                                                model.shard_specs())
+            if self.pipeline is not None:   # pp x ep: the stage's reduction over its dp group
+                self._expert = ExpertParallelReducer(self.pipeline.data, self.group_comm,
+                                                     model.shard_specs())
+                self.pipeline.set_stage_reduction(self._expert)
+            else:
+                self.reducer = self._expert = ExpertParallelReducer(
+                    self.reducer, self.group_comm, model.shard_specs())
         return model
 
     def attach(self, model) -> None:

@@ -36,7 +36,7 @@ import numpy as np
 
 __all__ = ["ShardedCell", "collect_shard_specs", "ShardSpec", "replicated", "local_shape",
            "local_indices", "local_slice", "shard", "unshard", "partial_sq_norms", "global_sq_norm",
-           "sharded_grad_norm"]
+           "sharded_grad_norm", "param_of"]
 
 
 @dataclass(frozen=True)
@@ -214,3 +214,15 @@ def sharded_grad_norm(grads: Sequence, specs: Sequence[Optional[ShardSpec]],
     items = [(first.get(key) or replicated(()), float(bucket_norm(gs)) ** 2)
              for key, gs in by_group.items()]
     return float(np.sqrt(global_sq_norm(items, group_sum)))
+
+
+def param_of(key: str) -> Optional[str]:
+    """The parameter a checkpoint payload key belongs to (``model.x``, ``optim.adam_m.x`` ->
+    ``x``), so a shard's optimizer slots follow its parameter's spec; None for other keys
+    (``rng.*``)."""
+    if key.startswith("model."):
+        return key[len("model."):]
+    if key.startswith("optim."):
+        parts = key.split(".", 2)
+        return parts[2] if len(parts) == 3 else None
+    return None

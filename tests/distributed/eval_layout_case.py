@@ -57,6 +57,9 @@ LAYOUTS = {
     # tp2 x ep2 (sequence parallel): ep folds over the tp group at world 4; in its step 3
     # one rank's experts get no token (the case that distributed/shard_params.py is about)
     "tp2ep2": EvalLayout(4, "dsv3", TP + EP, save=True),
+    # pp2 x ep2 (DeepSeek-V3's composition): each stage's 2 dp ranks split its experts; the
+    # eval and the sample run through the stages, the dispatch over each stage's ep group
+    "pp2ep2": EvalLayout(4, "dsv3", PP + EP, save=True),
 }
 MODELS = sorted({case.model for case in LAYOUTS.values()})
 

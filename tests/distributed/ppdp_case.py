@@ -1,4 +1,4 @@
-"""The pipeline x data-parallel cases (issue [2/8]), shared by the msrun worker and the
+"""The pipeline x data-parallel cases, and pipeline x expert x data parallel (issue [2/8]), shared by the msrun worker and the
 1-process reference; plain data, so the layout-matrix harness can take them over.
 
 Each case is a real Trainer run of ``STEPS`` steps on the global batch of the acceptance
@@ -41,6 +41,16 @@ CASES = {
                       "model.num_nextn_predict_layers=1"],
         "layout": ["parallelism.pipeline_parallel=2",
                    "parallelism.pipeline_parallel_interleave_num=2"],
+        "resume": True},
+    # DeepSeek-V3's composition (pp x ep x ZeRO-1 dp, issue [2/8]): each stage's 2 dp ranks
+    # split its routed experts (ep2, carved out of the stage's dp) under 1f1b, with Muon,
+    # QK-Clip, expert bias, aux loss and one MTP depth (its MoE on the last stage)
+    "dsv3_pp2_ep2": {
+        "config": "muon_deepseek_v3_tiny.yaml",
+        "overrides": ["model.num_layers=4", "optimizer.qk_clip_threshold=0.05",
+                      "model.num_nextn_predict_layers=1"],
+        "layout": ["parallelism.pipeline_parallel=2", "parallelism.expert_parallel=2",
+                   "parallelism.pipeline_parallel_schedule=1f1b"],
         "resume": True},
 }
 

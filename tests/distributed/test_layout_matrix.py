@@ -105,6 +105,9 @@ def test_every_point_is_accepted_with_a_builder_or_refused_naming_a_parallelism_
     (8, dict(model="deepseek_v3", cp=2, tp=2), ["tensor", "context"]),
     (4, dict(model="deepseek_v3", cp=2, ep=2), ["context", "expert"]),
     (8, dict(model="deepseek_v3", cp=2, ep=4), ["context", "expert"]),
+    (4, dict(model="deepseek_v3", pp=2, ep=2), ["pipeline", "expert"]),
+    (8, dict(model="deepseek_v3", pp=2, ep=4, vpp=2), ["pipeline", "expert"]),
+    (16, dict(model="deepseek_v3", pp=2, ep=4, strategy="no_shard"), ["pipeline", "expert"]),
 ])
 def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
     assert verdict(monkeypatch, world, **point) == ("accepted", want)
@@ -118,7 +121,9 @@ def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
     (4, dict(model="deepseek_v3", ep=2, strategy="optim_grads"),
      "parallelism.data_parallel_shard_strategy"),
     (4, dict(model="gpt", pp=2, tp=2, global_batch=8), "parallelism.pipeline_parallel"),
-    (4, dict(model="deepseek_v3", pp=2, ep=2), "parallelism.pipeline_parallel"),
+    (4, dict(model="deepseek_v3", pp=2, ep=2, strategy="optim_grads"),
+     "parallelism.data_parallel_shard_strategy"),
+    (8, dict(model="deepseek_v3", pp=2, tp=2, ep=2), "parallelism.pipeline_parallel"),
     (4, dict(model="gpt", pp=2, strategy="optim_grads_params", global_batch=8),
      "parallelism.data_parallel_shard_strategy"),
     (8, dict(model="deepseek_v3", cp=2, tp=2, ep=2), "parallelism.expert_parallel"),
@@ -177,8 +182,11 @@ CLI_POINTS = [
                                       "parallelism.sequence_parallel=true"]),
     (2, "configs/markov_check.yaml", ["parallelism.data_parallel_shard=3"]),
     (8, "configs/muon_deepseek_v3_tiny.yaml", ["parallelism.expert_parallel=8"]),
+    # pp x ep runs (ppdp_case.py); with gradient sharding it is refused
     (4, "configs/muon_deepseek_v3_tiny.yaml", ["parallelism.pipeline_parallel=2",
                                                "parallelism.expert_parallel=2",
+                                               "parallelism.data_parallel_shard_strategy="
+                                               "optim_grads",
                                                "training.global_batch_size=8"]),
 ]
 

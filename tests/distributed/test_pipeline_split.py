@@ -188,6 +188,34 @@ def test_stage_payload_merge_refuses_a_placeholder_or_a_missing_entry():
         merge_stage_payloads(rank0, [stage_payload(split, 0, rank0)], full)
 
 
+def test_expert_shards_of_a_stage_join_along_their_split_dim():
+    """pp x ep: the experts of each ep rank (weights and optimizer slots) join into the
+    whole tensors in ep order; other entries pass through."""
+    import numpy as np
+    from mindformers_core.distributed.pipeline_checkpoint import join_expert_shards
+    from mindformers_core.distributed.shard_spec import ShardSpec, shard
+    name = "decoder.layers.1.mlp.experts.weight1"
+    spec = ShardSpec((4, 3, 2), 0, "ep", 2)
+    whole_w = np.arange(24, dtype=np.float32).reshape(4, 3, 2)
+    whole_m = -whole_w
+    parts = [{f"model.{name}": shard(spec, whole_w, k), f"optim.exp_avg.{name}":
+              shard(spec, whole_m, k)} for k in (0, 1)]
+    parts[0]["model.decoder.layers.1.dense"] = np.ones(2)
+    rest, whole = join_expert_shards(parts, [0, 1], {name: spec})
+    np.testing.assert_array_equal(whole[f"model.{name}"], whole_w)
+    np.testing.assert_array_equal(whole[f"optim.exp_avg.{name}"], whole_m)
+    assert list(rest[0]) == ["model.decoder.layers.1.dense"] and rest[1] == {}
+    # the ranks in reverse ep order give the same tensors
+    _, again = join_expert_shards(parts[::-1], [1, 0], {name: spec})
+    np.testing.assert_array_equal(again[f"model.{name}"], whole_w)
+    with pytest.raises(RuntimeError, match=r"pipeline checkpoint: shard 0 of "
+                       r"model.decoder.layers.1.mlp.experts.weight1 came twice"):
+        join_expert_shards(parts, [0, 0], {name: spec})
+    with pytest.raises(RuntimeError, match=r"pipeline checkpoint: model.decoder.layers.1.mlp."
+                       r"experts.weight1 has shards \[0\] of 2"):
+        join_expert_shards(parts[:1], [0], {name: spec})
+
+
 def test_pipeline_parallel_is_the_trainers_reducer_and_keeps_only_its_stage(monkeypatch):
     """PipelineParallel satisfies the reduction protocol the run's layout calls, and attach() leaves the rank its stage's parameter bytes while
     the parameter counts still describe the whole model."""
