@@ -50,12 +50,17 @@ class ExpertPlan:
     moe_layers: int
     expert_params_per_rank: int
     expert_bytes_per_rank: int
+    #: pipeline stages (pp x ep): the counts above are over every stage's MoE layers, and a
+    #: rank holds its stage's (the memory plan counts the busiest stage)
+    pipeline_parallel: int = 1
 
     def format(self) -> str:
+        where = (f" if it held every stage's layers (pp {self.pipeline_parallel}: a rank "
+                 f"holds its stage's MoE layers)" if self.pipeline_parallel > 1 else "")
         return (f"expert parallel  : {self.expert_parallel} (edp {self.expert_data_parallel}); "
                 f"{self.experts_per_rank} of {self.num_experts} experts per rank in each of "
                 f"{self.moe_layers} MoE layers: {self.expert_params_per_rank} expert params, "
-                f"{self.expert_bytes_per_rank} bytes per rank")
+                f"{self.expert_bytes_per_rank} bytes per rank{where}")
 
 
 def expert_plan(cfg, dp: int, edp: Optional[int] = None) -> Optional[ExpertPlan]:
@@ -72,4 +77,5 @@ def expert_plan(cfg, dp: int, edp: Optional[int] = None) -> Optional[ExpertPlan]
     per_rank = num_experts // ep
     params = layers * per_rank * 3 * m.hidden_size * m.resolved_moe_intermediate_size()
     return ExpertPlan(ep, dp // ep if edp is None else int(edp), num_experts, per_rank, layers,
-                      params, params * DTYPE_BYTES[m.params_dtype])
+                      params, params * DTYPE_BYTES[m.params_dtype],
+                      cfg.parallelism.pipeline_parallel)

@@ -107,6 +107,18 @@ def test_plan_shows_experts_per_rank_and_bytes(monkeypatch):
     assert plan.to_dict()["experts"]["experts_per_rank"] == 2
 
 
+def test_plan_under_pp_x_ep_says_a_rank_holds_its_stages_layers(monkeypatch):
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    monkeypatch.setenv("MS_WORKER_NUM", "4")
+    cfg = cfg_with("parallelism.expert_parallel=2", "parallelism.pipeline_parallel=2",
+                   "training.local_batch_size=2", "training.global_batch_size=8")
+    text = cfg.plan(4).format()
+    assert ("2 of 4 experts per rank in each of 1 MoE layers: 24576 expert params, 98304 bytes "
+            "per rank if it held every stage's layers (pp 2: a rank holds its stage's MoE "
+            "layers)") in text
+    assert "parallel layout  : world 4 = tp 1 x cp 1 x dp 2" in text and "pp 2" in text
+
+
 def test_check_cli_exit_2_names_both_fields():
     env = {k: v for k, v in os.environ.items() if k not in ("MS_ROLE", "MS_WORKER_NUM")}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
