@@ -25,8 +25,8 @@ until they are):
     cp x ep                ep folded over cp x dp (core/parallel_dims.py), ZeRO-1 over dp x cp
 
 The refusals in words: ``tensor_parallel`` with ``pipeline_parallel`` (pp x tp) or with a
-gradient/parameter-sharding strategy (tp x FSDP); ``expert_parallel`` with FSDP; ``pipeline_parallel`` with a gradient/parameter-sharding
-strategy (pp x FSDP); ``context_parallel`` with ``pipeline_parallel``, with a strategy other
+gradient/parameter-sharding strategy (tp x FSDP); ``expert_parallel`` with FSDP;
+``pipeline_parallel`` with a gradient/parameter-sharding strategy (pp x FSDP); ``context_parallel`` with ``pipeline_parallel``, with a strategy other
 than ``optim``, or with both ``tensor_parallel`` and ``expert_parallel`` (cp x tp x ep).
 """
 from __future__ import annotations

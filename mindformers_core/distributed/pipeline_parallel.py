@@ -48,6 +48,7 @@ from .grad_reduce import DataParallelGradReducer
 from .group_view import GroupView
 from .pipeline_schedule import Transfer, p2p_program, schedule
 from .pipeline_stage import StageExecutor, StageRunner
+from .shard_spec import ShardSpec
 
 __all__ = ["PipelineParallel", "stage_split_for", "micro_batch_tensors"]
 
@@ -90,7 +91,7 @@ class PipelineParallel:
         #: parameters whose optimizer state stays whole on this rank (pp x ep: the experts)
         self.keep_whole: frozenset = frozenset()
         #: name -> ShardSpec of the parameters this rank holds a shard of (pp x ep: experts)
-        self.specs: Dict[str, object] = {}
+        self.specs: Dict[str, ShardSpec] = {}
         self.runner: Optional[StageRunner] = None
         self._programs: Dict[int, list] = {}
         self.model = None
