@@ -51,6 +51,9 @@ def time_calls(fn, steps, repeats=3):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--fail-slow", action="store_true",
+                        help="exit 1 when a schedule misses the 5 us target (a timing gate is "
+                             "only meaningful on an idle machine, so it is opt-in)")
     add_output_args(parser, "lr")
     args = parser.parse_args(argv)
     stride = max(1, 2 * T // args.calls)
@@ -69,13 +72,13 @@ def main(argv=None):
     for r in rows:
         flag = "" if r["us_per_call"] < 5 or r["schedule"].startswith("group_lrs") else "  SLOW"
         print(f"{r['schedule']:<{width}}  {r['us_per_call']:7.3f}{flag}")
+    worst = max(r["us_per_call"] for r in rows if not r["schedule"].startswith("group_lrs"))
     path = write_json(output_path(args, "lr"),
                       {"benchmark": "lr_at", "total_steps": T, "calls": len(steps),
                        "python": platform.python_version(), "machine": platform.machine(),
-                       "target_us": 5.0, "results": rows})
+                       "target_us": 5.0, "within_target": worst < 5.0, "results": rows})
     print(f"wrote {path}")
-    worst = max(r["us_per_call"] for r in rows if not r["schedule"].startswith("group_lrs"))
-    return 0 if worst < 5.0 else 1
+    return 1 if args.fail_slow and worst >= 5.0 else 0
 
 
 if __name__ == "__main__":

@@ -158,7 +158,8 @@ def _sum_lr(d: dict) -> List[Row]:
         return []
     worst = max(res, key=lambda r: r["us_per_call"])
     return [_row("lr", "lr_at, slowest schedule", "per call", worst["us_per_call"], "us",
-                 f"{worst['schedule']}; target < {d.get('target_us', 5)} us")]
+                 f"{worst['schedule']}; target < {d.get('target_us', 5)} us"
+                 f"{'' if d.get('within_target', True) else ', MISSED'}")]
 
 
 def _sum_generic(name: str, d) -> List[Row]:
