@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..core.expert_rules import check_expert_count, check_expert_dp
+from ..core.expert_rules import check_expert_count, check_expert_fold
 from ..core.memory_plan import DTYPE_BYTES
 from ..errors import ConfigError
 
@@ -30,12 +30,15 @@ def _routed_experts(model) -> Optional[int]:
 
 
 def check_expert_parallel(cfg, dp: Optional[int] = None) -> None:
-    """ConfigError naming ``parallelism.expert_parallel`` (and ``model.n_routed_experts``)."""
-    ep = cfg.parallelism.expert_parallel
+    """ConfigError naming ``parallelism.expert_parallel`` (and ``model.n_routed_experts``);
+    with the world's ``dp``, ep must divide the ranks of a stage (``tp * cp * dp``: the
+    experts are folded over them, core/parallel_dims.py)."""
+    par = cfg.parallelism
+    ep = par.expert_parallel
     try:
         check_expert_count(_routed_experts(cfg.model), ep)
         if dp is not None:
-            check_expert_dp(dp, ep)
+            check_expert_fold(par.tensor_parallel, par.context_parallel, dp, ep)
     except ValueError as exc:
         raise ConfigError(FIELD, str(exc)) from None
 

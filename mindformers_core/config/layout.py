@@ -19,13 +19,14 @@ until they are):
     pipeline parallel      x data parallel with ZeRO-1 (no_shard / optim), 1F1B or interleaved
     pp x ep                ep carved out of each stage's dp (DeepSeek-V3's pp x ep x ZeRO-1 dp),
                            experts' gradients over the stage's edp
+    pp x tp (x ep)         tp (+sp) inside each stage, ep folded over the stage's tp x dp
     context parallel       x data parallel with ZeRO-1 (optim); colossal, ulysses, hybrid
                            (docs/context_parallel.md)
     cp x tp                tp (+sp) inside each cp rank; gradients over dp x cp (dp_cp)
     cp x ep                ep folded over cp x dp (core/parallel_dims.py), ZeRO-1 over dp x cp
 
-The refusals in words: ``tensor_parallel`` with ``pipeline_parallel`` (pp x tp) or with a
-gradient/parameter-sharding strategy (tp x FSDP); ``expert_parallel`` with FSDP;
+The refusals in words: ``tensor_parallel`` with a gradient/parameter-sharding strategy
+(tp x FSDP); ``expert_parallel`` with FSDP;
 ``pipeline_parallel`` with a gradient/parameter-sharding strategy (pp x FSDP); ``context_parallel`` with ``pipeline_parallel``, with a strategy other
 than ``optim``, or with both ``tensor_parallel`` and ``expert_parallel`` (cp x tp x ep).
 """
@@ -48,6 +49,8 @@ LAYOUT_TABLE = (
      "tp (+sp) x ep (ep divides dp, folded over tp x dp) with ZeRO-1 (no_shard / optim)"),
     ("pipeline parallel", "pp x dp with ZeRO-1 (no_shard / optim), 1F1B or interleaved 1F1B"),
     ("pp x ep", "pp x ep (ep divides each stage's dp) with ZeRO-1 (no_shard / optim)"),
+    ("pp x tp", "pp x tp (+sp) x dp, and x ep (folded over each stage's tp x dp), "
+                "with ZeRO-1 (no_shard / optim)"),
     ("context parallel", "cp x dp with ZeRO-1 (optim): colossal, ulysses, hybrid"),
     ("cp x tp", "cp x tp (+sp) x dp with ZeRO-1 (optim) over dp x cp"),
     ("cp x ep", "cp x ep (ep divides dp, folded over cp x dp) with ZeRO-1 (optim)"),
@@ -76,11 +79,6 @@ def check_layout(dims: ParallelDims) -> None:
     config's own checks (config/tensor_parallel_rules.py, expert_layout.py, pipeline.py)."""
     if dims.cp > 1:
         _check_context(dims)
-    if dims.pp > 1 and dims.tp > 1:
-        raise _not_yet("pipeline_parallel", f"pipeline_parallel({dims.pp}) with "
-                       f"parallelism.tensor_parallel({dims.tp})", "pp x tp",
-                       "parallelism.tensor_parallel: 1 (pipeline x data parallel, and pp x ep, "
-                       "run) or parallelism.pipeline_parallel: 1")
     for field, size, kind, use in (
             ("pipeline_parallel", dims.pp, "pp", "ZeRO-1 over the data-parallel ranks of each "
                                                  "stage"),
@@ -130,10 +128,11 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
     if dims.world == 1:
         return []
     if dims.pp > 1:
-        if dims.tp > 1 or dims.cp > 1 or _shards_grads(dims):
+        if dims.cp > 1 or _shards_grads(dims):
             raise ValueError(f"no builder for pipeline parallel with {dims.describe()}")
-        # pp x ep: each stage's experts cut over its ep group (distributed/setup.py)
-        return ["pipeline"] + (["expert"] if dims.ep > 1 else [])
+        # each stage cut over its tp group, then its experts over its ep group (setup.py)
+        return (["pipeline"] + (["tensor"] if dims.tp > 1 else [])
+                + (["expert"] if dims.ep > 1 else []))
     if dims.cp > 1:
         if not _cp_runs(dims):
             raise ValueError(f"no builder for {dims.describe()}")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["EXPERTS_MESSAGE", "check_expert_count", "check_expert_dp", "experts_per_rank"]
+__all__ = ["EXPERTS_MESSAGE", "check_expert_count", "check_expert_dp", "check_expert_fold",
+           "experts_per_rank"]
 
 #: upstream's text for an expert count that the EP size does not divide
 EXPERTS_MESSAGE = "Number of experts should be a multiple of expert model parallel_size."
@@ -37,6 +38,18 @@ def check_expert_dp(dp: int, ep: int) -> None:
     """ValueError unless the data-parallel size is a multiple of ``ep``."""
     if dp % ep:
         raise ValueError(f"data_parallel({dp}) must be divisible by expert_parallel({ep}).")
+
+
+def check_expert_fold(tp: int, cp: int, dp: int, ep: int) -> None:
+    """ValueError unless ``ep`` divides the ranks of a pipeline stage, ``tp * cp * dp`` (the
+    routed experts folded over them, core/parallel_dims.py); without tp and cp upstream's
+    data-parallel message (:func:`check_expert_dp`)."""
+    if tp * cp == 1:
+        check_expert_dp(dp, ep)
+    elif (tp * cp * dp) % ep:
+        raise ValueError(f"expert_parallel({ep}) must divide tensor_parallel({tp}) * "
+                         f"context_parallel({cp}) * data_parallel({dp}) = {tp * cp * dp}: the "
+                         f"routed experts are folded over the ranks of a pipeline stage.")
 
 
 def experts_per_rank(num_experts: int, ep: int) -> int:

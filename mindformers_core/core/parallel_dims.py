@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from .expert_rules import check_expert_dp
+from .expert_rules import check_expert_fold
 
 __all__ = ["AXES", "ParallelDims", "Mesh", "make_mesh", "group_name"]
 
@@ -80,11 +80,7 @@ class ParallelDims:
         if self.dp % self.dp_shard:
             raise ValueError(f"data_parallel_shard({self.dp_shard}) must divide "
                              f"data_parallel({self.dp}).")
-        if (self.tp * self.cp * self.dp) % self.ep:
-            raise ValueError(f"expert_parallel({self.ep}) must divide tensor_parallel({self.tp})"
-                             f" * context_parallel({self.cp}) * data_parallel({self.dp}) = "
-                             f"{self.tp * self.cp * self.dp}: the routed experts are folded "
-                             f"over the ranks of a pipeline stage.")
+        check_expert_fold(self.tp, self.cp, self.dp, self.ep)
 
     # -- derived sizes ---------------------------------------------------------------------------
     @property
@@ -197,8 +193,6 @@ def make_mesh(world: int, tp: int = 1, cp: int = 1, pp: int = 1, ep: int = 1, vp
     if dp * tp * pp * cp != world:
         raise ValueError(f"world_size({world}) must be divisible by tensor_parallel({tp}) * "
                          f"pipeline_parallel({pp}) * context_parallel({cp}).")
-    if tp * cp == 1:
-        check_expert_dp(dp, ep)   # EP carved out of data parallel: upstream's message
     return ParallelDims(world=world, tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, vpp=vpp,
                         dp_shard=dp_shard, sequence_parallel=sequence_parallel,
                         shard_strategy=shard_strategy)

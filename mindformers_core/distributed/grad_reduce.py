@@ -20,7 +20,7 @@ original shapes.
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -56,11 +56,16 @@ class DataParallelGradReducer:
     ``optimizer_sharding`` and ``reduce_max`` (MAX over ranks).
     """
 
-    def __init__(self, comm: Communicator, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+    def __init__(self, comm: Communicator, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 data_parallel: Optional[int] = None):
         self.comm = comm
         self.world_size = comm.world_size
         self.rank = comm.rank
         self.bucket_bytes = int(bucket_bytes)
+        #: the data-parallel size ZeRO-1 reads ``parallelism.data_parallel_shard`` against:
+        #: ``comm``'s size when it is one stage's dp group (distributed/pipeline_parallel.py);
+        #: None derives it from the world (``zero.optimizer_shards``)
+        self.data_parallel = data_parallel
 
     def global_token_count(self, local_tokens: float) -> float:
         """Loss tokens of the whole global step.
@@ -128,7 +133,9 @@ class DataParallelGradReducer:
         if self.world_size == 1:
             return None
         from .zero import ZeroSharding, optimizer_shards  # MindSpore only when a run needs it
-        return ZeroSharding(self.comm, optimizer_shards(cfg, self.comm))
+        shards = (optimizer_shards(cfg, self.comm) if self.data_parallel is None
+                  else cfg.parallelism.dp_shard(self.data_parallel)[1])
+        return ZeroSharding(self.comm, shards)
 
     def sync_moe_stats(self, model) -> None:
         """SUM the MoE token-per-expert counts over ranks (one all-reduce) before the

@@ -11,7 +11,13 @@ A runner holds how the model's pieces execute on this rank: ``models/compiled.py
   pipeline stage runs its range of layers through the same call;
 * ``head(h, labels, loss_mask)``: ``(loss_sum, n_tokens)``;
 * ``model(input_ids, labels, loss_mask)``: the compiled whole forward, under ``mode`` "model"
-  only.
+  only;
+* ``position_logits(h, position)``: the whole float32 logits ``[V]`` of one position of the
+  last hidden states (what a pipeline's last stage decodes from; a collective of the group
+  when the vocabulary is split);
+* ``sequence_shards`` / ``padded_length(seq)``: how many ranks split a micro-batch's tokens
+  (``h`` holds ``T / sequence_shards`` rows) and the length a decoding forward of ``seq``
+  tokens runs at.
 
 The capabilities a runner may lack are members with a declared answer rather than methods a
 caller looks for: ``gathers_weights`` / ``full_weights`` (the weights are shards that the
@@ -53,6 +59,14 @@ class ModelRunner(Protocol):
 
     def full_weights(self, weights: Sequence) -> tuple: ...
 
+    @property
+    def sequence_shards(self) -> int:
+        """The ranks a micro-batch's tokens are split over (sequence parallel: tp)."""
+
+    def padded_length(self, seq: int) -> int: ...
+
+    def position_logits(self, h, position: int): ...
+
     def greedy_next(self, input_ids) -> int: ...
 
     def next_logits(self, input_ids): ...
@@ -63,10 +77,26 @@ class RunnerDefaults:
     logits, no compiled whole forward. A runner inherits these and overrides what it has."""
 
     mode: str
+    #: the model whose pieces the runner runs (every runner holds it)
+    _model: object
 
     @property
     def gathers_weights(self) -> bool:
         return False
+
+    @property
+    def sequence_shards(self) -> int:
+        return 1
+
+    def padded_length(self, seq: int) -> int:
+        """``seq``: every length runs as it is."""
+        return int(seq)
+
+    def position_logits(self, h, position: int):
+        """The float32 logits ``[V]`` of row ``position`` of ``h`` (final norm, output layer)."""
+        m = self._model
+        return m.readout(h[position:position + 1],
+                         *self.full_weights(m.output_weights())).asnumpy()[0]
 
     @property
     def vocab_parallel(self) -> bool:

@@ -9,11 +9,15 @@ process or on the same pipeline layout (each stage loads the entries of its para
 records the stage map (``state["pipeline_stages"]``: parameter name -> stage) for a
 resharding loader.
 
-Under pp x ep a stage's routed experts are split over its ``ep`` group (models/
-expert_parallel.py): the ranks of the stage's first ``edp`` replica send their expert
-entries (weights and optimizer slots, whole on their rank: ``ZeroSharding.keep_whole``) and
-rank 0 joins them along the spec's split dim (:func:`join_expert_shards`), so the file holds
-the single-process tensors and a resume on any layout slices them again.
+Under pp x tp and pp x ep a stage's parameters are split over its ``tp`` group (models/
+tp_model.py) and its routed experts over its ``ep`` group (models/expert_parallel.py). Each
+rank sends what no rank before it in the stage holds (:func:`sender_entries`): the first
+replica (dp 0, tp 0) its replicated entries, the ranks of dp 0 their tp slices, the ranks
+of the first ``edp`` replica their experts (weights and optimizer slots: a slice's ZeRO-1
+state is gathered by the optimizer's ``state_dict``, an expert's is whole on its rank,
+``ZeroSharding.keep_whole``), and rank 0 joins every split entry along its spec's split dim,
+each part's shard index being its rank's coordinate on the spec's group (:func:`join_shards`),
+so the file holds the single-process tensors and a resume on any layout slices them again.
 
 The part of a stage travels as distributed/object_exchange.py sends objects (each rank
 broadcasts its pickled part over the world group, exactly at any size). A checkpoint is not on
@@ -29,7 +33,7 @@ from .object_exchange import all_gather_objects
 from .shard_spec import ShardSpec, param_of, unshard
 
 __all__ = ["gather_to_all", "stage_payload", "merge_stage_payloads", "stage_map",
-           "sharded_entries", "join_expert_shards"]
+           "sharded_entries", "sender_entries", "join_shards"]
 
 
 def gather_to_all(comm, obj) -> list:
@@ -79,16 +83,30 @@ def sharded_entries(payload: Dict[str, np.ndarray], specs: Mapping[str, ShardSpe
     return {k: v for k, v in payload.items() if param_of(k) in specs}
 
 
-def join_expert_shards(parts: Sequence[Dict[str, np.ndarray]], indices: Sequence[int],
-                       specs: Mapping[str, ShardSpec]) -> Tuple[list, Dict[str, np.ndarray]]:
+def sender_entries(payload: Dict[str, np.ndarray], specs: Mapping[str, ShardSpec],
+                   coords: Mapping[str, int]) -> Dict[str, np.ndarray]:
+    """The entries of this stage's ``payload`` that the rank at ``coords`` sends (module
+    docstring): a replicated entry from the stage's first replica (every coordinate of the
+    ranks holding it 0: dp, tp), an entry split over group ``g`` from the ranks whose other
+    replicating coordinates are 0 (``tp``: dp 0; ``ep``: edp 0), so each piece comes once."""
+    def sends(spec: ShardSpec) -> bool:
+        if spec is None:
+            return coords["dp"] == 0 and coords["tp"] == 0
+        return coords["edp"] == 0 if spec.group == "ep" else coords["dp"] == 0
+    return {k: v for k, v in payload.items() if sends(specs.get(param_of(k)))}
+
+
+def join_shards(parts: Sequence[Dict[str, np.ndarray]], coords: Sequence[Mapping[str, int]],
+                specs: Mapping[str, ShardSpec]) -> Tuple[list, Dict[str, np.ndarray]]:
     """``(parts without their sharded entries, {key: whole tensor})``: every sharded entry
-    joined from the parts that hold it, ``indices[r]`` being part r's shard index in its
-    spec's group. Each shard must come exactly once."""
+    joined from the parts that hold it, part r's shard index being ``coords[r][spec.group]``
+    (its rank's coordinate on the spec's group). Each shard must come exactly once."""
     pieces: Dict[str, Dict[int, np.ndarray]] = {}
     rest = []
-    for part, index in zip(parts, indices):
+    for part, where in zip(parts, coords):
         rest.append({k: v for k, v in part.items() if param_of(k) not in specs})
         for key, arr in sharded_entries(part, specs).items():
+            index = int(where[specs[param_of(key)].group])
             got = pieces.setdefault(key, {})
             if index in got:
                 raise RuntimeError(f"pipeline checkpoint: shard {index} of {key} came twice")

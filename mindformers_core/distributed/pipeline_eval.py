@@ -9,16 +9,22 @@ stage ``v mod pp``, core/pipeline_split.py): virtual stage 0 embeds the tokens
 hidden states ``[B*S, H]`` to the next one's rank; the last computes
 
 * the loss (``model.finish``: the same head and loss as one process's forward), or
-* the next greedy id: the argmax of the last position's logits (the lowest id on ties, as
-  ``models/generation.next_token``).
+* the whole logits of the last position (``model.position_logits``; under pp x tp the tp
+  ranks' vocabulary shards of that position gathered), for greedy decoding (their argmax:
+  the lowest id on ties, as ``models/generation.next_token``) and for sampling.
+
+Under pp x tp the hidden states are each rank's sequence-parallel ``T/tp`` rows
+(``model.hidden_shape``), sent to the rank of the same tp index in the next stage, and a
+prompt runs padded to ``model.padded_length`` (the sequence split).
 
 One batch at a time, without the training schedule's overlap: nothing is kept for a
 backward. The result goes to every stage with one all-reduce (SUM) over the ``pp`` group, the
 other stages adding 0 (exact: one non-zero term), so every rank logs the same eval loss and
 decodes the same ids. Every rank of the pipeline group must make the same calls (the same
-batches, the same prompt). Generation through it is greedy with a full forward over the last
-``seq_length`` tokens per token (``models/generation.py`` asks :meth:`greedy_next`, as for a
-vocabulary-parallel model: no rank has whole logits).
+batches, the same prompt). Generation through it is a full forward over the last
+``seq_length`` tokens per token (``models/generation.py`` asks :meth:`greedy_next` or
+:meth:`next_logits`, as for a vocabulary-parallel model: no rank has whole logits), every
+rank drawing a sampled id with the same seeded generator.
 
 Only forward passes run: the running statistics they add (the MoE loads, the max attention
 logits of the stage's layers) are cleared by the caller (trainer/evaluate.py
@@ -40,6 +46,7 @@ class PipelineForward:
     ``pipeline`` is this rank's ``PipelineParallel`` after ``attach(model)``."""
 
     #: no rank has whole logits: ``models.generation.generate`` decodes through greedy_next
+    #: and samples from next_logits
     vocab_parallel = True
 
     def __init__(self, pipeline):
@@ -64,7 +71,7 @@ class PipelineForward:
                 h = model.embed_ids(ids)
             else:
                 if like is None:
-                    like = ms.Tensor(np.zeros((b * s, self.cfg.hidden_size), np.float32)
+                    like = ms.Tensor(np.zeros(model.hidden_shape(b, s), np.float32)
                                      ).astype(model.precision.compute)
                 h = comm.recv(like, ranks[(v - 1) % split.pp])
             h, _ = model.run_layers(h, tables, split.layers[v], eager=eager)
@@ -89,14 +96,22 @@ class PipelineForward:
         both = self._to_every_stage(self._through_stages(input_ids, loss), 2)
         return (ms.Tensor(both[0]), ms.Tensor(both[1]), ms.Tensor(np.float32(0.0)))
 
-    def greedy_next(self, input_ids) -> int:
-        """The greedy next id after ``input_ids`` [1, S] on every stage."""
+    def next_logits(self, input_ids) -> np.ndarray:
+        """The whole float32 logits ``[V]`` of the last position after ``input_ids`` [1, S]
+        on every stage (padded at the end to ``model.padded_length``: causal attention keeps
+        the padding from position S - 1)."""
+        import mindspore as ms
         model = self.model
+        s = int(input_ids.shape[1])
+        length = model.padded_length(s)
+        ids = input_ids if length == s else ms.Tensor(np.concatenate(
+            [input_ids.asnumpy(), np.zeros((1, length - s), np.int32)], 1))
+        # eager: without padding the window grows by one token per call, and a compiled layer
+        # would compile again for each length (measured: ~3 of the 4 minutes of a 16-token
+        # sample under pp2)
+        last = self._through_stages(ids, lambda h: model.position_logits(h, s - 1), eager=True)
+        return self._to_every_stage(last, int(self.cfg.vocab_size))
 
-        def top(h):
-            logits = model.readout(h[-1:], *model.output_weights()).asnumpy()[0]
-            return np.array([np.argmax(logits)], np.float64)
-
-        # eager: the window grows by one token per call, and a compiled layer would compile
-        # again for each length (measured: ~3 of the 4 minutes of a 16-token sample under pp2)
-        return int(self._to_every_stage(self._through_stages(input_ids, top, eager=True), 1)[0])
+    def greedy_next(self, input_ids) -> int:
+        """The greedy next id after ``input_ids`` [1, S] on every stage (the lowest on ties)."""
+        return int(np.argmax(self.next_logits(input_ids)))

@@ -85,12 +85,12 @@ class PipelineParallel:
         self.dp = self.mesh.dp
         #: this stage's dp group (its ZeRO-1 group)
         self.dp_view = GroupView(comm, "dp")
-        #: the data-parallel sums (token count, gradients, loss) over this stage's dp group: a
-        #: ``GradReduction`` (distributed/setup.py), the expert-parallel one under pp x ep
-        self.data = DataParallelGradReducer(self.dp_view)
-        #: parameters whose optimizer state stays whole on this rank (pp x ep: the experts)
-        self.keep_whole: frozenset = frozenset()
-        #: name -> ShardSpec of the parameters this rank holds a shard of (pp x ep: experts)
+        #: the data-parallel sums (token count, gradients, loss) over this stage's dp group
+        #: and its optimizer sharding: a ``GradReduction`` (distributed/setup.py), the
+        #: tensor-parallel one under pp x tp, the expert-parallel one under pp x ep
+        self.data = DataParallelGradReducer(self.dp_view, data_parallel=self.dp)
+        #: name -> ShardSpec of the parameters this rank holds a shard of (pp x tp: tp
+        #: slices, pp x ep: experts; the model's ``shard_specs()`` at ``attach``)
         self.specs: Dict[str, ShardSpec] = {}
         self.runner: Optional[StageRunner] = None
         self._programs: Dict[int, list] = {}
@@ -100,21 +100,21 @@ class PipelineParallel:
 
     # -- construction ---------------------------------------------------------------------------
     def set_stage_reduction(self, reduction) -> None:
-        """The stage's data-parallel reduction under pp x ep (distributed/setup.py): the
-        expert-parallel one (ep_reduce.py) over this stage's dp group, whose experts are
-        split over ``ep`` (their gradients summed over ``edp``, their optimizer state kept
-        whole, their squared norm summed over ``ep``)."""
+        """The stage's data-parallel reduction (distributed/setup.py): under pp x tp the
+        tensor-parallel one over this stage's dp group (tp_reduce.py: its slices' norm summed
+        over ``tp``, the optimizer over the slices), under pp x ep the expert-parallel one
+        wrapping it (ep_reduce.py: expert gradients summed over ``edp``, their optimizer
+        state kept whole, their squared norm summed over ``ep``)."""
         self.data = reduction
-        self.specs = dict(reduction.specs)
-        self.keep_whole = frozenset(reduction.experts)
 
     def attach(self, model) -> None:
         """Freeze and release the parameters other stages own (after any checkpoint load,
         before the optimizer is built)."""
         from .pipeline_release import release_foreign_parameters
         self.model = model
+        self.specs = dict(model.shard_specs())
         shapes = release_foreign_parameters(model, self.split, self.stage)
-        # a shard (pp x ep: this rank's experts) is recorded at the whole model's shape
+        # a shard (tp slice, expert) is recorded at the whole model's shape
         self.full_shapes = {n: tuple(self.specs[n].full_shape) if n in self.specs else s
                             for n, s in shapes.items()}
 
@@ -169,14 +169,11 @@ class PipelineParallel:
         return self.data.mean_over_ranks(value)
 
     def optimizer_sharding(self, cfg):
-        """ZeRO-1 over this stage's dp group per ``parallelism.data_parallel_shard`` (Muon's
-        QK-Clip logits MAX-reduced there); None with data parallel 1 (the plain optimizer of
-        the stage's parameters)."""
-        if self.dp == 1:
-            return None
-        from .zero import ZeroSharding
-        _, shards = cfg.parallelism.dp_shard(self.dp)
-        return ZeroSharding(self.dp_view, shards, keep_whole=self.keep_whole)
+        """The stage reduction's: ZeRO-1 over this stage's dp group per
+        ``parallelism.data_parallel_shard`` (Muon's QK-Clip logits MAX-reduced there; None
+        with data parallel 1, the plain optimizer of the stage's parameters), over the tp
+        slices under pp x tp, the experts kept whole under pp x ep."""
+        return self.data.optimizer_sharding(cfg)
 
     def broadcast_flag(self, flag: bool) -> bool:
         out = self.comm.all_reduce(np.array([1.0 if flag else 0.0], np.float32), "world")
@@ -232,29 +229,28 @@ class PipelineParallel:
     def combine_qk_stats(self, stats):
         """QK-Clip's step report over every stage (a collective: every stage calls it):
         clipped heads summed, the largest logit; None when no stage clipped anything. The dp
-        replicas of a stage clipped the same heads (their max logits are a MAX over dp)."""
+        replicas of a stage clipped the same heads (their max logits are a MAX over dp);
+        under pp x tp the stage reduction then sums the tp ranks' (other heads)."""
         from .qk_clip_stats import combine_qk_stats
-        return combine_qk_stats(self.comm, "pp", stats)
+        return self.data.combine_qk_stats(combine_qk_stats(self.comm, "pp", stats))
 
     def gather_checkpoint(self, tensors: Dict[str, np.ndarray], state: dict):
         """(tensors, state) of the whole model on rank 0 from every stage's payload (a
-        collective; distributed/pipeline_checkpoint.py); other ranks get theirs back. Only
-        the pipeline of dp index 0 sends its stages: the other replicas hold the same
-        weights and, after the optimizer's collective ``state_dict``, the same whole
-        (ZeRO-gathered) optimizer state; under pp x ep the other ranks of the first edp
-        replica add their experts (distributed/pipeline_checkpoint.py)."""
-        from .pipeline_checkpoint import (gather_to_all, join_expert_shards,
-                                          merge_stage_payloads, sharded_entries, stage_map,
+        collective; distributed/pipeline_checkpoint.py); other ranks get theirs back. Each
+        piece is sent once, by the first rank of the stage that holds it (the dp replicas
+        hold the same weights and, after the optimizer's collective ``state_dict``, the same
+        whole (ZeRO-gathered) optimizer state); rank 0 joins the tp slices and the experts
+        into the single-process tensors."""
+        from .pipeline_checkpoint import (gather_to_all, join_shards, merge_stage_payloads,
+                                          sender_entries, sharded_entries, stage_map,
                                           stage_payload)
-        coords = self.mesh.coords(self.rank)
-        own = stage_payload(self.split, self.stage, tensors)
-        if self.data_rank != 0:   # pp x ep: the first edp replica's experts of this stage
-            own = sharded_entries(own, self.specs) if coords["edp"] == 0 else {}
+        own = sender_entries(stage_payload(self.split, self.stage, tensors), self.specs,
+                             self.mesh.coords(self.rank))
         parts = gather_to_all(self.comm, own)
         if self.rank != 0:
             return tensors, state
-        parts, whole = join_expert_shards(
-            parts, [self.mesh.coords(r)["ep"] for r in range(self.world_size)], self.specs)
+        parts, whole = join_shards(parts, [self.mesh.coords(r) for r in range(self.world_size)],
+                                   self.specs)
         local_shards = sharded_entries(tensors, self.specs)
         merged = merge_stage_payloads({k: v for k, v in tensors.items() if k not in local_shards},
                                       parts + [whole], self.full_shapes)

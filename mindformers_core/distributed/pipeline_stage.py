@@ -41,7 +41,9 @@ class StageRunner:
         self._saved: Dict[Tuple[int, int], tuple] = {}
 
     def activation_shape(self, batch_rows: int, seq: int) -> Tuple[int, int]:
-        return (batch_rows * seq, self.model.cfg.hidden_size)
+        """What travels between stages: this rank's hidden states (``[T/tp, H]`` under
+        sequence parallelism)."""
+        return self.model.hidden_shape(batch_rows, seq)
 
     def _stage_fn(self, v: int, batch: dict, loss_weight, aux_weight):
         import mindspore as ms

@@ -68,14 +68,17 @@ class ParallelRun:
         self.pipeline = None
         self._tensor = None
         self._expert = None   # the expert-parallel reduction, once parallelize() built it
-        if "pipeline" in self.steps:
-            from .pipeline_parallel import PipelineParallel
-            self.pipeline = self.reducer = PipelineParallel(cfg, group_comm)
-        elif "tensor" in self.steps:
+        if "tensor" in self.steps:
             from .tp_reduce import TensorParallelGradReducer
             self._tensor = self.reducer = TensorParallelGradReducer(
                 group_comm, self._data_group(dims, group_comm))
-        else:
+        if "pipeline" in self.steps:   # pp x tp: each stage's reduction is the tp one
+            from .pipeline_parallel import PipelineParallel
+            self.pipeline = PipelineParallel(cfg, group_comm)
+            if self._tensor is not None:
+                self.pipeline.set_stage_reduction(self._tensor)
+            self.reducer = self.pipeline
+        elif self._tensor is None:
             self.reducer = DataParallelGradReducer(comm)
         coords = dims.coords(self.rank)
         #: the data shard this rank reads: its index among the data-parallel replicas
@@ -103,8 +106,8 @@ class ParallelRun:
     def parallelize(self, model):
         """This rank's model, cut by every builder of the layout, in their one order: TP/SP
         slices, the FSDP strategy, the EP cut. (The pipeline keeps its stage in ``attach``,
-        after any checkpoint load; under pp x ep each stage's data-parallel reduction is the
-        expert-parallel one.)"""
+        after any checkpoint load; under pp x tp / pp x ep each stage's data-parallel
+        reduction is the tensor- / expert-parallel one, the latter wrapping the former.)"""
         if "tensor" in self.steps:   # the model cuts itself (models/tp_model.py)
             model = model.apply_tensor_parallel(self.group_comm)
             self._tensor.bind_model(model)

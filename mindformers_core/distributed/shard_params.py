@@ -5,13 +5,16 @@ Tensor parallel (models/tp_model.py), expert parallel (models/expert_parallel.py
 then keep this rank's piece of each split parameter under the same name and dtype; the layout
 of the piece is its :class:`~.shard_spec.ShardSpec` (``shard_spec.shard`` is the numpy math).
 
-A parameter that a forward may leave unused is cut into a new Parameter (:func:`cut_parameter`)
-rather than in place: MindSpore 2.10 keeps the shape a Parameter was built with in its
+A parameter that a forward may leave unused is cut into a new Parameter (:func:`cut_parameter`,
+:func:`cut_parameters` by name) rather than in place: MindSpore 2.10 keeps the shape a Parameter was built with in its
 autograd leaf, and differentiating a function that does not read the parameter returns zeros
 of that built shape after ``set_data`` changed it (an expert-parallel rank whose experts
 received no token in a step got [E, ...] zeros for its [E / ep, ...] experts, and the
 expert-gradient all-reduce of the two edp ranks then got different sizes;
-tests/distributed/test_shard_params.py has the reproducer).
+tests/distributed/test_shard_params.py has the reproducer). Tensor parallelism cuts every
+split weight that way: under an interleaved pipeline (pp x tp, vpp > 1) each virtual stage's
+backward differentiates the rank's weights of its other virtual stage too, which it does not
+read.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from mindspore import Tensor
 
 from .shard_spec import ShardSpec, shard
 
-__all__ = ["keep_shard", "cut_parameter"]
+__all__ = ["keep_shard", "cut_parameter", "cut_parameters"]
 
 
 def _piece(param, spec: ShardSpec, index: int) -> Tensor:
@@ -47,3 +50,18 @@ def cut_parameter(owner, attr: str, spec: ShardSpec, index: int):
     new = ms.Parameter(_piece(old, spec, index), name=old.name, requires_grad=old.requires_grad)
     setattr(owner, attr, new)
     return new
+
+
+def cut_parameters(model, specs, index: int) -> None:
+    """:func:`cut_parameter` for every parameter of ``model`` named in ``specs`` (name ->
+    ShardSpec), each found on the Cell its name's prefix names (``a.b.weight``: attribute
+    ``weight`` of the sub-cell ``a.b``)."""
+    cells = dict(model.cells_and_names())
+    for name, spec in specs.items():
+        path, _, attr = name.rpartition(".")
+        owner = cells.get(path)
+        if owner is None or not isinstance(getattr(owner, attr, None), ms.Parameter) \
+                or getattr(owner, attr).name != name:
+            raise ValueError(f"parameter {name!r} is not the attribute {attr!r} of a sub-cell "
+                             f"{path!r} of the model")
+        cut_parameter(owner, attr, spec, index)

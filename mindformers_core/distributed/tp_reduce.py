@@ -79,8 +79,12 @@ class TensorParallelGradReducer:
             raise RuntimeError("TensorParallelGradReducer.optimizer_sharding needs the sharded "
                                "model: call bind_model(model) first")
         _, shards = cfg.parallelism.dp_shard(self.dp_comm.world_size)
-        return TensorParallelSharding(self._model.shard_specs(), self.comm,
-                                      data_parallel_shard=shards, data_group=self.data_group)
+        # the slices the optimizer updates: under pp x tp another stage's are released and
+        # frozen (distributed/pipeline_release.py), the optimizer never sees them
+        trainable = {p.name for p in self._model.trainable_params()}
+        specs = {n: s for n, s in self._model.shard_specs().items() if n in trainable}
+        return TensorParallelSharding(specs, self.comm, data_parallel_shard=shards,
+                                      data_group=self.data_group)
 
     def sync_moe_stats(self, model) -> None:
         self.data.sync_moe_stats(model)

@@ -19,9 +19,9 @@ collective that combines each rank's top of its vocabulary rows, models/tp_model
 sampling for the last position's whole logits (``model.next_logits``: that one position's
 vocabulary shards gathered), drawn with the same seeded ``rng`` on every rank, so every rank
 draws the same id; a full forward over the last ``context_length`` tokens per token (no
-key/value cache there). Every rank of the group must call :func:`generate` with the same
-arguments. Through the pipeline stages (distributed/pipeline_eval.py) decoding is greedy
-only.
+key/value cache there). The same holds through the pipeline stages
+(distributed/pipeline_eval.py: the last stage's logits on every stage). Every rank of the
+group must call :func:`generate` with the same arguments.
 """
 from __future__ import annotations
 
@@ -88,10 +88,6 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, temperature:
     context = int(context_length or model.cfg.seq_length)
     rng = np.random.default_rng(seed)
     if getattr(model, "vocab_parallel", False):
-        if temperature != 0.0 and not getattr(model, "samples_vocab_parallel", False):
-            raise NotImplementedError(
-                f"sampling with temperature {temperature} through the pipeline stages: only "
-                f"greedy decoding (temperature 0) is implemented there")
         return _next_ids_parallel(model, ids, int(max_new_tokens), context, stop_id,
                                   lambda window: model.greedy_next(window) if temperature == 0
                                   else next_token(model.next_logits(window), temperature,

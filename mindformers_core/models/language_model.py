@@ -249,6 +249,23 @@ class GPTModel(nn.Cell):
         tokens (``_local``; a pipeline stage's first layers read them)."""
         return self._runner.embed(self._local(input_ids))
 
+    def hidden_shape(self, batch: int, seq: int) -> tuple:
+        """The shape of the hidden states ``embed_ids`` / ``run_layers`` hold on this rank for
+        ``batch`` x ``seq`` tokens (what a pipeline stage sends): ``[B*S / tp, H]`` under
+        sequence parallelism (the runner's ``sequence_shards``)."""
+        return (batch * seq // self._runner.sequence_shards, int(self.cfg.hidden_size))
+
+    def padded_length(self, seq: int) -> int:
+        """The length a decoding forward of ``seq`` tokens runs at (the runner's: ``seq``, or
+        under tensor parallelism ``seq_length`` rounded up to the sequence split)."""
+        return self._runner.padded_length(seq)
+
+    def position_logits(self, h, position: int) -> np.ndarray:
+        """The whole float32 logits ``[V]`` of token ``position`` of the last hidden states
+        ``h`` (``run_layers``' output; a collective of the tp group under tensor
+        parallelism), what a pipeline's last stage decodes from."""
+        return self._runner.position_logits(h, position)
+
     def _last_hidden(self, input_ids):
         """(h [B*S, H] before the final norm, summed aux loss or None); records max logits.
         Under context parallel h holds this rank's tokens only (``_local``)."""
@@ -309,16 +326,11 @@ class GPTModel(nn.Cell):
             return self._runner.greedy_next(input_ids)
         return int(np.argmax(self.logits(input_ids).asnumpy()[0, -1]))
 
-    @property
-    def samples_vocab_parallel(self) -> bool:
-        """Whether :meth:`next_logits` combines the vocabulary shards (tensor parallelism)."""
-        return self._runner.vocab_parallel
-
     def next_logits(self, input_ids) -> np.ndarray:
         """The whole float32 logits ``[V]`` of the last position after ``input_ids`` [1, S]:
         under tensor parallelism a collective of the tp group that gathers that position's
         vocabulary shards (``TensorParallelRunner.next_logits``), else :meth:`logits`'."""
-        if self.samples_vocab_parallel:
+        if self.vocab_parallel:
             return self._runner.next_logits(input_ids)
         return self.logits(input_ids).asnumpy()[0, -1]
 

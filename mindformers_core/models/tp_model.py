@@ -82,7 +82,7 @@ from mindspore import ops
 
 from ..distributed.collectives import GroupCommunicator
 from ..distributed.model_runner import RunnerDefaults, run_layer_steps
-from ..distributed.shard_params import keep_shard
+from ..distributed.shard_params import cut_parameters
 from .tp_plan import (AttentionShape, is_partial_replicated, tp_shard_specs,
                                      vocab_range)
 from .compiled import NUM_TABLES, effective_mode
@@ -111,9 +111,9 @@ def apply_tensor_parallel(model, comm: GroupCommunicator, group: str = "tp"):
     index = comm.mesh.local_rank(group, comm.rank)
     params = list(model.get_parameters())
     specs = tp_shard_specs(((p.name, p.shape) for p in params), tp, _attention_shape(model))
-    for p in params:
-        if p.name in specs:
-            keep_shard(p, specs[p.name], index)
+    # new Parameters: a virtual pipeline stage's backward reads none of its others' weights
+    # (distributed/shard_params.py)
+    cut_parameters(model, specs, index)
     mla = model.get_gpt_transformer_config().multi_latent_attention
     for layer in model.decoder_layers():
         attn = layer.self_attention
@@ -272,31 +272,56 @@ class TensorParallelRunner(RunnerDefaults):
 
     def next_logits(self, input_ids) -> np.ndarray:
         """The whole logits ``[V]`` of the last position after ``input_ids`` [1, S], the same
-        on every tp rank (a collective): each rank's :meth:`last_logits_shard` all-gathered
-        over the group in vocabulary order (``tp_plan.vocab_range``), that one position only,
-        for sampling (models/generation.py)."""
-        shard = self.last_logits_shard(input_ids)
+        on every tp rank (a collective, :meth:`position_logits`), for sampling
+        (models/generation.py)."""
+        h, s = self._decode_hidden(input_ids)
+        return self.position_logits(h, s - 1)
+
+    @property
+    def sequence_shards(self) -> int:
+        return self.tp
+
+    def padded_length(self, seq: int) -> int:
+        """``seq_length`` (or past it a multiple of ``tp``, the sequence-parallel split): one
+        shape for every decoded token, so ``training.jit: layer`` compiles its graphs once."""
+        length = max(int(seq), int(self._model.cfg.seq_length))
+        return length + (-length) % self.tp
+
+    def position_logits(self, h, position: int) -> np.ndarray:
+        """The whole logits ``[V]`` of token ``position`` of the sequence-parallel ``h``
+        (this rank's ``T/tp`` rows), the same on every tp rank (a collective): each rank's
+        :meth:`position_logits_shard` all-gathered over the group in vocabulary order
+        (``tp_plan.vocab_range``), that one position only."""
+        shard = self.position_logits_shard(h, position)
         return self.comm.all_gather(shard, self.group, 1).asnumpy().reshape(-1)
 
-    def last_logits_shard(self, input_ids):
-        """This rank's float32 logits ``[1, V/tp]`` of the last position of ``input_ids``. A
-        full forward (no key/value cache under tensor parallelism): the ids are padded at the end to
-        ``seq_length`` (or past it to a multiple of ``tp``, the sequence-parallel split), one
-        shape for every token, so ``training.jit: layer`` compiles its graphs once; causal
-        attention keeps the padding from position ``S - 1``, whose final-normed hidden state
-        meets this rank's output rows."""
+    def position_logits_shard(self, h, position: int):
+        """This rank's float32 logits ``[1, V/tp]`` of token ``position`` of ``h``: the
+        final-normed tokens gathered over the group, that position's row against this rank's
+        output rows (a collective)."""
         m = self._model
-        s = int(input_ids.shape[1])
-        length = max(s, int(m.cfg.seq_length))
-        length += (-length) % self.tp
-        ids = input_ids if length == s else ops.cat(
-            [input_ids, ops.zeros((1, length - s), input_ids.dtype)], 1)
-        h, _, _ = self.layers(self.embed(ids), m.static_tables(1, length))
         w_norm, w_out = m.output_weights()
         norm = m.decoder.final_layernorm
-        x = self.gather(rms_norm(h, w_norm, norm.eps, norm.mean_column))[s - 1:s]
+        x = self.gather(rms_norm(h, w_norm, norm.eps, norm.mean_column))[position:position + 1]
         logits = linear(x, w_out, m.precision).astype(ms.float32)
         if m.readout_multiplier is not None:
             logits = logits * m.readout_multiplier
         return logits
+
+    def _decode_hidden(self, input_ids):
+        """(h after the last layer, S) of a full forward of ``input_ids`` [1, S] (no key/value
+        cache under tensor parallelism), padded at the end to :meth:`padded_length`; causal
+        attention keeps the padding from position ``S - 1``."""
+        m = self._model
+        s = int(input_ids.shape[1])
+        length = self.padded_length(s)
+        ids = input_ids if length == s else ops.cat(
+            [input_ids, ops.zeros((1, length - s), input_ids.dtype)], 1)
+        h, _, _ = self.layers(self.embed(ids), m.static_tables(1, length))
+        return h, s
+
+    def last_logits_shard(self, input_ids):
+        """This rank's float32 logits ``[1, V/tp]`` of the last position of ``input_ids``."""
+        h, s = self._decode_hidden(input_ids)
+        return self.position_logits_shard(h, s - 1)
 

@@ -66,6 +66,22 @@ def test_config_error_for_experts_is_checked_on_any_world():
     assert "model.n_routed_experts(4)" in str(exc.value)
 
 
+def test_experts_fold_over_the_tensor_parallel_ranks_of_a_stage(monkeypatch):
+    """With tp (or cp) ep divides the ranks of a stage, not dp: tp2 x ep2 on 2 ranks (dp 1)
+    is accepted at config load, ep4 there is refused naming the field."""
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    monkeypatch.setenv("MS_WORKER_NUM", "2")
+    tp = ["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=True",
+          "training.local_batch_size=2", "training.global_batch_size=2"]
+    assert cfg_with("parallelism.expert_parallel=2", *tp).plan(2).experts.experts_per_rank == 2
+    with pytest.raises(ConfigError, match=r"^parallelism\.expert_parallel: expert_parallel\(4\) "
+                                          r"must divide tensor_parallel\(2\) \* "
+                                          r"context_parallel\(1\) \* data_parallel\(1\) = 2: "
+                                          r"the routed experts are folded over the ranks of a "
+                                          r"pipeline stage\.$"):
+        cfg_with("parallelism.expert_parallel=4", *tp)
+
+
 def test_config_errors_for_dp_and_for_a_dense_model(monkeypatch):
     # one process: dp 1 cannot hold 2 EP ranks (the launcher's world decides dp)
     with pytest.raises(ConfigError, match=r"^parallelism\.expert_parallel: data_parallel\(1\) "

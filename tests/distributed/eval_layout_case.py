@@ -60,6 +60,10 @@ LAYOUTS = {
     # pp2 x ep2 (DeepSeek-V3's composition): each stage's 2 dp ranks split its experts; the
     # eval and the sample run through the stages, the dispatch over each stage's ep group
     "pp2ep2": EvalLayout(4, "dsv3", PP + EP, save=True),
+    # pp2 x tp2 x ep2: each stage's tp group splits its weights (sequence parallel) and its
+    # experts; the hidden states between stages are each rank's T/tp rows, the last stage's
+    # logits the tp ranks' vocabulary shards
+    "pp2tp2ep2": EvalLayout(4, "dsv3", PP + TP + EP, save=True),
 }
 MODELS = sorted({case.model for case in LAYOUTS.values()})
 

@@ -52,6 +52,18 @@ CASES = {
         "layout": ["parallelism.pipeline_parallel=2", "parallelism.expert_parallel=2",
                    "parallelism.pipeline_parallel_schedule=1f1b"],
         "resume": True},
+    # pp x tp x ep, interleave 2 (the composition of upstream's 8-card layout on 4 ranks):
+    # each stage's tp group also splits its routed experts (ep2 folded over the stage's tp2),
+    # tiny DeepSeek-V3 with Muon over the tp slices, QK-Clip on the local heads, expert bias
+    # and aux loss (no MTP: refused with tensor parallelism)
+    "dsv3_pp2_tp2_ep2_vpp2": {
+        "config": "muon_deepseek_v3_tiny.yaml",
+        "overrides": ["model.num_layers=4", "optimizer.qk_clip_threshold=0.05",
+                      "model.num_nextn_predict_layers=0"],
+        "layout": ["parallelism.pipeline_parallel=2", "parallelism.tensor_parallel=2",
+                   "parallelism.sequence_parallel=True", "parallelism.expert_parallel=2",
+                   "parallelism.pipeline_parallel_interleave_num=2"],
+        "resume": True},
 }
 
 

@@ -108,6 +108,12 @@ def test_every_point_is_accepted_with_a_builder_or_refused_naming_a_parallelism_
     (4, dict(model="deepseek_v3", pp=2, ep=2), ["pipeline", "expert"]),
     (8, dict(model="deepseek_v3", pp=2, ep=4, vpp=2), ["pipeline", "expert"]),
     (16, dict(model="deepseek_v3", pp=2, ep=4, strategy="no_shard"), ["pipeline", "expert"]),
+    (4, dict(model="gpt", pp=2, tp=2, global_batch=8), ["pipeline", "tensor"]),
+    (8, dict(model="deepseek_v3", pp=2, tp=2, vpp=2), ["pipeline", "tensor"]),
+    (4, dict(model="deepseek_v3", pp=2, tp=2, ep=2, vpp=2, global_batch=8),
+     ["pipeline", "tensor", "expert"]),
+    (16, dict(model="deepseek_v3", pp=2, tp=2, ep=4, strategy="no_shard"),
+     ["pipeline", "tensor", "expert"]),
 ])
 def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
     assert verdict(monkeypatch, world, **point) == ("accepted", want)
@@ -120,10 +126,11 @@ def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
      "parallelism.data_parallel_shard_strategy"),
     (4, dict(model="deepseek_v3", ep=2, strategy="optim_grads"),
      "parallelism.data_parallel_shard_strategy"),
-    (4, dict(model="gpt", pp=2, tp=2, global_batch=8), "parallelism.pipeline_parallel"),
+    (8, dict(model="gpt", pp=2, tp=2, strategy="optim_grads_params", global_batch=8),
+     "parallelism.data_parallel_shard_strategy"),
     (4, dict(model="deepseek_v3", pp=2, ep=2, strategy="optim_grads"),
      "parallelism.data_parallel_shard_strategy"),
-    (8, dict(model="deepseek_v3", pp=2, tp=2, ep=2), "parallelism.pipeline_parallel"),
+    (8, dict(model="deepseek_v3", pp=2, tp=2, ep=8), "parallelism.expert_parallel"),
     (4, dict(model="gpt", pp=2, strategy="optim_grads_params", global_batch=8),
      "parallelism.data_parallel_shard_strategy"),
     (8, dict(model="deepseek_v3", cp=2, tp=2, ep=2), "parallelism.expert_parallel"),
@@ -163,8 +170,11 @@ CLI_POINTS = [
                                       "parallelism.sequence_parallel=true",
                                       "parallelism.data_parallel_shard_strategy="
                                       "optim_grads_params"]),
-    (4, "configs/markov_check.yaml", ["parallelism.pipeline_parallel=2",
+    (8, "configs/markov_check.yaml", ["parallelism.pipeline_parallel=2",
                                       "parallelism.tensor_parallel=2",
+                                      "parallelism.sequence_parallel=true",
+                                      "parallelism.data_parallel_shard_strategy="
+                                      "optim_grads_params",
                                       "training.global_batch_size=8"]),
     (4, "configs/markov_check.yaml", ["parallelism.pipeline_parallel=2",
                                       "parallelism.data_parallel_shard_strategy=optim_grads",
@@ -221,6 +231,16 @@ CLI_ACCEPTED = [
     (4, "configs/muon_deepseek_v3_tiny.yaml", ["parallelism.pipeline_parallel=2",
                                                "parallelism.pipeline_parallel_interleave_num=2",
                                                "model.num_layers=4",
+                                               "training.global_batch_size=8",
+                                               "training.local_batch_size=2"]),
+    # pp x tp x ep (ppdp_case.py): ep folded over each stage's tp group, dp 1
+    (4, "configs/muon_deepseek_v3_tiny.yaml", ["parallelism.pipeline_parallel=2",
+                                               "parallelism.tensor_parallel=2",
+                                               "parallelism.sequence_parallel=true",
+                                               "parallelism.expert_parallel=2",
+                                               "parallelism.pipeline_parallel_interleave_num=2",
+                                               "model.num_layers=4",
+                                               "model.num_nextn_predict_layers=0",
                                                "training.global_batch_size=8",
                                                "training.local_batch_size=2"]),
 ]

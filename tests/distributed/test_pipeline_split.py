@@ -91,9 +91,11 @@ def test_pp2_loads_on_two_workers(monkeypatch):
      r"the ranges cover layers 0..2, but the model has 4 layers"),
     (2, {"pipeline_parallel_interleave_num": 4}, "parallelism.pipeline_parallel_layers_per_stage",
      r"Number of layers \(4\) is not divisible by total stages \(8\)"),
-    (4, {"tensor_parallel": 2, "sequence_parallel": True}, "parallelism.pipeline_parallel",
-     r"pipeline_parallel\(2\) with parallelism.tensor_parallel\(2\) is not implemented yet "
-     r"\(pp x tp\)"),
+    (8, {"tensor_parallel": 2, "sequence_parallel": True,
+         "data_parallel_shard_strategy": "optim_grads"},
+     "parallelism.data_parallel_shard_strategy",
+     r"'optim_grads' with parallelism.pipeline_parallel\(2\) is not implemented yet "
+     r"\(pp x FSDP\)"),
 ])
 def test_pipeline_config_errors(monkeypatch, world, par, field, msg):
     msrun_world(monkeypatch, world)
@@ -188,32 +190,56 @@ def test_stage_payload_merge_refuses_a_placeholder_or_a_missing_entry():
         merge_stage_payloads(rank0, [stage_payload(split, 0, rank0)], full)
 
 
-def test_expert_shards_of_a_stage_join_along_their_split_dim():
-    """pp x ep: the experts of each ep rank (weights and optimizer slots) join into the
-    whole tensors in ep order; other entries pass through."""
+def test_shards_of_a_stage_join_along_their_split_dim():
+    """pp x tp x ep: the tp slices (by tp coordinate) and the experts (by ep coordinate),
+    weights and optimizer slots, join into the whole tensors; other entries pass through."""
     import numpy as np
-    from mindformers_core.distributed.pipeline_checkpoint import join_expert_shards
+    from mindformers_core.distributed.pipeline_checkpoint import join_shards
     from mindformers_core.distributed.shard_spec import ShardSpec, shard
-    name = "decoder.layers.1.mlp.experts.weight1"
-    spec = ShardSpec((4, 3, 2), 0, "ep", 2)
+    name, col = "decoder.layers.1.mlp.experts.weight1", "decoder.layers.1.linear_fc1.weight"
+    spec, tp_spec = ShardSpec((4, 3, 2), 0, "ep", 2), ShardSpec((3, 4), 1, "tp", 2)
     whole_w = np.arange(24, dtype=np.float32).reshape(4, 3, 2)
-    whole_m = -whole_w
-    parts = [{f"model.{name}": shard(spec, whole_w, k), f"optim.exp_avg.{name}":
-              shard(spec, whole_m, k)} for k in (0, 1)]
+    whole_m, whole_c = -whole_w, np.arange(12, dtype=np.float32).reshape(3, 4)
+    specs = {name: spec, col: tp_spec}
+    # rank k: tp k, ep 1 - k (the ep coordinate need not follow the tp one)
+    parts = [{f"model.{name}": shard(spec, whole_w, 1 - k), f"optim.exp_avg.{name}":
+              shard(spec, whole_m, 1 - k), f"model.{col}": shard(tp_spec, whole_c, k)}
+             for k in (0, 1)]
+    coords = [{"tp": k, "ep": 1 - k} for k in (0, 1)]
     parts[0]["model.decoder.layers.1.dense"] = np.ones(2)
-    rest, whole = join_expert_shards(parts, [0, 1], {name: spec})
+    rest, whole = join_shards(parts, coords, specs)
     np.testing.assert_array_equal(whole[f"model.{name}"], whole_w)
     np.testing.assert_array_equal(whole[f"optim.exp_avg.{name}"], whole_m)
+    np.testing.assert_array_equal(whole[f"model.{col}"], whole_c)
     assert list(rest[0]) == ["model.decoder.layers.1.dense"] and rest[1] == {}
-    # the ranks in reverse ep order give the same tensors
-    _, again = join_expert_shards(parts[::-1], [1, 0], {name: spec})
+    # the ranks in reverse order give the same tensors
+    _, again = join_shards(parts[::-1], coords[::-1], specs)
     np.testing.assert_array_equal(again[f"model.{name}"], whole_w)
     with pytest.raises(RuntimeError, match=r"pipeline checkpoint: shard 0 of "
                        r"model.decoder.layers.1.mlp.experts.weight1 came twice"):
-        join_expert_shards(parts, [0, 0], {name: spec})
+        join_shards(parts, [{"tp": 0, "ep": 0}, {"tp": 1, "ep": 0}], specs)
     with pytest.raises(RuntimeError, match=r"pipeline checkpoint: model.decoder.layers.1.mlp."
-                       r"experts.weight1 has shards \[0\] of 2"):
-        join_expert_shards(parts[:1], [0], {name: spec})
+                       r"experts.weight1 has shards \[1\] of 2"):
+        join_shards(parts[:1], coords[:1], specs)
+
+
+def test_each_piece_of_a_stage_is_sent_by_one_rank():
+    """Over the ranks of a stage (tp 2 x dp 2, ep 2 folded: edp = (tp + 2 dp) // 2) every
+    replicated entry, tp slice and expert is sent exactly once per distinct piece."""
+    import numpy as np
+    from mindformers_core.core.parallel_dims import make_mesh
+    from mindformers_core.distributed.pipeline_checkpoint import sender_entries
+    from mindformers_core.distributed.shard_spec import ShardSpec
+    specs = {"e": ShardSpec((4, 2), 0, "ep", 2), "c": ShardSpec((2, 4), 1, "tp", 2)}
+    payload = {"model.e": np.zeros(1), "optim.m.e": np.zeros(1), "model.c": np.zeros(1),
+               "model.n": np.zeros(1), "optim.step": np.zeros(1)}
+    mesh = make_mesh(4, tp=2, ep=2)
+    sent = {r: sorted(sender_entries(payload, specs, mesh.coords(r))) for r in range(4)}
+    assert sent[0] == sorted(payload)                       # tp 0, dp 0, ep 0
+    assert sent[1] == ["model.c", "model.e", "optim.m.e"]   # tp 1 of dp 0: ep 1
+    assert sent[2] == [] and sent[3] == []                  # dp 1: edp 1
+    ep_of = {r: mesh.coords(r)["ep"] for r in (0, 1)}
+    assert sorted(ep_of.values()) == [0, 1]
 
 
 def test_pipeline_parallel_is_the_trainers_reducer_and_keeps_only_its_stage(monkeypatch):

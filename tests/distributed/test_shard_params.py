@@ -7,7 +7,9 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
-from mindformers_core.distributed.shard_params import cut_parameter, keep_shard
+import pytest
+
+from mindformers_core.distributed.shard_params import cut_parameter, cut_parameters, keep_shard
 from mindformers_core.distributed.shard_spec import ShardSpec, shard
 
 
@@ -59,3 +61,24 @@ def test_cut_parameter_keeps_a_half_precision_dtype():
     assert new.dtype == ms.float16
     np.testing.assert_array_equal(new.asnumpy().astype(np.float32),
                                   np.arange(12, dtype=np.float32).reshape(2, 3, 2))
+
+
+def test_cut_parameters_finds_each_weight_on_its_sub_cell():
+    """By name, as tensor parallelism cuts them (models/tp_model.py): the sub-cell's
+    attribute becomes a new Parameter of the local shape; a name that is no sub-cell's
+    attribute is refused."""
+    class Model(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.experts = Experts()
+    model = Model()
+    full = model.experts.weight1.asnumpy().copy()
+    old = model.experts.weight1
+    cut_parameters(model, {"experts.weight1": SPEC}, 0)
+    assert model.experts.weight1 is not old and model.experts.weight1.shape == (2, 3, 2)
+    np.testing.assert_array_equal(model.experts.weight1.asnumpy(), shard(SPEC, full, 0))
+    assert grads_of(model.experts, use=False).shape == (2, 3, 2)
+    with pytest.raises(ValueError, match=r"^parameter 'experts.weight2' is not the attribute "
+                                         r"'weight2' of a sub-cell 'experts' of the model$"):
+        cut_parameters(model, {"experts.weight2": SPEC}, 0)
+
