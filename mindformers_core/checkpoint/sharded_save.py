@@ -27,23 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Dict, Optional, Protocol, Tuple, runtime_checkable
+from typing import Optional, Protocol, Tuple, runtime_checkable
 
-from ..distributed.shard_spec import ShardSpec, param_of
+from ..distributed.shard_spec import ShardedModel, ShardSpec, model_specs, param_of
 from .store import checkpoint_name, prune_checkpoints
 from .balanced_load import file_sharing
 from .file_io import CheckpointData, CheckpointError
 from .sharded import ZeroRows, reshard, save_index, write_rank
 
-__all__ = ["ShardedModel", "RowShardedOptimizer", "model_specs", "uses_sharded_checkpoint",
+__all__ = ["RowShardedOptimizer", "uses_sharded_checkpoint",
            "save_sharded", "settle_rank_file", "load_options", "reshard_for_model"]
-
-
-@runtime_checkable
-class ShardedModel(Protocol):
-    """A model with sharded parameters: ``{param name: ShardSpec}`` (absent = replicated)."""
-
-    def shard_specs(self) -> Dict[str, ShardSpec]: ...
 
 
 @runtime_checkable
@@ -54,10 +47,6 @@ class RowShardedOptimizer(Protocol):
     def zero_shards(self) -> Tuple[int, int, int]: ...
 
     def shard_state_dict(self): ...
-
-
-def model_specs(model) -> Dict[str, ShardSpec]:
-    return dict(model.shard_specs()) if isinstance(model, ShardedModel) else {}
 
 
 def uses_sharded_checkpoint(model, optimizer, save_optim: bool = True) -> bool:

@@ -25,6 +25,7 @@ import numpy as np
 from ..core.parallel_dims import AXES, ParallelDims
 from .comm import Communicator, init_distributed
 from .grad_reduce import DataParallelGradReducer
+from .shard_spec import model_specs
 
 __all__ = ["ParallelRun", "GradReduction", "setup_parallel"]
 
@@ -152,7 +153,7 @@ class ParallelRun:
         so the logged counts and the FLOPs per token of MFU are the whole model's."""
         if self.pipeline is not None:
             return self.pipeline.parameter_sizes()
-        specs = model.shard_specs() if hasattr(model, "shard_specs") else {}
+        specs = model_specs(model)
         return {p.name: int(np.prod(specs[p.name].full_shape if p.name in specs else p.shape))
                 for p in model.get_parameters()}
 

@@ -34,7 +34,7 @@ from typing import (Callable, Dict, Iterable, Optional, Protocol, Sequence, Tupl
 
 import numpy as np
 
-__all__ = ["ShardedCell", "collect_shard_specs", "ShardSpec", "replicated", "local_shape",
+__all__ = ["ShardedCell", "ShardedModel", "model_specs", "collect_shard_specs", "ShardSpec", "replicated", "local_shape",
            "local_indices", "local_slice", "shard", "unshard", "partial_sq_norms", "global_sq_norm",
            "sharded_grad_norm", "param_of"]
 
@@ -92,6 +92,18 @@ class ShardedCell(Protocol):
 
     def sharded_params(self) -> Dict[str, "ShardSpec"]:
         """Parameter name -> ShardSpec of its split parameters (replicated ones absent)."""
+
+
+@runtime_checkable
+class ShardedModel(Protocol):
+    """A model with sharded parameters: ``{param name: ShardSpec}`` (absent = replicated)."""
+
+    def shard_specs(self) -> Dict[str, "ShardSpec"]: ...
+
+
+def model_specs(model) -> Dict[str, "ShardSpec"]:
+    """``model.shard_specs()`` of a :class:`ShardedModel`; {} for a model without shards."""
+    return dict(model.shard_specs()) if isinstance(model, ShardedModel) else {}
 
 
 def collect_shard_specs(cell) -> Dict[str, "ShardSpec"]:

@@ -25,11 +25,29 @@ group must call :func:`generate` with the same arguments.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-__all__ = ["next_token", "filter_probs", "check_sampling", "generate"]
+__all__ = ["Decoder", "next_token", "filter_probs", "check_sampling", "generate"]
+
+
+@runtime_checkable
+class Decoder(Protocol):
+    """What :func:`generate` reads of a model: ``models.language_model.GPTModel`` (its
+    ``logits`` and key/value cache when ``vocab_parallel`` is False) and the pipeline's
+    forward (distributed/pipeline_eval.py ``PipelineForward``, always vocabulary-parallel)."""
+
+    cfg: Any
+
+    @property
+    def vocab_parallel(self) -> bool:
+        """Whether no rank has whole logits: decode through :meth:`greedy_next` /
+        :meth:`next_logits` (collectives of the ranks that hold the shards)."""
+
+    def greedy_next(self, input_ids) -> int: ...
+
+    def next_logits(self, input_ids) -> np.ndarray: ...
 
 
 def check_sampling(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> None:
@@ -74,8 +92,8 @@ def next_token(logits: np.ndarray, temperature: float = 0.0, top_k: int = 0,
     return int(rng.choice(probs.size, p=probs))
 
 
-def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
-             top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+def generate(model: Decoder, prompt_ids: Sequence[int], max_new_tokens: int,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              context_length: Optional[int] = None, stop_id: Optional[int] = None,
              cache: bool = True) -> List[int]:
     """The ids that follow ``prompt_ids`` (at most ``max_new_tokens``; ends early at
@@ -87,7 +105,7 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, temperature:
         raise ValueError("the prompt is empty; generation needs at least one token")
     context = int(context_length or model.cfg.seq_length)
     rng = np.random.default_rng(seed)
-    if getattr(model, "vocab_parallel", False):
+    if model.vocab_parallel:
         return _next_ids_parallel(model, ids, int(max_new_tokens), context, stop_id,
                                   lambda window: model.greedy_next(window) if temperature == 0
                                   else next_token(model.next_logits(window), temperature,

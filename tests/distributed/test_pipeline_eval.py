@@ -67,3 +67,6 @@ def test_stage_forward_equals_the_whole_model(model_dict, lps):
     assert not first.next_logits(prompt).any()
     np.testing.assert_allclose(last.next_logits(prompt), whole, rtol=1e-5, atol=1e-6)
     assert first.vocab_parallel and first.cfg is model.cfg
+    from mindformers_core.models.generation import Decoder
+    assert isinstance(first, Decoder) and isinstance(model, Decoder)
+    assert not model.vocab_parallel
