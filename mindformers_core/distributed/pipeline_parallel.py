@@ -4,7 +4,7 @@ The reduction of the run's layout when ``parallelism.pipeline_parallel`` > 1
 (``distributed.setup.ParallelRun`` runs its schedule). World = ``pp * dp`` ranks in Megatron
 order (core/parallel_dims.py): the ``pp`` ranks of one data-parallel index form one pipeline
 (its ``pp`` group), the ``dp`` ranks of one stage hold the same stage (its ``dp`` group).
-Under pp x tp (x ep) World = ``pp * dp * tp``: each stage's ``tp`` ranks hold one tensor-
+Under pp x tp (x ep) the world is ``pp * dp * tp``: each stage's ``tp`` ranks hold one tensor-
 parallel replica of the stage, and the stage's data-parallel reduction below is the tensor-
 (and expert-) parallel one (:meth:`set_stage_reduction`; docs/pipeline_parallel.md).
 Per optimizer step:
