@@ -2,8 +2,9 @@
 same global batch: the runs shared by the worker and the single-process reference.
 
 configs/muon_deepseek_v3_tiny.yaml's tiny DeepSeek-V3 (4 routed experts, top-2, shared
-expert, aux loss, expert bias, MLA) with ``model.num_layers: 4`` (3 MoE layers),
-``optimizer.qk_clip_threshold: 1.0``, global batch 8 = dp 2 x local
+expert, aux loss, expert bias, MLA; its 2 layers: a dense one, then a MoE one; more layers
+only repeat the MoE layer's communication and cost suite time), ``optimizer.qk_clip_threshold:
+1.0``, global batch 8 = dp 2 x local
 batch 2 x 2 micro-batches (one process: 4 micro-batches of 2), learning rate 1e-3, 10 steps,
 a metrics row every step, no eval, no sample, no checkpoints. At world 4 the folding
 (core/parallel_dims.py) makes the ep group the tp group and edp the dp group.
@@ -20,7 +21,7 @@ CONFIG = os.path.join(ROOT, "configs", "muon_deepseek_v3_tiny.yaml")
 STEPS = 10
 WORKERS = 4
 
-BASE = ["model.num_layers=4", "optimizer.qk_clip_threshold=1.0",
+BASE = ["optimizer.qk_clip_threshold=1.0",
         "training.global_batch_size=8", "training.local_batch_size=2",
         "lr_scheduler.learning_rate=1e-3", f"training.steps={STEPS}", "training.log_interval=1",
         "checkpoint.enable_save=false"]
