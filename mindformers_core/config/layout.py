@@ -16,7 +16,8 @@ until they are):
     tensor parallel (+sp)  x data parallel with ZeRO-1 (strategies no_shard / optim)
     expert parallel        x data parallel (ep carved out of dp), ZeRO-1 (no_shard / optim)
     tp x ep                ep folded over tp x dp (core/parallel_dims.py), ZeRO-1 over dp
-    pipeline parallel      x data parallel with ZeRO-1 (no_shard / optim), 1F1B or interleaved
+    pipeline parallel      x data parallel with ZeRO-1 (no_shard / optim), 1F1B or interleaved;
+                           x FSDP (optim_grads / optim_grads_params over each stage's dp)
     pp x ep                ep carved out of each stage's dp (DeepSeek-V3's pp x ep x ZeRO-1 dp),
                            experts' gradients over the stage's edp
     pp x tp (x ep)         tp (+sp) inside each stage, ep folded over the stage's tp x dp
@@ -26,9 +27,9 @@ until they are):
     cp x ep                ep folded over cp x dp (core/parallel_dims.py), ZeRO-1 over dp x cp
 
 The refusals in words: ``tensor_parallel`` with a gradient/parameter-sharding strategy
-(tp x FSDP); ``expert_parallel`` with FSDP;
-``pipeline_parallel`` with a gradient/parameter-sharding strategy (pp x FSDP); ``context_parallel`` with ``pipeline_parallel``, with a strategy other
-than ``optim``, or with both ``tensor_parallel`` and ``expert_parallel`` (cp x tp x ep).
+(tp x FSDP, so pp x tp x FSDP too); ``expert_parallel`` with FSDP; ``context_parallel`` with
+``pipeline_parallel``, with a strategy other than ``optim``, or with both ``tensor_parallel``
+and ``expert_parallel`` (cp x tp x ep).
 """
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ LAYOUT_TABLE = (
     ("tp x ep",
      "tp (+sp) x ep (ep divides dp, folded over tp x dp) with ZeRO-1 (no_shard / optim)"),
     ("pipeline parallel", "pp x dp with ZeRO-1 (no_shard / optim), 1F1B or interleaved 1F1B"),
+    ("pp x FSDP", "pp x dp with optim_grads / optim_grads_params over each stage's dp, "
+                  "1F1B or interleaved 1F1B"),
     ("pp x ep", "pp x ep (ep divides each stage's dp) with ZeRO-1 (no_shard / optim)"),
     ("pp x tp", "pp x tp (+sp) x dp, and x ep (folded over each stage's tp x dp), "
                 "with ZeRO-1 (no_shard / optim)"),
@@ -80,8 +83,6 @@ def check_layout(dims: ParallelDims) -> None:
     if dims.cp > 1:
         _check_context(dims)
     for field, size, kind, use in (
-            ("pipeline_parallel", dims.pp, "pp", "ZeRO-1 over the data-parallel ranks of each "
-                                                 "stage"),
             ("tensor_parallel", dims.tp, "tp", "ZeRO-1 over the data-parallel ranks of each "
                                                "tp shard"),
             ("expert_parallel", dims.ep, "ep", "ZeRO-1; the expert weights keep their whole "
@@ -128,10 +129,12 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
     if dims.world == 1:
         return []
     if dims.pp > 1:
-        if dims.cp > 1 or _shards_grads(dims):
+        if dims.cp > 1 or (_shards_grads(dims) and (dims.tp > 1 or dims.ep > 1)):
             raise ValueError(f"no builder for pipeline parallel with {dims.describe()}")
-        # each stage cut over its tp group, then its experts over its ep group (setup.py)
+        # each stage cut over its tp group, then its experts over its ep group, or its
+        # weights / gradients sharded over its dp group (setup.py)
         return (["pipeline"] + (["tensor"] if dims.tp > 1 else [])
+                + (["fsdp"] if _shards_grads(dims) else [])
                 + (["expert"] if dims.ep > 1 else []))
     if dims.cp > 1:
         if not _cp_runs(dims):

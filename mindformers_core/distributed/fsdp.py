@@ -32,7 +32,9 @@ Limits of ``optim_grads_params`` here (each a ConfigError from :func:`apply_fsdp
 ``training.jit`` runs as ``none`` (the units are PyNative Cells with collectives; another
 value written in the config is refused), no
 multi-token prediction (its layers read the shared embedding outside the units), tensor /
-pipeline / context parallel sizes 1. Outside the units (the model's ``logits``,
+context parallel sizes 1 (config/layout.py). Under pipeline parallel each stage's weights are
+split over its own dp group: the pipeline's stage runs the same units (core/pipeline_split.py
+picks the stage's layers) and this reducer is the stage's reduction (distributed/setup.py). Outside the units (the model's ``logits``,
 ``hidden_states`` and generation's key/value-cache decoder) the weights are gathered one layer
 at a time through :meth:`FSDPRunner.full_weights`, a collective: every rank of the ``dp`` group
 generates together (trainer/progress.py). The side effect of recomputation
@@ -54,7 +56,7 @@ from .collectives import GroupCommunicator
 from .fsdp_layout import FSDP_GROUP, fsdp_specs
 from .grad_reduce import DataParallelGradReducer
 from .model_runner import RunnerDefaults, run_layer_steps
-from .shard_params import keep_shard
+from .shard_params import cut_parameters
 from .shard_spec import ShardSpec, sharded_grad_norm
 from .zero import ZeroSharding
 
@@ -165,11 +167,11 @@ class FSDPRunner(RunnerDefaults):
 
 
 def shard_model(model, specs: Dict[str, ShardSpec], index: int) -> None:
-    """Replace the data of every parameter in ``specs`` by its shard ``index`` (same name and
-    dtype) and record the layouts (``model.shard_specs()``)."""
-    for p in model.get_parameters():
-        if p.name in specs:
-            keep_shard(p, specs[p.name], index)
+    """Replace every parameter in ``specs`` by a new Parameter holding its shard ``index``
+    (same name and dtype; shard_params.py: under an interleaved pipeline a virtual stage's
+    backward differentiates the rank's other virtual stage's weights, and an in-place cut
+    gave those zeros of the whole shape) and record the layouts (``model.shard_specs()``)."""
+    cut_parameters(model, specs, index)
     model.set_shard_specs(specs)
 
 
@@ -311,7 +313,9 @@ def apply_fsdp(cfg, reducer, model, comm: Optional[GroupCommunicator] = None):
     world = reducer.world_size
     if not isinstance(reducer, DataParallelGradReducer) or world == 1:
         return reducer, model
-    _, num_shards = par.dp_shard(cfg.data_parallel(world))
+    # a pipeline stage's reduction is over its dp group, and says its data-parallel size
+    dp = reducer.data_parallel if reducer.data_parallel is not None else cfg.data_parallel(world)
+    _, num_shards = par.dp_shard(dp)
     split_on = shards_grads(strategy) and num_shards > 1
     if not split_on and par.disable_gradient_division and strategy != "no_shard":
         return reducer, model
@@ -323,7 +327,7 @@ def apply_fsdp(cfg, reducer, model, comm: Optional[GroupCommunicator] = None):
     trainable = [(p.name, tuple(p.shape)) for p in model.trainable_params()]
     specs = fsdp_specs(trainable, num_shards) if split_on else {}
     if shards_params(strategy) and specs:
-        shard_model(model, specs, comm.mesh.local_rank(FSDP_GROUP, reducer.rank))
+        shard_model(model, specs, comm.mesh.local_rank(FSDP_GROUP, comm.rank))
         model.set_runner(FSDPRunner(model, comm, set(specs)))
     return FSDPGradReducer(reducer, comm, strategy, specs, num_shards,
                            par.disable_gradient_division), model

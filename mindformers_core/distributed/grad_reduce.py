@@ -141,7 +141,7 @@ class DataParallelGradReducer:
         """SUM the MoE token-per-expert counts over ranks (one all-reduce) before the
         aux-loss-free expert-bias update, so every rank applies the single-process update of
         the global batch and the replicas stay identical."""
-        if self.world_size == 1 or not hasattr(model, "get_tokens_per_expert"):
+        if self.world_size == 1:
             return
         loads = model.get_tokens_per_expert()
         if not loads:

@@ -77,23 +77,37 @@ def merge_stage_payloads(tensors: Dict[str, np.ndarray], parts: list,
     return merged
 
 
+def _spec_of(key: str, arr: np.ndarray, specs: Mapping[str, ShardSpec]):
+    """The layout of entry ``key``: its parameter's spec when the entry is a shard, None when
+    it is whole (an FSDP parameter's optimizer slots: ZeRO-1's collective ``state_dict``
+    gathered them over the same dp group its weight is split over)."""
+    spec = specs.get(param_of(key))
+    if spec is None or tuple(np.shape(arr)) == tuple(spec.full_shape):
+        return None
+    return spec
+
+
 def sharded_entries(payload: Dict[str, np.ndarray], specs: Mapping[str, ShardSpec]
                     ) -> Dict[str, np.ndarray]:
-    """The entries of ``payload`` (model weights and optimizer slots) of a sharded parameter."""
-    return {k: v for k, v in payload.items() if param_of(k) in specs}
+    """The entries of ``payload`` (model weights and optimizer slots) that are a shard of a
+    sharded parameter."""
+    return {k: v for k, v in payload.items() if _spec_of(k, v, specs) is not None}
 
 
 def sender_entries(payload: Dict[str, np.ndarray], specs: Mapping[str, ShardSpec],
                    coords: Mapping[str, int]) -> Dict[str, np.ndarray]:
     """The entries of this stage's ``payload`` that the rank at ``coords`` sends (module
-    docstring): a replicated entry from the stage's first replica (every coordinate of the
-    ranks holding it 0: dp, tp), an entry split over group ``g`` from the ranks whose other
-    replicating coordinates are 0 (``tp``: dp 0; ``ep``: edp 0), so each piece comes once."""
+    docstring): a whole entry from the stage's first replica (every coordinate of the ranks
+    holding it 0: dp, tp), a shard over group ``g`` from the ranks whose other replicating
+    coordinates are 0 (``tp``: dp 0; ``dp``, FSDP: tp 0; ``ep``: edp 0), so each piece comes
+    once."""
     def sends(spec: ShardSpec) -> bool:
         if spec is None:
             return coords["dp"] == 0 and coords["tp"] == 0
-        return coords["edp"] == 0 if spec.group == "ep" else coords["dp"] == 0
-    return {k: v for k, v in payload.items() if sends(specs.get(param_of(k)))}
+        if spec.group == "ep":
+            return coords["edp"] == 0
+        return all(coords[axis] == 0 for axis in ("dp", "tp") if axis != spec.group)
+    return {k: v for k, v in payload.items() if sends(_spec_of(k, v, specs))}
 
 
 def join_shards(parts: Sequence[Dict[str, np.ndarray]], coords: Sequence[Mapping[str, int]],
@@ -104,7 +118,7 @@ def join_shards(parts: Sequence[Dict[str, np.ndarray]], coords: Sequence[Mapping
     pieces: Dict[str, Dict[int, np.ndarray]] = {}
     rest = []
     for part, where in zip(parts, coords):
-        rest.append({k: v for k, v in part.items() if param_of(k) not in specs})
+        rest.append({k: v for k, v in part.items() if _spec_of(k, v, specs) is None})
         for key, arr in sharded_entries(part, specs).items():
             index = int(where[specs[param_of(key)].group])
             got = pieces.setdefault(key, {})

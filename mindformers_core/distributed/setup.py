@@ -107,14 +107,19 @@ class ParallelRun:
     def parallelize(self, model):
         """This rank's model, cut by every builder of the layout, in their one order: TP/SP
         slices, the FSDP strategy, the EP cut. (The pipeline keeps its stage in ``attach``,
-        after any checkpoint load; under pp x tp / pp x ep each stage's data-parallel
-        reduction is the tensor- / expert-parallel one, the latter wrapping the former.)"""
+        after any checkpoint load; under pp x tp / pp x FSDP / pp x ep each stage's
+        data-parallel reduction is the tensor-parallel / FSDP / expert-parallel one, the
+        last wrapping the tensor-parallel one.)"""
         if "tensor" in self.steps:   # the model cuts itself (models/tp_model.py)
             model = model.apply_tensor_parallel(self.group_comm)
             self._tensor.bind_model(model)
-        if "fsdp" in self.steps:
+        if "fsdp" in self.steps:   # pp x FSDP: over each stage's dp group
             from .fsdp import apply_fsdp
-            self.reducer, model = apply_fsdp(self.cfg, self.reducer, model, self.group_comm)
+            if self.pipeline is not None:
+                data, model = apply_fsdp(self.cfg, self.pipeline.data, model, self.group_comm)
+                self.pipeline.set_stage_reduction(data)
+            else:
+                self.reducer, model = apply_fsdp(self.cfg, self.reducer, model, self.group_comm)
         if "context" in self.steps:   # the model keeps its chunks (models/cp_model.py)
             from ..config.context_parallel_rules import ulysses_degree
             par = self.cfg.parallelism

@@ -84,6 +84,9 @@ class Optimizer:
 
     #: name of the optimizer in error messages
     optimizer_name = "Optimizer"
+    #: whether ``state_dict()`` is a collective every rank must call (a sharded state's:
+    #: distributed/zero.py); the trainer's save reads it
+    collective_state_dict = False
 
     def __init__(self, params_or_groups, defaults: Dict[str, Any], *,
                  store_param_remainders: bool = False,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["tensor_to_numpy", "jsonable"]
+__all__ = ["tensor_to_numpy", "jsonable", "state_arrays"]
 
 
 def tensor_to_numpy(param) -> tuple:
@@ -13,6 +13,21 @@ def tensor_to_numpy(param) -> tuple:
     if param.dtype == ms.bfloat16:
         return param.astype(ms.float32).asnumpy(), "bfloat16"
     return param.asnumpy(), None
+
+
+def state_arrays(state: dict) -> tuple:
+    """``(arrays, scalars)`` of an optimizer ``state_dict``: its numpy arrays and MindSpore
+    tensors (as numpy arrays, fp32 for bf16) apart from its plain values."""
+    import mindspore as ms
+    arrays, scalars = {}, {}
+    for key, value in state.items():
+        if isinstance(value, np.ndarray):
+            arrays[key] = value
+        elif isinstance(value, ms.Tensor):   # a Parameter too
+            arrays[key] = tensor_to_numpy(value)[0]
+        else:
+            scalars[key] = value
+    return arrays, scalars
 
 
 def jsonable(value):

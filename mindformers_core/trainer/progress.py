@@ -79,7 +79,7 @@ class RunProgress:
         self.t.log(f"output files ({when}):\n  " + "\n  ".join(self.output_files()))
 
     def group_counts(self) -> dict:
-        groups = getattr(self.t.optimizer, "param_groups", [])
+        groups = self.t.optimizer.param_groups
         # a pipeline rank's optimizer holds its stage's parameters only
         tag = " (this stage)" if self.t.parallel.dims.pp > 1 else ""
         return {str(g.get("name", i)) + tag: sum(int(p.size) for p in g["params"])

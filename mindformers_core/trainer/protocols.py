@@ -7,6 +7,8 @@ through one interface for every layout, with no check at all:
 * :class:`RunLayout` this process's part of the run's layout
   (``distributed.setup.ParallelRun``; :class:`trainer.grad_reducer.IdentityGradReducer` is the
   single-process one that tests pass to the helpers taking a layout);
+* :class:`TrainData` the training data (``data.builder.TrainDataset``): its micro-batches,
+  its resume position and the corpus' entropy floor when known;
 * :class:`ExpertBiasModel` MoE models with the aux-loss-free expert-bias update, and
   :class:`MoEStatsModel` those whose expert loads a skipped step must drop;
 * :class:`MaxLogitsModel` models that track max attention logits (QK-Clip input);
@@ -20,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tupl
 
 from ..optim.qk_clip import QKClipModel  # declared where QK-Clip reads it
 
-__all__ = ["RunLayout", "ExpertBiasModel", "MoEStatsModel", "MaxLogitsModel", "QKClipModel",
+__all__ = ["RunLayout", "TrainData", "ExpertBiasModel", "MoEStatsModel", "MaxLogitsModel", "QKClipModel",
            "QKClipOptimizer"]
 
 
@@ -96,6 +98,25 @@ class RunLayout(Protocol):
 
     def broadcast_flag(self, flag: bool) -> bool:
         """True on every rank when any rank raised ``flag``."""
+
+
+@runtime_checkable
+class TrainData(Protocol):
+    """What the trainer reads of its training data (data/builder.py ``TrainDataset``)."""
+
+    @property
+    def entropy_floor(self) -> Optional[float]:
+        """The corpus' exact entropy rate in nats/token, or None when unknown."""
+
+    def micro_batch(self, step: int, micro_index: int, num_micro: int, local_batch_size: int,
+                    step_start: Optional[int] = None) -> Dict[str, Any]:
+        """This rank's micro-batch ``micro_index`` of ``num_micro`` in step ``step``."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The data position a checkpoint stores."""
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continue from a checkpoint's data position."""
 
 
 @runtime_checkable

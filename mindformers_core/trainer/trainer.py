@@ -47,7 +47,7 @@ from ..checkpoint.async_writer import AsyncCheckpointWriter, snapshot
 from ..checkpoint.lineage import start_lineage
 from ..checkpoint.foreign import resolve_start
 from .monitor import TrainStateMonitor
-from .payload import jsonable, tensor_to_numpy
+from .payload import jsonable, state_arrays, tensor_to_numpy
 from .moe_metrics import log_due, moe_step_stats
 from .preflight import estimate_checkpoint_bytes, preflight_run_dirs
 from .profiler import StepProfiler
@@ -133,7 +133,7 @@ class Trainer:
         # muP: the model's half (hidden init std / sqrt(w), logits x 1/w); the optimizer's half
         # (per-group lr / eps) comes from optimizer.mup in build_optimizer
         self.mup_width_mult: Optional[float] = None
-        if getattr(cfg.optimizer, "mup", None) is not None:
+        if cfg.optimizer.mup is not None:
             from ..optim.mup import mup_width_mult
             self.mup_width_mult = mup_width_mult(cfg.model.hidden_size, cfg.optimizer.mup)
         if model is None:
@@ -181,7 +181,7 @@ class Trainer:
         self.dataset = dataset
         from .progress import RunProgress
         self.progress = RunProgress(self, eval_dataset, tokenizer)
-        self.entropy_floor = getattr(dataset, "entropy_floor", None)
+        self.entropy_floor = dataset.entropy_floor   # trainer.protocols.TrainData
         self._grad_fn = make_grad_fn(self.model, self.optimizer.parameters)
         self.resumed_from: Optional[str] = None
         if loaded is not None:
@@ -200,9 +200,8 @@ class Trainer:
         """Static scale when ``optimizer.loss_scale`` is set (any dtype), dynamic when the
         model's params or compute dtype is float16, else none (fp32/bf16 need no scaling)."""
         opt_cfg = self.cfg.optimizer
-        fp16 = "float16" in (getattr(self.cfg.model, "params_dtype", ""),
-                             getattr(self.cfg.model, "compute_dtype", ""))
-        if getattr(opt_cfg, "loss_scale", None) is None and not fp16:
+        fp16 = "float16" in (self.cfg.model.params_dtype, self.cfg.model.compute_dtype)
+        if opt_cfg.loss_scale is None and not fp16:
             return None
         from ..optim.loss_scale_bound import loss_scale_problem
         problem = loss_scale_problem(opt_cfg, self.cfg.model)
@@ -304,23 +303,17 @@ class Trainer:
                 dtypes[f"model.{param.name}"] = orig
         state = {"train_state": self.state.to_dict(), "has_optimizer": False}
         if not self.ckpt_cfg.no_save_optim:
-            scalars = {}
             sd = self.optimizer.state_dict() if optimizer_state is None else optimizer_state
-            for key, value in sd.items():
-                if isinstance(value, np.ndarray):
-                    tensors[f"optim.{key}"] = value
-                elif hasattr(value, "asnumpy"):
-                    tensors[f"optim.{key}"] = tensor_to_numpy(value)[0]
-                else:
-                    scalars[key] = jsonable(value)
-            state["optimizer_scalars"] = scalars
+            arrays, scalars = state_arrays(sd)
+            tensors.update({f"optim.{key}": value for key, value in arrays.items()})
+            state["optimizer_scalars"] = jsonable(scalars)
             state["optimizer_tensors"] = optimizer_tensor_names(tensors)
             state["has_optimizer"] = True
         state["last_lr"] = self.writer.last_lr
         rng_json, rng_arrays = capture_rng_state()
         state["rng"] = rng_json
         tensors.update({f"rng.{k}": v for k, v in rng_arrays.items()})
-        state["data"] = jsonable(self.dataset.state_dict()) if hasattr(self.dataset, "state_dict") else None
+        state["data"] = jsonable(self.dataset.state_dict())
         state["loss_scaler"] = (jsonable(self.loss_scaler.state_dict())
                                 if self.loss_scaler is not None else None)
         return tensors, dtypes, state
@@ -332,8 +325,7 @@ class Trainer:
                 self.model, self.optimizer, not self.ckpt_cfg.no_save_optim):
             return save_sharded(self, write_hook)   # every rank its part (sharded_save.py)
         # a sharded optimizer's state_dict is a collective: every rank gathers, rank 0 writes
-        collective = (getattr(self.optimizer, "collective_state_dict", False)
-                      and not self.ckpt_cfg.no_save_optim) or self.parallel.collective_checkpoint
+        collective = (self.optimizer.collective_state_dict and not self.ckpt_cfg.no_save_optim) or self.parallel.collective_checkpoint
         if self.rank != 0 and not collective:
             return None
         tensors, dtypes, state = self.checkpoint_payload()
@@ -453,7 +445,7 @@ class Trainer:
             grads, clipped = clip_by_norm(grads, norm, tr.max_norm)
             if clipped:
                 self.state.total_clipped += 1
-            if getattr(self.cfg.optimizer, "log_num_zeros_in_grad", False):
+            if self.cfg.optimizer.log_num_zeros_in_grad:
                 num_zeros = int(sum(int((g == 0).sum().asnumpy()) for g in grads))
             self.optimizer.set_group_lrs(lrs)
             self.optimizer.step(grads)
@@ -521,7 +513,7 @@ class Trainer:
         self.writer.open(resume_step=self.state.step if self.resumed_from else 0)
         self._write_resolved_config()
         if self.state.step == 0:
-            self.log(self.plan.format() if hasattr(self.plan, "format") else str(self.plan))
+            self.log(self.plan.format())
             self.log(format_memory_plan(plan_memory(self.cfg, self.plan.world_size)))
             layout = self.parallel.describe(self.num_micro_batches())
             if layout is not None:
@@ -583,7 +575,7 @@ class Trainer:
         with open(os.path.join(self.output_dir, "resolved_config.yaml"), "w",
                   encoding="utf-8") as fh:
             yaml.safe_dump(self.cfg.to_dict(), fh, sort_keys=False)
-        plan = self.plan.to_dict() if hasattr(self.plan, "to_dict") else {}
+        plan = self.plan.to_dict()
         with open(os.path.join(self.output_dir, "run_plan.yaml"), "w", encoding="utf-8") as fh:
             yaml.safe_dump(jsonable(plan), fh, sort_keys=False)
 

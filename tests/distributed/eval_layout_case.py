@@ -26,6 +26,7 @@ TP = ("parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true")
 EP = ("parallelism.expert_parallel=2",)
 PP = ("parallelism.pipeline_parallel=2",)
 CP = ("parallelism.context_parallel=2", "parallelism.context_parallel_method=colossal")
+FSDP = ("parallelism.data_parallel_shard_strategy=optim_grads_params",)
 #: the final checkpoint of the layout's run (``save``), under its run directory
 SAVE = ("checkpoint.enable_save=true",)
 #: the step after the first evaluation (at 5)
@@ -46,14 +47,18 @@ class EvalLayout:
 
 
 LAYOUTS = {
-    "fsdp": EvalLayout(2, "gpt", ("parallelism.data_parallel_shard_strategy=optim_grads_params",),
-                       save=True),
+    "fsdp": EvalLayout(2, "gpt", FSDP, save=True),
     "pp2": EvalLayout(2, "gpt", PP, save=True),
     "tp2dp2": EvalLayout(4, "gpt", TP, save=True, generate=True),
     "ep2": EvalLayout(2, "dsv3", EP, save=True),
     # the composed layouts: pp2 x dp2 (ZeRO-1 in each stage), cp2 x dp2 (ZeRO-1)
     "pp2dp2": EvalLayout(4, "gpt", PP, save=True, no_eval=True),
+    # pp2 x FSDP: each stage's weights split over its 2 dp ranks (gathered per layer)
+    "pp2fsdp2": EvalLayout(4, "gpt", PP + FSDP, save=True),
     "cp2dp2": EvalLayout(4, "gpt", CP, no_eval=True),
+    # cp2 x tp2 (sequence parallel): each cp rank's tp group decodes the whole prompt (its
+    # vocabulary-parallel logits, the last position's top token over tp)
+    "cp2tp2": EvalLayout(4, "gpt", CP + TP),
     # tp2 x ep2 (sequence parallel): ep folds over the tp group at world 4; in its step 3
     # one rank's experts get no token (the case that distributed/shard_params.py is about)
     "tp2ep2": EvalLayout(4, "dsv3", TP + EP, save=True),

@@ -1,5 +1,6 @@
-"""The pipeline x data-parallel cases, and pipeline x expert x data parallel (issue [2/8]), shared by the msrun worker and the
-1-process reference; plain data, so the layout-matrix harness can take them over.
+"""The pipeline x data-parallel cases (ZeRO-1 and FSDP inside each stage), and pipeline x
+expert (x tensor) parallel (issue [2/8]), shared by the msrun worker and the 1-process
+reference; plain data, so the layout-matrix harness can take them over.
 
 Each case is a real Trainer run of ``STEPS`` steps on the global batch of the acceptance
 check: 8 sequences, local batch 2, ``lr_scheduler.learning_rate=1e-3``. On 4 workers as
@@ -31,6 +32,24 @@ CASES = {
         "layout": ["parallelism.pipeline_parallel=2",
                    "parallelism.pipeline_parallel_schedule=1f1b"],
         "resume": True},
+    # FSDP inside each stage (optim_grads_params, interleave 2: four layers, two per rank):
+    # each stage's weights split over its 2 dp ranks, gathered per layer in every
+    # forward and backward, gradients reduce-scattered there
+    "gpt_pp2_fsdp2_vpp2": {
+        "config": "markov_check.yaml",
+        "overrides": ["model.num_layers=4"],
+        "layout": ["parallelism.pipeline_parallel=2",
+                   "parallelism.pipeline_parallel_interleave_num=2",
+                   "parallelism.data_parallel_shard_strategy=optim_grads_params"],
+        "resume": True},
+    # gradient sharding only (optim_grads) under 1f1b: the weights whole, each stage's
+    # gradients reduce-scattered over its dp group after the micro-batches
+    "gpt_pp2_fsdp_grads": {
+        "config": "markov_check.yaml", "overrides": [],
+        "layout": ["parallelism.pipeline_parallel=2",
+                   "parallelism.pipeline_parallel_schedule=1f1b",
+                   "parallelism.data_parallel_shard_strategy=optim_grads"],
+        "resume": False},
     # the acceptance's tiny DeepSeek-V3 (MLA, MoE with expert bias and aux loss) with Muon,
     # interleave 2, plus one MTP depth (on the last stage; the embedding table shared with
     # the first); QK-Clip at threshold 0.05, not the acceptance's 1.0: at seq_length 16 the

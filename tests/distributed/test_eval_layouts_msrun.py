@@ -1,6 +1,7 @@
 """Held-out evaluation and the end-of-run greedy sample under every layout of
 ``eval_layout_case.LAYOUTS`` (fully sharded parameters, pp2, tp2 x dp2, ep2 with the tiny
-DeepSeek-V3; the composed pp2 x dp2 and cp2 x dp2), each on msrun workers
+DeepSeek-V3; the composed pp2 x dp2, pp2 x FSDP, cp2 x dp2, cp2 x tp2, tp2 x ep2, pp2 x ep2
+and pp2 x tp2 x ep2), each on msrun workers
 (tests/distributed/eval_layout_worker.py) against one process on the quickstart config as
 issue 31's hidden check runs it (``eval_layout_case.QUICK``):
 
@@ -12,7 +13,8 @@ issue 31's hidden check runs it (``eval_layout_case.QUICK``):
 * the composed layouts: the rows of a run without evaluation equal those of the run with one
   at step 5, bit for bit (an evaluation changes no training state);
 * ``python -m mindformers_core.tools.generate`` on one process from each saved checkpoint (the
-  sharded ones of FSDP, tp x dp with ZeRO-1, ep, pp x dp; the gathered one of pp)
+  sharded ones of FSDP, tp x dp with ZeRO-1, ep; the gathered ones of pp, pp x dp and
+  pp x FSDP)
   prints the run's end-of-run sample, the 1-process sample of the same weights; on the 4
   msrun workers of tp2 x dp2 (the run's config and layout) rank 0 prints it."""
 import os

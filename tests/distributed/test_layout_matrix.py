@@ -114,6 +114,12 @@ def test_every_point_is_accepted_with_a_builder_or_refused_naming_a_parallelism_
      ["pipeline", "tensor", "expert"]),
     (16, dict(model="deepseek_v3", pp=2, tp=2, ep=4, strategy="no_shard"),
      ["pipeline", "tensor", "expert"]),
+    # FSDP inside each stage (over its dp group)
+    (4, dict(model="gpt", pp=2, strategy="optim_grads_params", global_batch=8),
+     ["pipeline", "fsdp"]),
+    (8, dict(model="qwen3", pp=2, vpp=2, strategy="optim_grads"), ["pipeline", "fsdp"]),
+    (4, dict(model="deepseek_v3", pp=2, strategy="optim_grads_params", global_batch=8),
+     ["pipeline", "fsdp"]),
 ])
 def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
     assert verdict(monkeypatch, world, **point) == ("accepted", want)
@@ -131,8 +137,6 @@ def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
     (4, dict(model="deepseek_v3", pp=2, ep=2, strategy="optim_grads"),
      "parallelism.data_parallel_shard_strategy"),
     (8, dict(model="deepseek_v3", pp=2, tp=2, ep=8), "parallelism.expert_parallel"),
-    (4, dict(model="gpt", pp=2, strategy="optim_grads_params", global_batch=8),
-     "parallelism.data_parallel_shard_strategy"),
     (8, dict(model="deepseek_v3", cp=2, tp=2, ep=2), "parallelism.expert_parallel"),
     (4, dict(model="gpt", cp=2, tp=2, strategy="optim_grads"),
      "parallelism.data_parallel_shard_strategy"),
@@ -175,9 +179,6 @@ CLI_POINTS = [
                                       "parallelism.sequence_parallel=true",
                                       "parallelism.data_parallel_shard_strategy="
                                       "optim_grads_params",
-                                      "training.global_batch_size=8"]),
-    (4, "configs/markov_check.yaml", ["parallelism.pipeline_parallel=2",
-                                      "parallelism.data_parallel_shard_strategy=optim_grads",
                                       "training.global_batch_size=8"]),
     (8, "configs/muon_deepseek_v3_tiny.yaml", ["parallelism.context_parallel=2",
                                                "parallelism.tensor_parallel=2",
@@ -243,6 +244,12 @@ CLI_ACCEPTED = [
                                                "model.num_nextn_predict_layers=0",
                                                "training.global_batch_size=8",
                                                "training.local_batch_size=2"]),
+    # pp x FSDP (ppdp_case.py): each stage's weights split over its dp group
+    (4, "configs/markov_check.yaml", ["parallelism.pipeline_parallel=2",
+                                      "parallelism.data_parallel_shard_strategy="
+                                      "optim_grads_params",
+                                      "training.global_batch_size=8",
+                                      "training.local_batch_size=2"]),
 ]
 
 

@@ -1,10 +1,14 @@
-"""Pipeline x data parallel on 4 msrun CPU workers (pp2 x dp2, ZeRO-1 inside each stage) ==
+"""Pipeline x data parallel on 4 msrun CPU workers (pp2 x dp2, ZeRO-1 or FSDP inside each stage) ==
 1 process on the same global batch (issue [2/8]).
 
 One msrun launch runs every case of ``ppdp_case.CASES`` through the real Trainer (10 steps,
 global batch 8, local batch 2, lr 1e-3):
 
 * ``gpt_pp2_dp2``: the GPT of configs/markov_check.yaml with AdamW under 1f1b;
+* ``gpt_pp2_fsdp2_vpp2``: a 4-layer GPT, FSDP inside each stage (``optim_grads_params``: each
+  stage's weights split over its dp group), interleave 2;
+* ``gpt_pp2_fsdp_grads``: the GPT under ``optim_grads`` (gradients reduce-scattered over each
+  stage's dp group), 1f1b, not resumed;
 * ``dsv3_pp2_dp2_vpp2``: a 4-layer tiny DeepSeek-V3 with Muon, QK-Clip (threshold 0.05),
   expert bias, MoE aux loss and one MTP depth, interleave 2;
 * ``dsv3_pp2_ep2``: the same under pp2 x ep2 (ep carved out of each stage's dp), 1f1b;

@@ -22,7 +22,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from tpep_case import (CASES, CKPT_CASE, SAVE_AT, STEPS, WORKERS, checkpoint_at,  # noqa: E402
+from tpep_case import (CASES, CKPT_CASE, MOE_LAYERS, SAVE_AT, STEPS, WORKERS, checkpoint_at,  # noqa: E402
                        reference)
 from msrun_util import read_metrics, rel_err  # noqa: E402
 from rank_layout import load_layouts, single_process  # noqa: E402
@@ -65,7 +65,7 @@ def test_loss_grad_norm_and_routing_match_one_process(runs, references, case):
         assert g.get("qk_clipped_heads") == w.get("qk_clipped_heads"), g["step"]
         if "max_attention_logit" in w:
             assert g["max_attention_logit"] == pytest.approx(w["max_attention_logit"], rel=1e-4)
-        for layer in ("1", "2", "3"):   # the 3 MoE layers: the micro-batches' global loads
+        for layer in MOE_LAYERS:   # the micro-batches' global loads
             gl, wl = g["moe"]["layers"][layer], w["moe"]["layers"][layer]
             assert gl["tokens_per_expert"] == wl["tokens_per_expert"], (g["step"], layer)
             assert gl["aux_loss"] == pytest.approx(wl["aux_loss"], rel=1e-4)
@@ -85,7 +85,7 @@ def test_each_rank_holds_its_slices_and_experts(runs, references, case):
         groups = {s[2] for s in meta["specs"].values()}
         assert groups == {"tp", "ep"}, groups
         experts = [k for k, s in meta["specs"].items() if s[2] == "ep"]
-        assert len(experts) == 6   # weight1 / weight2 of 3 MoE layers
+        assert len(experts) == 2 * len(MOE_LAYERS)   # weight1 / weight2 of each MoE layer
         for name, (full, dim, group, n) in meta["specs"].items():
             spec = ShardSpec(tuple(full), dim, group, n)
             want = shard(spec, ref[name], dims.coords(rank)[group])

@@ -20,6 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 CONFIG = os.path.join(ROOT, "configs", "muon_deepseek_v3_tiny.yaml")
 STEPS = 10
 WORKERS = 4
+#: the model's MoE layers (layer 0 is dense: ``first_k_dense_replace: 1``)
+MOE_LAYERS = ("1",)
 
 BASE = ["optimizer.qk_clip_threshold=1.0",
         "training.global_batch_size=8", "training.local_batch_size=2",
