@@ -69,8 +69,9 @@ def test_loss_grad_norm_and_routing_match_one_process(runs, references, case):
             gl, wl = g["moe"]["layers"][layer], w["moe"]["layers"][layer]
             assert gl["tokens_per_expert"] == wl["tokens_per_expert"], (g["step"], layer)
             assert gl["aux_loss"] == pytest.approx(wl["aux_loss"], rel=1e-4)
-    if "optimizer.qk_clip_threshold=0.05" in CASES[case][1]:   # heads clipped every step
-        assert all(r["qk_clipped_heads"] > 0 for r in ref)
+    if "optimizer.qk_clip_threshold=0.05" in CASES[case][1]:   # heads clipped in most steps
+        # (the 2-layer model's max logits are 0.048-0.085: 7 of the 10 steps clip)
+        assert sum(r["qk_clipped_heads"] > 0 for r in ref) >= STEPS // 2
     assert ref[-1]["loss"] < ref[0]["loss"]       # the runs trained
 
 

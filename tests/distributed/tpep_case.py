@@ -34,7 +34,8 @@ ADAMW = {"type": "AdamW", "betas": [0.9, 0.95], "eps": 1.0e-8, "weight_decay": 0
 
 #: name -> (optimizer section: None = the config's Muon, overrides of both sides, overrides of
 #: the parallel run only). The base threshold 1.0 clips no head of this model (its max logits
-#: stay near 0.08), so muon_deredundency lowers it to 0.05, where heads are clipped every step.
+#: stay near 0.05-0.09), so muon_deredundency lowers it to 0.05, where heads are clipped in
+#: most steps.
 CASES = {
     "muon": (None, [], ["optimizer.comm_strategy=allgather"]),
     "muon_deredundency": (None, ["optimizer.qk_clip_threshold=0.05"],
