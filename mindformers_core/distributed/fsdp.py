@@ -34,7 +34,8 @@ value written in the config is refused), no
 multi-token prediction (its layers read the shared embedding outside the units), tensor /
 context parallel sizes 1 (config/layout.py). Under pipeline parallel each stage's weights are
 split over its own dp group: the pipeline's stage runs the same units (core/pipeline_split.py
-picks the stage's layers) and this reducer is the stage's reduction (distributed/setup.py). Outside the units (the model's ``logits``,
+picks the stage's layers) and this reducer is the stage's reduction (distributed/setup.py).
+Outside the units (the model's ``logits``,
 ``hidden_states`` and generation's key/value-cache decoder) the weights are gathered one layer
 at a time through :meth:`FSDPRunner.full_weights`, a collective: every rank of the ``dp`` group
 generates together (trainer/progress.py). The side effect of recomputation

@@ -113,13 +113,14 @@ class ParallelRun:
         if "tensor" in self.steps:   # the model cuts itself (models/tp_model.py)
             model = model.apply_tensor_parallel(self.group_comm)
             self._tensor.bind_model(model)
-        if "fsdp" in self.steps:   # pp x FSDP: over each stage's dp group
+        if "fsdp" in self.steps:   # under pp: each stage's, over its dp group
             from .fsdp import apply_fsdp
-            if self.pipeline is not None:
-                data, model = apply_fsdp(self.cfg, self.pipeline.data, model, self.group_comm)
-                self.pipeline.set_stage_reduction(data)
+            base = self.reducer if self.pipeline is None else self.pipeline.data
+            reduction, model = apply_fsdp(self.cfg, base, model, self.group_comm)
+            if self.pipeline is None:
+                self.reducer = reduction
             else:
-                self.reducer, model = apply_fsdp(self.cfg, self.reducer, model, self.group_comm)
+                self.pipeline.set_stage_reduction(reduction)
         if "context" in self.steps:   # the model keeps its chunks (models/cp_model.py)
             from ..config.context_parallel_rules import ulysses_degree
             par = self.cfg.parallelism

@@ -22,8 +22,8 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tupl
 
 from ..optim.qk_clip import QKClipModel  # declared where QK-Clip reads it
 
-__all__ = ["RunLayout", "TrainData", "ExpertBiasModel", "MoEStatsModel", "MaxLogitsModel", "QKClipModel",
-           "QKClipOptimizer"]
+__all__ = ["RunLayout", "TrainData", "ExpertBiasModel", "MoEStatsModel", "MaxLogitsModel",
+           "QKClipModel", "QKClipOptimizer"]
 
 
 class RunLayout(Protocol):
