@@ -27,16 +27,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import replace
 from typing import Optional, Protocol, Tuple, runtime_checkable
 
-from ..distributed.shard_spec import ShardedModel, ShardSpec, model_specs, param_of
+from ..distributed.shard_spec import ShardedModel, ShardSpec, model_rows, model_specs, param_of
 from .store import checkpoint_name, prune_checkpoints
 from .balanced_load import file_sharing
 from .file_io import CheckpointData, CheckpointError
 from .sharded import ZeroRows, reshard, save_index, write_rank
 
 __all__ = ["RowShardedOptimizer", "uses_sharded_checkpoint",
-           "save_sharded", "settle_rank_file", "load_options", "reshard_for_model"]
+           "save_sharded", "with_model_rows", "settle_rank_file", "load_options", "reshard_for_model"]
 
 
 @runtime_checkable
@@ -68,6 +69,7 @@ def save_sharded(trainer, write_hook=None) -> Optional[str]:
         else:
             sd = opt.state_dict()
     tensors, dtypes, state = trainer.checkpoint_payload(optimizer_state=sd)
+    zero = with_model_rows(zero, tensors, model_rows(trainer.model))
     layout = trainer.parallel   # trainer.protocols.RunLayout
     step, world, rank = trainer.state.step, layout.world_size, trainer.rank
     name = checkpoint_name(ck.prefix, step)
@@ -93,6 +95,25 @@ def save_sharded(trainer, write_hook=None) -> Optional[str]:
                       protect=ck.keep_steps, lineage=trainer.lineage)
     trainer.log(f"saved checkpoint {path}")
     return path
+
+
+def with_model_rows(zero: Optional[ZeroRows], tensors, rows) -> Optional[ZeroRows]:
+    """``zero`` plus the rows of the parameters the model stores as dp rows of their tp slice
+    (tp x FSDP, ``model.row_shards()``): their ``model.*`` tensor and every optimizer entry
+    of theirs that the optimizer did not already describe hold those rows. The shard index
+    is the optimizer's ZeRO-1 index (the same dp rank) or, without optimizer rows, the
+    model's own."""
+    if not rows:
+        return zero
+    out = dict(zero.rows) if zero is not None else {}
+    for key in tensors:
+        name = param_of(key)
+        if name in rows and key not in out:
+            out[key] = tuple(rows[name])
+    if zero is not None:
+        return ZeroRows(out, zero.num_shards, zero.shard_index, zero.replica)
+    start, stop, total = next(iter(rows.values()))
+    return ZeroRows(out, total // (stop - start), start // (stop - start), 0)
 
 
 def settle_rank_file(written: Optional[str], error: Optional[CheckpointError], failed: bool,
@@ -122,5 +143,16 @@ def reshard_for_model(data: CheckpointData, model, layout) -> CheckpointData:
     ``shard_specs`` takes them as they are); ``layout``: the run's (``coords()``)."""
     if not isinstance(model, ShardedModel):
         return data
-    return reshard(data, model.shard_specs(), layout.coords(),
+    data = reshard(data, model.shard_specs(), layout.coords(),
                    [p.name for p in model.get_parameters()])
+    rows = model_rows(model)
+    if not rows:
+        return data
+    # tp x FSDP: the model keeps its dp rows of each tp slice (the optimizer cuts its own
+    # entries, distributed/zero.py load_state_dict)
+    tensors = dict(data.tensors)
+    for name, (start, stop, _) in rows.items():
+        key = f"model.{name}"
+        if key in tensors:
+            tensors[key] = tensors[key][start:stop]
+    return replace(data, tensors=tensors)

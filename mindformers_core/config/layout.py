@@ -14,6 +14,7 @@ until they are):
 
     data parallel          any dp, ZeRO-1 over data_parallel_shard, every shard strategy
     tensor parallel (+sp)  x data parallel with ZeRO-1 (strategies no_shard / optim)
+    tp x FSDP              optim_grads / optim_grads_params: dp rows of each tp slice
     expert parallel        x data parallel (ep carved out of dp), ZeRO-1 (no_shard / optim)
     tp x ep                ep folded over tp x dp (core/parallel_dims.py), ZeRO-1 over dp
     pipeline parallel      x data parallel with ZeRO-1 (no_shard / optim), 1F1B or interleaved;
@@ -26,8 +27,8 @@ until they are):
     cp x tp                tp (+sp) inside each cp rank; gradients over dp x cp (dp_cp)
     cp x ep                ep folded over cp x dp (core/parallel_dims.py), ZeRO-1 over dp x cp
 
-The refusals in words: ``tensor_parallel`` with a gradient/parameter-sharding strategy
-(tp x FSDP, so pp x tp x FSDP too); ``expert_parallel`` with FSDP; ``context_parallel`` with
+The refusals in words: ``tensor_parallel`` with a gradient/parameter-sharding strategy under
+``pipeline_parallel`` (pp x tp x FSDP); ``expert_parallel`` with FSDP; ``context_parallel`` with
 ``pipeline_parallel``, with a strategy other than ``optim``, or with both ``tensor_parallel``
 and ``expert_parallel`` (cp x tp x ep).
 """
@@ -46,6 +47,8 @@ LAYOUT_TABLE = (
     ("data parallel", "dp, ZeRO-1 (data_parallel_shard), optim_grads, optim_grads_params"),
     ("tensor parallel", "tp (+sequence parallel) x dp with ZeRO-1 (no_shard / optim)"),
     ("expert parallel", "ep x dp (ep divides dp) with ZeRO-1 (no_shard / optim)"),
+    ("tp x FSDP", "tp (+sp) x dp with optim_grads / optim_grads_params (dp rows of each tp "
+                  "slice)"),
     ("tp x ep",
      "tp (+sp) x ep (ep divides dp, folded over tp x dp) with ZeRO-1 (no_shard / optim)"),
     ("pipeline parallel", "pp x dp with ZeRO-1 (no_shard / optim), 1F1B or interleaved 1F1B"),
@@ -82,16 +85,18 @@ def check_layout(dims: ParallelDims) -> None:
     config's own checks (config/tensor_parallel_rules.py, expert_layout.py, pipeline.py)."""
     if dims.cp > 1:
         _check_context(dims)
-    for field, size, kind, use in (
-            ("tensor_parallel", dims.tp, "tp", "ZeRO-1 over the data-parallel ranks of each "
-                                               "tp shard"),
-            ("expert_parallel", dims.ep, "ep", "ZeRO-1; the expert weights keep their whole "
-                                               "state on their rank")):
-        if _shards_grads(dims) and size > 1:
-            raise _refuse("data_parallel_shard_strategy",
-                          f"{dims.shard_strategy!r} with parallelism.{field}({size}) is not "
-                          f"implemented yet ({kind} x FSDP); use 'optim' ({use}) or "
-                          f"{field}: 1")
+    if _shards_grads(dims) and dims.ep > 1:
+        raise _refuse("data_parallel_shard_strategy",
+                      f"{dims.shard_strategy!r} with parallelism.expert_parallel({dims.ep}) is "
+                      f"not implemented yet (ep x FSDP); use 'optim' (ZeRO-1; the expert "
+                      f"weights keep their whole state on their rank) or expert_parallel: 1")
+    if _shards_grads(dims) and dims.tp > 1 and dims.pp > 1:
+        raise _refuse("data_parallel_shard_strategy",
+                      f"{dims.shard_strategy!r} with parallelism.tensor_parallel({dims.tp}) and "
+                      f"pipeline_parallel({dims.pp}) is not implemented yet (pp x tp x FSDP); "
+                      f"use 'optim' (ZeRO-1 over the data-parallel ranks of each tp shard), "
+                      f"tensor_parallel: 1 (pp x FSDP runs) or pipeline_parallel: 1 "
+                      f"(tp x FSDP runs)")
     parallel_steps(dims)   # an accepted layout has its builders
 
 
@@ -142,7 +147,9 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
         # the data-parallel reduction over dp x cp (without tp: every rank)
         return ((["tensor"] if dims.tp > 1 else []) + ["context"]
                 + (["expert"] if dims.ep > 1 else []))
-    if _shards_grads(dims) and (dims.tp > 1 or dims.ep > 1):
+    if _shards_grads(dims) and dims.ep > 1:
         raise ValueError(f"no builder for {dims.describe()}")
-    steps = ["tensor"] if dims.tp > 1 else ["fsdp"]
+    # tp x FSDP: the rows are those of each tp slice, over its dp group (distributed/fsdp.py)
+    steps = (["tensor"] if dims.tp > 1 else []) + (["fsdp"] if dims.tp == 1 or _shards_grads(dims)
+                                                   else [])
     return steps + (["expert"] if dims.ep > 1 else [])

@@ -31,8 +31,10 @@ replicated gradients, identical on every rank, so clipping and skip decisions ag
 Limits of ``optim_grads_params`` here (each a ConfigError from :func:`apply_fsdp`):
 ``training.jit`` runs as ``none`` (the units are PyNative Cells with collectives; another
 value written in the config is refused), no
-multi-token prediction (its layers read the shared embedding outside the units), tensor /
-context parallel sizes 1 (config/layout.py). Under pipeline parallel each stage's weights are
+multi-token prediction (its layers read the shared embedding outside the units), context
+and expert parallel sizes 1 (config/layout.py). Under tensor parallel (tp x FSDP,
+:func:`apply_fsdp`'s ``tensor``) the rows are those of each rank's tp slice, gathered over
+its dp group inside one unit per tensor-parallel layer (``models/tp_model.py`` ``hold_rows``). Under pipeline parallel each stage's weights are
 split over its own dp group: the pipeline's stage runs the same units (core/pipeline_split.py
 picks the stage's layers) and this reducer is the stage's reduction (distributed/setup.py).
 Outside the units (the model's ``logits``,
@@ -44,7 +46,8 @@ expert-bias update is unchanged).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+import functools
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import numpy as np
 import mindspore as ms
@@ -62,7 +65,7 @@ from .shard_spec import ShardSpec, sharded_grad_norm
 from .zero import ZeroSharding
 
 __all__ = ["GatherShard", "FSDPUnit", "FSDPRunner", "FSDPGradReducer", "FSDPSharding",
-           "shard_model", "apply_fsdp"]
+           "RowHoldingRunner", "layer_unit", "shard_model", "apply_fsdp"]
 
 
 class GatherShard(nn.Cell):
@@ -113,8 +116,14 @@ def _moe_fn(layer):
     return run
 
 
-def _layer_step(layer, run):
-    """``step(h, tables) -> (h, max_logits, aux or None)`` of ``layer``'s unit ``run``."""
+def layer_unit(layer, fn, split_names, gather: GatherShard):
+    """``step(h, tables) -> (h, max_logits, aux or None)``: ``fn(h, *tables, *weights)`` (it
+    returns ``(h, max_logits[, aux])``) run on ``layer.weights()`` as one :class:`FSDPUnit`
+    (those in ``split_names`` gathered inside it). :class:`FSDPRunner`'s layers, and under
+    tensor parallel the tp layers (``models/tp_model.py`` ``hold_rows``)."""
+    weights = layer.weights()
+    run = FSDPUnit(fn, [w.name in split_names for w in weights], gather)
+
     def step(h, tables):
         out = run(h, *tables, *layer.weights())
         return out[0], out[1], out[2] if len(out) > 2 else None
@@ -137,8 +146,8 @@ class FSDPRunner(RunnerDefaults):
             return FSDPUnit(fn, [w.name in split_names for w in weights], gather)
 
         self._embed = unit(model.embed_tokens, [model.embedding.word_embeddings.weight])
-        self._steps = [_layer_step(layer, unit(_dense_fn(layer) if layer.dense_mlp
-                                               else _moe_fn(layer), layer.weights()))
+        self._steps = [layer_unit(layer, _dense_fn(layer) if layer.dense_mlp else _moe_fn(layer),
+                                  self._split_names, gather)
                        for layer in model.decoder_layers()]
         self._head = unit(model.head, model.output_weights())
 
@@ -194,9 +203,14 @@ class FSDPGradReducer:
     """The trainer's data-parallel reducer under a sharding strategy (module docstring):
     ``DataParallelReducer`` by delegation to ``base`` plus ``grad_norm``."""
 
-    def __init__(self, base: DataParallelGradReducer, comm: GroupCommunicator, strategy: str,
+    def __init__(self, base, comm: GroupCommunicator, strategy: str,
                  specs: Dict[str, ShardSpec], num_shards: int,
-                 disable_gradient_division: bool = True):
+                 disable_gradient_division: bool = True, data_parallel: Optional[int] = None,
+                 tensor_specs: Optional[Dict[str, ShardSpec]] = None):
+        """``base``: the data-parallel reduction (a ``DataParallelGradReducer``), or under tp x
+        FSDP the tensor-parallel one (``tp_reduce.TensorParallelGradReducer``), whose model's
+        tp layouts are ``tensor_specs``; ``specs``: the dp rows (of each tp slice);
+        ``data_parallel``: the dp size ``disable_gradient_division: False`` divides by."""
         self.base = base
         self.comm = base.comm
         self.world_size, self.rank = base.world_size, base.rank
@@ -205,6 +219,8 @@ class FSDPGradReducer:
         self.specs = dict(specs)
         self.num_shards = int(num_shards)
         self.divide = not disable_gradient_division
+        self.data_parallel = int(data_parallel or base.world_size)
+        self.tensor_specs = None if tensor_specs is None else dict(tensor_specs)
         self._names: Optional[List[str]] = None
 
     # -- delegated -------------------------------------------------------------------------------
@@ -227,16 +243,25 @@ class FSDPGradReducer:
         return self.base.combine_qk_stats(stats)
 
     def bind_parameters(self, params: Sequence) -> None:
-        """Bound by :class:`FSDPSharding` when it builds the optimizer."""
+        """Bound by :class:`FSDPSharding` when it builds the optimizer; under tp x FSDP here
+        (the tensor-parallel sharding builds it)."""
+        if self.tensor_specs is not None:
+            self.bind([p.name for p in params])
+            self.base.bind_parameters(params)
 
     # -- the optimizer -----------------------------------------------------------------------------
-    def optimizer_sharding(self, cfg) -> FSDPSharding:  # noqa: ARG002 - reducer interface
+    def optimizer_sharding(self, cfg):
+        """:class:`FSDPSharding`, or under tp x FSDP the tensor-parallel sharding told which
+        of its ZeRO rows the gradients and parameters already are."""
         split = set(self.specs) if shards_grads(self.strategy) else set()
         stored = split if shards_params(self.strategy) else set()
+        shapes = {n: self.specs[n].full_shape for n in stored}
+        if self.tensor_specs is not None:
+            return self.base.optimizer_sharding(cfg, grad_rows=split, param_rows=stored,
+                                                row_shapes=shapes)
         return FSDPSharding(self, num_shards=optimizer_shard_count(self.strategy,
                                                                    self.num_shards),
-                            grad_rows=split, param_rows=stored,
-                            full_shapes={n: self.specs[n].full_shape for n in stored})
+                            grad_rows=split, param_rows=stored, full_shapes=shapes)
 
     def bind(self, names: Sequence[str]) -> None:
         """The parameter names, in the order of the gradients ``reduce`` receives."""
@@ -274,15 +299,25 @@ class FSDPGradReducer:
                 shape = (grads[i].shape[0] // s,) + tuple(grads[i].shape[1:])
                 out[i] = piece.reshape(shape)
         if self.divide:
-            inv = Tensor(np.float32(1.0 / self.world_size))
+            inv = Tensor(np.float32(1.0 / self.data_parallel))
             out = [None if g is None else g * inv for g in out]
         return out, loss_sum, n_tokens
 
     def grad_norm(self, grads: Sequence) -> float:
         """Global L2 norm of reduced gradients, split ones counted over their group
-        (``shard_spec.sharded_grad_norm``); the same value on every rank."""
-        group = ShardSpec((self.num_shards,), 0, FSDP_GROUP, self.num_shards)
-        specs = [group if s else None for s in self._split(list(grads))]
+        (``shard_spec.sharded_grad_norm``); the same value on every rank. Under tp x FSDP a
+        tp slice counts over tp, its dp rows over tp and dp (the world: pp, cp and ep are 1,
+        config/layout.py)."""
+        tensor = self.tensor_specs or {}
+        tp = {n for n, s in tensor.items() if s.is_sharded and s.num_shards > 1}
+        world = self.group_comm.mesh.world
+        groups = {(False, True): ShardSpec((self.num_shards,), 0, FSDP_GROUP, self.num_shards),
+                  (True, True): ShardSpec((world,), 0, "world", world),
+                  (False, False): None}
+        if tp:
+            size = next(tensor[n].num_shards for n in tp)
+            groups[(True, False)] = ShardSpec((size,), 0, "tp", size)
+        specs = [groups[(n in tp, s)] for n, s in zip(self._names or (), self._split(list(grads)))]
 
         def group_sum(name: str, x: float) -> float:
             return float(self.group_comm.all_reduce(np.array([x], np.float32), name)[0])
@@ -303,19 +338,36 @@ def _refuse(cfg) -> None:
                           f"optim_grads_params; set it to 0 or use optim_grads")
 
 
-def apply_fsdp(cfg, reducer, model, comm: Optional[GroupCommunicator] = None):
+@runtime_checkable
+class RowHoldingRunner(Protocol):
+    """A tensor-parallel model's runner (``models/tp_model.py``) as tp x FSDP drives it."""
+
+    def hold_rows(self, names, gather: GatherShard, unit: Callable) -> None: ...
+
+
+def apply_fsdp(cfg, reducer, model, comm: Optional[GroupCommunicator] = None,
+               tensor=None):
     """``(reducer, model)`` of this run: unchanged unless the strategy shards gradients or
     parameters or ``disable_gradient_division`` is False (over more than one rank); then the
     :class:`FSDPGradReducer`, and under ``optim_grads_params`` the model's split parameters
     replaced by this rank's shards and its forward by :class:`FSDPRunner`. ``comm``: the
-    run's communicator (distributed/setup.py)."""
+    run's communicator (distributed/setup.py).
+
+    ``tensor``: the tensor-parallel reduction of a model already cut over tp (tp x FSDP;
+    ``reducer`` is then that reduction): the rows are those of each rank's tp slice over its
+    dp group, the model's ``shard_specs()`` stay the tp layouts (the rows are recorded by
+    ``model.set_row_shards``), and its tp runner gathers the rows inside one unit per layer
+    (:class:`RowHoldingRunner`)."""
     par = cfg.parallelism
     strategy = par.data_parallel_shard_strategy
     world = reducer.world_size
-    if not isinstance(reducer, DataParallelGradReducer) or world == 1:
+    if world == 1 or (tensor is None and not isinstance(reducer, DataParallelGradReducer)):
         return reducer, model
-    # a pipeline stage's reduction is over its dp group, and says its data-parallel size
-    dp = reducer.data_parallel if reducer.data_parallel is not None else cfg.data_parallel(world)
+    if tensor is not None:
+        dp = tensor.dp_comm.world_size
+    else:   # a pipeline stage's reduction is over its dp group, and says its size
+        dp = (reducer.data_parallel if reducer.data_parallel is not None
+              else cfg.data_parallel(world))
     _, num_shards = par.dp_shard(dp)
     split_on = shards_grads(strategy) and num_shards > 1
     if not split_on and par.disable_gradient_division and strategy != "no_shard":
@@ -327,8 +379,20 @@ def apply_fsdp(cfg, reducer, model, comm: Optional[GroupCommunicator] = None):
                          "(distributed/setup.py does)")
     trainable = [(p.name, tuple(p.shape)) for p in model.trainable_params()]
     specs = fsdp_specs(trainable, num_shards) if split_on else {}
-    if shards_params(strategy) and specs:
-        shard_model(model, specs, comm.mesh.local_rank(FSDP_GROUP, comm.rank))
+    index = comm.mesh.local_rank(FSDP_GROUP, comm.rank)
+    if shards_params(strategy) and specs and tensor is not None:
+        runner = model.runner
+        if not isinstance(runner, RowHoldingRunner):
+            raise TypeError(f"tp x FSDP needs the model's tensor-parallel runner, got "
+                            f"{type(runner).__name__}")
+        cut_parameters(model, specs, index)
+        model.set_row_shards(specs, index)
+        gather = GatherShard(comm)
+        runner.hold_rows(set(specs), gather, functools.partial(
+            layer_unit, split_names=frozenset(specs), gather=gather))
+    elif shards_params(strategy) and specs:
+        shard_model(model, specs, index)
         model.set_runner(FSDPRunner(model, comm, set(specs)))
     return FSDPGradReducer(reducer, comm, strategy, specs, num_shards,
-                           par.disable_gradient_division), model
+                           par.disable_gradient_division, dp,
+                           None if tensor is None else model.shard_specs()), model

@@ -116,7 +116,9 @@ class ParallelRun:
         if "fsdp" in self.steps:   # under pp: each stage's, over its dp group
             from .fsdp import apply_fsdp
             base = self.reducer if self.pipeline is None else self.pipeline.data
-            reduction, model = apply_fsdp(self.cfg, base, model, self.group_comm)
+            # tp x FSDP: the rows of each tp slice, the tensor-parallel reduction inside
+            reduction, model = apply_fsdp(self.cfg, base, model, self.group_comm,
+                                          self._tensor if self.pipeline is None else None)
             if self.pipeline is None:
                 self.reducer = reduction
             else:

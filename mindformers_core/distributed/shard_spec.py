@@ -34,7 +34,7 @@ from typing import (Callable, Dict, Iterable, Optional, Protocol, Sequence, Tupl
 
 import numpy as np
 
-__all__ = ["ShardedCell", "ShardedModel", "model_specs", "collect_shard_specs", "ShardSpec", "replicated", "local_shape",
+__all__ = ["ShardedCell", "ShardedModel", "RowShardedModel", "model_rows", "model_specs", "collect_shard_specs", "ShardSpec", "replicated", "local_shape",
            "local_indices", "local_slice", "shard", "unshard", "partial_sq_norms", "global_sq_norm",
            "sharded_grad_norm", "param_of"]
 
@@ -99,6 +99,19 @@ class ShardedModel(Protocol):
     """A model with sharded parameters: ``{param name: ShardSpec}`` (absent = replicated)."""
 
     def shard_specs(self) -> Dict[str, "ShardSpec"]: ...
+
+
+@runtime_checkable
+class RowShardedModel(Protocol):
+    """A model storing some parameters as dim-0 rows of their (tp) slice (tp x FSDP):
+    ``{param name: (start, stop, rows of the slice)}``."""
+
+    def row_shards(self) -> Dict[str, Tuple[int, int, int]]: ...
+
+
+def model_rows(model) -> Dict[str, Tuple[int, int, int]]:
+    """``model.row_shards()`` of a :class:`RowShardedModel`; {} otherwise."""
+    return dict(model.row_shards()) if isinstance(model, RowShardedModel) else {}
 
 
 def model_specs(model) -> Dict[str, "ShardSpec"]:

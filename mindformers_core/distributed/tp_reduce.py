@@ -71,9 +71,11 @@ class TensorParallelGradReducer:
         total = self.comm.all_reduce(np.array([1.0 if flag else 0.0], np.float32), "world")
         return bool(total[0] > 0)
 
-    def optimizer_sharding(self, cfg):
+    def optimizer_sharding(self, cfg, **rows):
         """``tp_sharding.TensorParallelSharding`` over the shards of the model that
-        :meth:`bind_model` named, ZeRO-1 over dp per ``parallelism.dp_shard``."""
+        :meth:`bind_model` named, ZeRO-1 over dp per ``parallelism.dp_shard``; ``rows``:
+        its ``grad_rows`` / ``param_rows`` / ``row_shapes`` under tp x FSDP
+        (``fsdp.FSDPGradReducer``)."""
         from .tp_sharding import TensorParallelSharding
         if self._model is None:
             raise RuntimeError("TensorParallelGradReducer.optimizer_sharding needs the sharded "
@@ -84,7 +86,7 @@ class TensorParallelGradReducer:
         trainable = {p.name for p in self._model.trainable_params()}
         specs = {n: s for n, s in self._model.shard_specs().items() if n in trainable}
         return TensorParallelSharding(specs, self.comm, data_parallel_shard=shards,
-                                      data_group=self.data_group)
+                                      data_group=self.data_group, **rows)
 
     def sync_moe_stats(self, model) -> None:
         self.data.sync_moe_stats(model)

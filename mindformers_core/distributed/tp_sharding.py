@@ -19,11 +19,17 @@ and says how it is split (``model.shard_specs() -> {name: ShardSpec}``; absent =
   local state and are orthogonalised per local expert with no exchange (no level splits them);
 * ``data_parallel_shard`` != 1 adds ZeRO-1 over the dp group on top of the TP shards
   (``zero.ZeroSharding`` over a ``group_view.GroupView`` of the dp group; Muon's exchange levels are
-  ``[tp, ZeRO rows of the TP shard]``).
+  ``[tp, ZeRO rows of the TP shard]``);
+* tp x FSDP (``fsdp.apply_fsdp`` over the tensor-parallel reduction): the same ZeRO rows of
+  each TP shard, with ``grad_rows`` (gradients arrive as those rows) and ``param_rows`` (the
+  parameter stores only them; ``row_shapes``: the whole TP shard's shape, which the ZeRO
+  layout uses, while Muon's ``full_shapes`` stay the unsharded ones), so a weight split in two
+  dimensions is orthogonalised through both levels (``comm_strategy`` allgather /
+  allgather_deredundency).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -35,9 +41,12 @@ from .shard_spec import ShardSpec, local_shape
 __all__ = ["TensorParallelSharding", "LocalHeadLogits", "check_shard_specs", "local_heads"]
 
 
-def check_shard_specs(specs: Mapping[str, ShardSpec], params, tp_size: int) -> Dict[str, ShardSpec]:
+def check_shard_specs(specs: Mapping[str, ShardSpec], params, tp_size: int,
+                      row_shapes: Optional[Mapping[str, tuple]] = None) -> Dict[str, ShardSpec]:
     """The split specs of ``params`` (Parameters of the optimizer); every spec must name one of
-    them, be split over the tp group of ``tp_size`` ranks and match the local shape."""
+    them, be split over the tp group of ``tp_size`` ranks and match the local shape (a
+    parameter stored as dp rows of its slice: its ``row_shapes`` entry, the whole slice)."""
+    row_shapes = row_shapes or {}
     by_name = {p.name: p for p in params}
     out = {}
     for name, spec in specs.items():
@@ -52,8 +61,9 @@ def check_shard_specs(specs: Mapping[str, ShardSpec], params, tp_size: int) -> D
         if spec.num_shards != tp_size:
             raise ValueError(f"{name!r} is split into {spec.num_shards} shards, but the tp group "
                              f"has {tp_size} ranks")
-        if tuple(by_name[name].shape) != local_shape(spec):
-            raise ValueError(f"{name!r} has shape {tuple(by_name[name].shape)}, but its "
+        shape = tuple(row_shapes.get(name, by_name[name].shape))
+        if shape != local_shape(spec):
+            raise ValueError(f"{name!r} has shape {shape}, but its "
                              f"ShardSpec's local shape is {local_shape(spec)}")
         out[name] = spec
     return out
@@ -104,10 +114,15 @@ class TensorParallelSharding:
 
     def __init__(self, specs: Mapping[str, ShardSpec], comm: GroupCommunicator,
                  data_parallel_shard: Optional[int] = 1, p2p: Optional[bool] = None,
-                 data_group: str = "dp"):
+                 data_group: str = "dp", grad_rows: Iterable[str] = (),
+                 param_rows: Iterable[str] = (),
+                 row_shapes: Optional[Mapping[str, Sequence[int]]] = None):
         self.specs, self.comm, self.p2p = dict(specs), comm, p2p
         self.dp = GroupView(comm, data_group)
         self.data_parallel_shard = data_parallel_shard
+        # tp x FSDP (module docstring): ZeRO rows that the gradients / parameters already are
+        self.grad_rows, self.param_rows = frozenset(grad_rows), frozenset(param_rows)
+        self.row_shapes = {k: tuple(int(d) for d in v) for k, v in (row_shapes or {}).items()}
         #: names whose state stays whole on their rank, not tp-split nor ZeRO-sharded: the
         #: experts under tp x ep (``ep_reduce.ExpertParallelReducer.optimizer_sharding``)
         self.keep_whole = frozenset()
@@ -119,7 +134,7 @@ class TensorParallelSharding:
         params = [p for g in groups for p in g["params"]]
         specs = check_shard_specs({n: s for n, s in self.specs.items()
                                    if n not in self.keep_whole}, params,
-                                  self.comm.mesh.size("tp"))
+                                  self.comm.mesh.size("tp"), self.row_shapes)
         kwargs = dict(kwargs)
         is_muon = issubclass(cls, Muon)
         if is_muon:
@@ -128,7 +143,9 @@ class TensorParallelSharding:
             if model is not None:
                 kwargs.setdefault("max_logits_reducer", LocalHeadLogits(
                     local_heads(model.get_gpt_transformer_config(), specs), self.dp))
-        zero = ZeroSharding(self.dp, self.data_parallel_shard, keep_whole=self.keep_whole)
+        zero = ZeroSharding(self.dp, self.data_parallel_shard, keep_whole=self.keep_whole,
+                            grad_rows=self.grad_rows, param_rows=self.param_rows,
+                            full_shapes=self.row_shapes)
         opt = zero.build(cls, groups, kwargs)
         if is_muon:
             tp = SpecLevel({opt.index_of(n): s for n, s in specs.items()}, self.comm, "tp",

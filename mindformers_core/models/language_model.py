@@ -79,6 +79,9 @@ class GPTModel(nn.Cell):
         # name -> ShardSpec of the parameters stored as shards by tensor parallel or FSDP
         # (set_shard_specs); expert-parallel Cells report their own (shard_specs())
         self._shard_specs: Dict[str, object] = {}
+        # name -> (start, stop, rows of the slice) of parameters stored as dp rows of their
+        # tp slice (tp x FSDP, set_row_shards)
+        self._row_shards: Dict[str, tuple] = {}
         self._max_logits: List[Optional[Tensor]] = [None] * self._num_tracked_layers
         # context parallel: this rank's tokens of each sequence (models/cp_model.py), or None
         self._chunks = None
@@ -138,6 +141,12 @@ class GPTModel(nn.Cell):
         """Run the forward through ``runner`` (``distributed.model_runner.ModelRunner``);
         fully sharded data parallel installs its own (``distributed/fsdp.py``)."""
         self._runner = runner
+
+    @property
+    def runner(self) -> ModelRunner:
+        """The runner the forward goes through (tp x FSDP tells the tp one about the rows,
+        ``distributed/fsdp.py``)."""
+        return self._runner
 
     def decoder_layers(self) -> list:
         """The decoder layers in order: index i is layer i (what the runners run)."""
@@ -484,6 +493,19 @@ class GPTModel(nn.Cell):
         if param_map is None:
             param_map = {p.name: p for p in self.get_parameters()}
         return qk_clip.apply_qk_clip(layout, max_logits, tau, param_map), max_logit
+
+    def set_row_shards(self, specs, index: int) -> None:
+        """Record that the parameters of ``specs`` (dim-0 ``ShardSpec``s of their tp slice,
+        ``distributed/fsdp_layout.py``) now hold block ``index`` of their rows (tp x FSDP):
+        checkpoints read :meth:`row_shards` on top of :meth:`shard_specs`."""
+        for name, spec in specs.items():
+            rows = spec.full_shape[0] // spec.num_shards
+            self._row_shards[name] = (index * rows, (index + 1) * rows, spec.full_shape[0])
+
+    def row_shards(self) -> Dict[str, tuple]:
+        """name -> (start, stop, rows of the tp slice) of the parameters stored as dp rows of
+        their tp slice (tp x FSDP; empty otherwise)."""
+        return dict(self._row_shards)
 
     def shard_specs(self) -> dict:
         """Parameter name -> ShardSpec of the parameters split across ranks (expert / tensor

@@ -182,6 +182,9 @@ class TensorParallelRunner(RunnerDefaults):
         self.split = SplitSequence(comm, group)
         self.grad_sum = CopyToGroup(comm, group)
         self.reduce = ReduceFromGroup(comm, group)
+        # FSDP over dp on top (hold_rows): the parameters stored as dp rows, and the whole
+        # slices of the unit being run (name -> tensor)
+        self._rows, self._gather_rows, self._inside = frozenset(), None, {}
         layers = model.decoder_layers()
         self._steps = [functools.partial(self._layer, layer) for layer in layers]
         dense = [layer.mlp for layer in layers if layer.dense_mlp]
@@ -190,14 +193,52 @@ class TensorParallelRunner(RunnerDefaults):
                            else None)
         self._mlp = (_graph_mlp(dense[0]) if self.mode == "layer" and dense else None)
 
+    def hold_rows(self, names, gather, unit) -> None:
+        """Fully sharded data parallel on top of the tp shards (``distributed/fsdp.py``
+        ``apply_fsdp``): the parameters ``names`` now hold only their dp rows of this rank's
+        tp slice. ``gather`` (``fsdp.GatherShard``: all-gather over dp, the gradient
+        reduce-scattered back) makes a slice whole where the forward reads it (:meth:`_w`),
+        and ``unit(fn, split)`` (``fsdp.FSDPUnit``) wraps each decoder layer as one
+        recomputed unit whose weights are gathered inside it, so whole slices exist for one
+        layer at a time, forward and backward (the embedding and the head gather theirs
+        outside a unit). Generation reads the same weights, so it is a collective of the dp
+        group too (every rank decodes, trainer/progress.py)."""
+        self._rows = frozenset(names)
+        self._gather_rows = gather
+        self._steps = [unit(layer, self._unit_fn(layer)) for layer in self._model.decoder_layers()]
+
+    def _unit_fn(self, layer):
+        """``fn(h, *tables, *whole weights)`` of ``layer``'s tp step, the unit's function: the
+        weights it receives (``layer.weights()``'s order, gathered by the unit) are what
+        :meth:`_w` reads while it runs (and again when the backward recomputes it)."""
+        names = [w.name for w in layer.weights()]
+
+        def run(h, *args):
+            self._inside = dict(zip(names, args[NUM_TABLES:]))
+            try:
+                h, max_logits, aux = self._layer(layer, h, args[:NUM_TABLES])
+            finally:
+                self._inside = {}
+            return (h, max_logits) if aux is None else (h, max_logits, aux)
+        return run
+
+    def _read(self, param):
+        """A weight whole on this rank: its tp slice, gathered over dp when it holds rows."""
+        w = self._inside.get(param.name)
+        if w is None and param.name in self._rows:
+            w = self._gather_rows(param)
+        return param if w is None else w
+
     def _w(self, param):
-        """A weight as the forward uses it: through the tp gradient sum when it is partial."""
-        return self.grad_sum(param) if param.name in self.partial else param
+        """A weight as the training forward uses it (:meth:`_read`), through the tp gradient
+        sum when it is partial."""
+        w = self._read(param)
+        return self.grad_sum(w) if param.name in self.partial else w
 
     def embed(self, input_ids):
         """This rank's ``[T/tp, H]`` tokens of the embedded micro-batch."""
         m = self._model
-        table = m.embedding.word_embeddings.weight
+        table = self._w(m.embedding.word_embeddings.weight)
         return self.scatter(vocab_parallel_embed(input_ids.reshape(-1), table,
                                                  self.vocab_start, m.precision))
 
@@ -222,18 +263,23 @@ class TensorParallelRunner(RunnerDefaults):
         x = rms_norm(h, self._w(n2.weight), n2.eps, n2.mean_column)
         if layer.dense_mlp:
             mlp = self._mlp or layer.mlp.apply
-            return h + self.scatter(mlp(self.gather(x), *layer.mlp.weights())), max_logits, None
+            ws = [self._w(w) for w in layer.mlp.weights()]
+            return h + self.scatter(mlp(self.gather(x), *ws)), max_logits, None
         b, _, s, _ = tables[-1].shape
         moe = layer.mlp
         if moe.expert_parallel > 1:
             out, aux = self._routed_split(moe, x, b)
             h = h + out.astype(x.dtype)
         else:
-            out, aux = moe.routed(self.gather_replicated(x).reshape(b, s, x.shape[-1]))
+            x_all = self.gather_replicated(x)
+            out, aux = moe.routed_apply(x_all, b, self._w(moe.router.weight),
+                                        self._w(moe.experts.weight1),
+                                        self._w(moe.experts.weight2))
             h = h + self.split(out.astype(x.dtype))
         if moe.shared_experts is not None:
             mlp = self._mlp or moe.shared_experts.apply
-            h = h + self.scatter(mlp(self.gather(x), *moe.shared_experts.weights()))
+            ws = [self._w(w) for w in moe.shared_experts.weights()]
+            h = h + self.scatter(mlp(self.gather(x), *ws))
         return h, max_logits, aux
 
     def _routed_split(self, moe, x, b: int):
@@ -241,7 +287,8 @@ class TensorParallelRunner(RunnerDefaults):
         the routed experts split over ep (module docstring, tensor x expert parallel)."""
         w_router = self.grad_sum(moe.router.weight)       # this rank's tokens: a tp share
         scores, idx, gate_w = moe.route(x, w_router)
-        out, _, dropped = moe.dispatch(x, gate_w, idx, moe.experts.weight1, moe.experts.weight2)
+        out, _, dropped = moe.dispatch(x, gate_w, idx, self._w(moe.experts.weight1),
+                                       self._w(moe.experts.weight2))
         # the micro-batch's routing on every tp rank, as one process records it
         ids = self.comm.all_gather(idx.asnumpy().astype(np.float32), self.group, 0)
         ids = np.rint(ids).astype(np.int32)
@@ -257,7 +304,7 @@ class TensorParallelRunner(RunnerDefaults):
         w_norm, w_out = m.output_weights()
         norm = m.decoder.final_layernorm
         x = self.gather(rms_norm(h, self._w(w_norm), norm.eps, norm.mean_column))
-        logits = linear(x, w_out, m.precision).astype(ms.float32)
+        logits = linear(x, self._w(w_out), m.precision).astype(ms.float32)
         if m.readout_multiplier is not None:
             logits = logits * m.readout_multiplier
         return vocab_parallel_token_losses(logits, labels, loss_mask, self.vocab_start,
@@ -302,8 +349,9 @@ class TensorParallelRunner(RunnerDefaults):
         m = self._model
         w_norm, w_out = m.output_weights()
         norm = m.decoder.final_layernorm
-        x = self.gather(rms_norm(h, w_norm, norm.eps, norm.mean_column))[position:position + 1]
-        logits = linear(x, w_out, m.precision).astype(ms.float32)
+        x = self.gather(rms_norm(h, self._read(w_norm), norm.eps,
+                                 norm.mean_column))[position:position + 1]
+        logits = linear(x, self._read(w_out), m.precision).astype(ms.float32)
         if m.readout_multiplier is not None:
             logits = logits * m.readout_multiplier
         return logits

@@ -56,6 +56,10 @@ LAYOUTS = {
     # pp2 x FSDP: each stage's weights split over its 2 dp ranks (gathered per layer)
     "pp2fsdp2": EvalLayout(4, "gpt", PP + FSDP, save=True),
     "cp2dp2": EvalLayout(4, "gpt", CP, no_eval=True),
+    # tp2 x FSDP: each rank stores its dp rows of its tp slice; the eval and the sample
+    # gather them per layer (every rank decodes), and tools.generate reads the saved
+    # checkpoint (model rows on top of the tp pieces) on one process
+    "tp2fsdp2": EvalLayout(4, "gpt", TP + FSDP, save=True, generate=True),
     # cp2 x tp2 (sequence parallel): each cp rank's tp group decodes the whole prompt (its
     # vocabulary-parallel logits, the last position's top token over tp)
     "cp2tp2": EvalLayout(4, "gpt", CP + TP),

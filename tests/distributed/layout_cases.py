@@ -29,8 +29,31 @@ TP2 = ("parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true")
 DSV3_QK = ("optimizer.qk_clip_threshold=0.05", "training.steps=4")
 DSV3_METRICS = ("loss", "grad_norm", "max_attention_logit", "aux_loss", "qk_clipped_heads")
 
+#: tp x FSDP (issue 30): global batch 8 as micro-batches of 2 (dp 2: 2 each), lr 1e-3
+TPF_COMMON = ("training.global_batch_size=8", "training.local_batch_size=2",
+              "lr_scheduler.learning_rate=1e-3", "model.seq_length=16")
+FSDP_PARAMS = ("parallelism.data_parallel_shard_strategy=optim_grads_params",)
+
 #: N workers == 1 process through the Trainer, compared per step (test_layout_cases_msrun.py)
 LAYOUTS = [
+    # tp2 x FSDP dp2: every weight stores its dp rows of its tp slice (a row-parallel weight
+    # is split in two dimensions), gathered per layer; the run saves at step 4 and resumes
+    # there under the same layout (the model's rows on top of its tp layout)
+    TrainerCase("tp2_fsdp2_gpt", 4, MARKOV, TPF_COMMON + ("training.steps=6",) + CP_SAVE,
+                layout=TP2 + FSDP_PARAMS, rtol=1e-5, steps=6, resume_at=4,
+                checks=("rows_stored",)),
+    # optim_grads: weights whole, gradients reduce-scattered to the rows of each tp slice
+    TrainerCase("tp2_fsdp_grads_gpt", 4, MARKOV, TPF_COMMON + ("training.steps=6",) + CP_SAVE,
+                layout=TP2 + ("parallelism.data_parallel_shard_strategy=optim_grads",),
+                rtol=1e-5, steps=6),
+    # Muon on the two-dimensional shards, both comm strategies exact, QK-Clip active (the
+    # clip scales the local rows of the local heads)
+    TrainerCase("tp2_fsdp2_dsv3_allgather", 4, DSV3, TPF_COMMON + DSV3_QK,
+                layout=TP2 + FSDP_PARAMS + ("optimizer.comm_strategy=allgather",),
+                metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active", "rows_stored")),
+    TrainerCase("tp2_fsdp2_dsv3_deredundency", 4, DSV3, TPF_COMMON + DSV3_QK,
+                layout=TP2 + FSDP_PARAMS + ("optimizer.comm_strategy=allgather_deredundency",),
+                metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active",)),
     # the logged mtp_loss is the global batch's (the mean over the ranks): dp 2, 4 steps
     TrainerCase("dp2_mtp", 2, MARKOV, tuple(TRAINER_OVERRIDES + MTP_OVERRIDES),
                 metrics=("mtp_loss", "loss", "grad_norm"), rtol=1e-4, steps=4,

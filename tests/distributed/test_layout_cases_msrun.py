@@ -43,9 +43,32 @@ def moe_layers_whole(name, got, want):
                 (name, r["step"], layer, stats["aux_loss"], w["aux_loss"])
 
 
+def rows_stored(name, case_dir):
+    """tp x FSDP stored every rank's weights as dp rows of its tp slice: in each rank file of
+    the step-4 checkpoint a row-parallel weight's model piece is a quarter of the whole
+    (columns over tp, rows over dp), and every piece of a tp-split weight has its dp rows."""
+    import json
+    import struct
+    ckpt = os.path.join(case_dir, "checkpoint")
+    files = sorted(f for f in os.listdir(ckpt) if "step00000004.rank" in f)
+    assert len(files) == 4, (name, files)
+    for f in files:
+        with open(os.path.join(ckpt, f), "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            pieces = json.loads(json.loads(fh.read(n))["__metadata__"]["pieces"])
+        fc2 = pieces["model.decoder.layers.0.mlp.linear_fc2.weight"]
+        assert fc2["group"] == "tp" and fc2["split_dim"] == 1 and fc2["zero_shards"] == 2, fc2
+        assert fc2["shape"][0] * fc2["shape"][1] * 4 == fc2["full_shape"][0] * \
+            fc2["full_shape"][1], (name, f, fc2)
+        split = [k for k, p in pieces.items() if k.startswith("model.") and p["group"] == "tp"]
+        assert split and all(pieces[k]["zero_rows"] is not None for k in split), (name, f)
+
+
 #: name -> check(case name, N-worker rows, 1-process rows)
 CHECKS = {"finite_mtp_loss": finite_mtp_loss, "qk_clip_active": qk_clip_active,
           "moe_layers_whole": moe_layers_whole}
+#: name -> check(case name, the case's run directory)
+DIR_CHECKS = {"rows_stored": rows_stored}
 
 
 @pytest.mark.multiproc
@@ -58,7 +81,10 @@ def test_layout_equals_one_process(layout_matrix, case):
     trained = [r["loss"] for r in want if "loss" in r]
     assert trained[0] != trained[-1], f"{case.name}: the reference loss never moved"
     for check in case.checks:
-        CHECKS[check](case.name, got, want)
+        if check in DIR_CHECKS:
+            DIR_CHECKS[check](case.name, layout_matrix.case_dir(case.name))
+        else:
+            CHECKS[check](case.name, got, want)
     if case.resume_at is not None:   # its own checkpoint resumed under the same layout
         resumed = read_metrics(os.path.join(layout_matrix.case_dir(case.name), "resumed"))
         compare_rows(f"{case.name} resumed", resumed,

@@ -114,6 +114,9 @@ def test_every_point_is_accepted_with_a_builder_or_refused_naming_a_parallelism_
      ["pipeline", "tensor", "expert"]),
     (16, dict(model="deepseek_v3", pp=2, tp=2, ep=4, strategy="no_shard"),
      ["pipeline", "tensor", "expert"]),
+    # tp x FSDP: dp rows of each tp slice
+    (4, dict(model="gpt", tp=2, strategy="optim_grads_params"), ["tensor", "fsdp"]),
+    (8, dict(model="deepseek_v3", tp=2, strategy="optim_grads"), ["tensor", "fsdp"]),
     # FSDP inside each stage (over its dp group)
     (4, dict(model="gpt", pp=2, strategy="optim_grads_params", global_batch=8),
      ["pipeline", "fsdp"]),
@@ -127,8 +130,6 @@ def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
 
 @pytest.mark.parametrize("world,point,field", [
     (4, dict(model="deepseek_v3", tp=2, ep=2, strategy="optim_grads"),
-     "parallelism.data_parallel_shard_strategy"),
-    (4, dict(model="gpt", tp=2, strategy="optim_grads_params"),
      "parallelism.data_parallel_shard_strategy"),
     (4, dict(model="deepseek_v3", ep=2, strategy="optim_grads"),
      "parallelism.data_parallel_shard_strategy"),
@@ -170,10 +171,6 @@ CLI_POINTS = [
                                                "parallelism.sequence_parallel=true",
                                                "parallelism.expert_parallel=2",
                                                "model.moe_expert_capacity_factor=1.0"]),
-    (4, "configs/markov_check.yaml", ["parallelism.tensor_parallel=2",
-                                      "parallelism.sequence_parallel=true",
-                                      "parallelism.data_parallel_shard_strategy="
-                                      "optim_grads_params"]),
     (8, "configs/markov_check.yaml", ["parallelism.pipeline_parallel=2",
                                       "parallelism.tensor_parallel=2",
                                       "parallelism.sequence_parallel=true",
@@ -244,6 +241,13 @@ CLI_ACCEPTED = [
                                                "model.num_nextn_predict_layers=0",
                                                "training.global_batch_size=8",
                                                "training.local_batch_size=2"]),
+    # tp x FSDP (layout_cases.py): dp rows of each tp slice
+    (4, "configs/markov_check.yaml", ["parallelism.tensor_parallel=2",
+                                      "parallelism.sequence_parallel=true",
+                                      "parallelism.data_parallel_shard_strategy="
+                                      "optim_grads_params",
+                                      "training.global_batch_size=8",
+                                      "training.local_batch_size=2"]),
     # pp x FSDP (ppdp_case.py): each stage's weights split over its dp group
     (4, "configs/markov_check.yaml", ["parallelism.pipeline_parallel=2",
                                       "parallelism.data_parallel_shard_strategy="

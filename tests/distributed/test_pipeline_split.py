@@ -94,8 +94,8 @@ def test_pp2_loads_on_two_workers(monkeypatch):
     (8, {"tensor_parallel": 2, "sequence_parallel": True,
          "data_parallel_shard_strategy": "optim_grads"},
      "parallelism.data_parallel_shard_strategy",
-     r"'optim_grads' with parallelism.tensor_parallel\(2\) is not implemented yet "
-     r"\(tp x FSDP\)"),
+     r"'optim_grads' with parallelism.tensor_parallel\(2\) and pipeline_parallel\(2\) is "
+     r"not implemented yet \(pp x tp x FSDP\); use 'optim'"),
 ])
 def test_pipeline_config_errors(monkeypatch, world, par, field, msg):
     msrun_world(monkeypatch, world)
