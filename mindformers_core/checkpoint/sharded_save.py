@@ -36,8 +36,8 @@ from .balanced_load import file_sharing
 from .file_io import CheckpointData, CheckpointError
 from .sharded import ZeroRows, reshard, save_index, write_rank
 
-__all__ = ["RowShardedOptimizer", "uses_sharded_checkpoint",
-           "save_sharded", "with_model_rows", "settle_rank_file", "load_options", "reshard_for_model"]
+__all__ = ["RowShardedOptimizer", "uses_sharded_checkpoint", "save_sharded", "with_model_rows",
+           "settle_rank_file", "load_options", "reshard_for_model"]
 
 
 @runtime_checkable

@@ -19,11 +19,10 @@ counts each expert shard once:
               [+ AllReduce_tp( sum_tp shards ||g||^2 ) under tp x ep]
 
 (``shard_spec.global_sq_norm``; ``specs`` is every layout of the model). Token counts, loss
-sums, the stop flag and QK-Clip's MAX go through the wrapped reducer as without EP; the logged
-aux losses (means over every micro-batch), dropped pairs and the MoE loads are summed over the
-data-parallel ranks (every rank without tp; a tp group routes one micro-batch, each of its
-ranks recording all of it): each rank routes with the full router, so the summed tokens per
-expert are the global ones and every rank applies the same expert-bias update to its
+sums, the stop flag and QK-Clip's MAX go through the wrapped reducer as without EP; the MoE
+loads are summed over the data-parallel ranks (the logged aux losses and dropped pairs too,
+by the run as in every layout): each rank routes with the full router, so the summed tokens
+per expert are the global ones and every rank applies the same expert-bias update to its
 (replicated) router.
 
 Optimizer state. ZeRO-1 (``data_parallel_shard``) shards dense state over the dp ranks as
@@ -114,24 +113,9 @@ class ExpertParallelReducer:
         return self.inner.mean_over_ranks(value)
 
     def sync_moe_stats(self, model) -> None:
-        """The wrapped reducer's global loads; and each MoE layer's logged aux loss (the mean
-        over every rank's micro-batches) and dropped pairs (all ranks), as one process logs
-        them (one all-reduce of the sums and counts)."""
+        """The wrapped reducer's global loads (the aux losses and drops are summed over the
+        replicas by the run, distributed/setup.py ``ParallelRun.sync_moe_stats``)."""
         self.inner.sync_moe_stats(model)
-        import mindspore as ms
-        layers = [m for _, m in sorted(model.moe_layers().items())]
-        if not layers:
-            return
-        rows = [[0.0 if m.aux_sum is None else float(m.aux_sum.asnumpy()), m.num_forwards,
-                 m.dropped] for m in layers]
-        # over dp: the ranks that routed other micro-batches (the whole world without tp; the
-        # ranks of a tp group recorded the same micro-batch, models/tp_model.py)
-        total = self.comm.all_reduce(np.array(rows, np.float32), "dp")
-        for m, (aux_sum, forwards, dropped) in zip(layers, total):
-            if m.aux_sum is not None:
-                m.aux_sum = ms.Tensor(np.float32(aux_sum))
-            m.num_forwards = int(round(float(forwards)))
-            m.dropped = int(round(float(dropped)))
 
     def reduce_max(self, values: np.ndarray) -> np.ndarray:
         return self.inner.reduce_max(values)

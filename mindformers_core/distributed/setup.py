@@ -68,7 +68,6 @@ class ParallelRun:
         self.group_comm = group_comm
         self.pipeline = None
         self._tensor = None
-        self._expert = None   # the expert-parallel reduction, once parallelize() built it
         if "tensor" in self.steps:
             from .tp_reduce import TensorParallelGradReducer
             self._tensor = self.reducer = TensorParallelGradReducer(
@@ -133,11 +132,10 @@ class ParallelRun:
             model.apply_expert_parallel(self.group_comm)
             # every layout of the model (tp and ep splits): the norm counts each over its group
             if self.pipeline is not None:   # pp x ep: the stage's reduction over its dp group
-                self._expert = ExpertParallelReducer(self.pipeline.data, self.group_comm,
-                                                     model.shard_specs())
-                self.pipeline.set_stage_reduction(self._expert)
+                self.pipeline.set_stage_reduction(ExpertParallelReducer(
+                    self.pipeline.data, self.group_comm, model.shard_specs()))
             else:
-                self.reducer = self._expert = ExpertParallelReducer(
+                self.reducer = ExpertParallelReducer(
                     self.reducer, self.group_comm, model.shard_specs())
         return model
 
@@ -219,15 +217,15 @@ class ParallelRun:
         return self.reducer.reduce(grads, loss_sum, n_tokens)
 
     def step_aux(self, aux: float) -> float:
-        """The logged aux loss: under expert parallel the mean over every rank's micro-batches
-        (each rank routed its own tokens), under pipeline parallel the mean over the dp
-        replicas of each pipeline's (its stages' sum), under context parallel the parts of
-        the cp ranks combined (models/cp_model.py); elsewhere this rank's."""
+        """The logged aux loss, the global batch's: under pipeline parallel the mean over the
+        dp replicas of each pipeline's (its stages' sum), under context parallel the parts of
+        the cp ranks combined (models/cp_model.py), elsewhere the mean over the data-parallel
+        replicas (each routed its own micro-batches)."""
         if self.pipeline is not None:
             return self.pipeline.mean_over_ranks(aux)
         if self.dims.cp > 1:
             return self.mean_over_ranks(aux)
-        return self._expert.mean_over_ranks(aux) if self._expert is not None else aux
+        return self.reducer.mean_over_ranks(aux)
 
     def mean_over_ranks(self, value: float) -> float:
         """The global batch's value of a per-rank metric (the MTP loss): the mean over the
@@ -236,16 +234,31 @@ class ParallelRun:
         return self.reducer.mean_over_ranks(value) * self.dims.cp
 
     def sync_moe_stats(self, model) -> None:
-        """The step's expert loads summed over the ranks that routed other tokens; under
-        context parallel each MoE layer's recorded aux loss is this rank's part
-        (models/cp_model.py), summed over the cp group into the whole sequences' (one
-        all-reduce; every cp rank ran the same layers)."""
+        """The step's expert loads summed over the ranks that routed other tokens (the
+        reduction's), and each MoE layer's aux-loss sum, forward count and dropped pairs over
+        the data-parallel replicas (``dp``: each routed its own micro-batches; the ranks of a
+        tp group recorded the same one), so the logged statistics are the global batch's in
+        every layout (a pipeline sums its stages' itself). Under context parallel each
+        layer's recorded aux loss is then this replica's part (models/cp_model.py), summed
+        over the cp group into the whole sequences' (every cp rank ran the same layers)."""
         if self.world_size == 1:
             return
         self.reducer.sync_moe_stats(model)
-        layers = [m for _, m in sorted(model.moe_layers().items()) if m.aux_sum is not None]
+        if self.pipeline is not None:
+            return
+        import mindspore as ms
+        layers = [m for _, m in sorted(model.moe_layers().items())]
+        if layers and self.dims.dp > 1:
+            rows = [[0.0 if m.aux_sum is None else float(m.aux_sum.asnumpy()), m.num_forwards,
+                     m.dropped] for m in layers]
+            total = self.group_comm.all_reduce(np.array(rows, np.float32), "dp")
+            for m, (aux_sum, forwards, dropped) in zip(layers, total):
+                if m.aux_sum is not None:
+                    m.aux_sum = ms.Tensor(np.float32(aux_sum))
+                m.num_forwards = int(round(float(forwards)))
+                m.dropped = int(round(float(dropped)))
+        layers = [m for m in layers if m.aux_sum is not None]
         if self.dims.cp > 1 and layers:
-            import mindspore as ms
             parts = np.array([float(m.aux_sum.asnumpy()) for m in layers], np.float32)
             for moe, total in zip(layers, self.group_comm.all_reduce(parts, "cp")):
                 moe.aux_sum = ms.Tensor(np.float32(total))

@@ -187,19 +187,14 @@ class MoE(nn.Cell):
             out = out + self.shared_experts.apply(x2d, *shared_ws)
         return out.reshape(b, n, hdim).astype(x.dtype), aux
 
-    def routed(self, x):
-        """(routed experts' output [B*S, H], aux loss or None) of x [B, S, H], without the
-        shared experts (tensor parallelism runs those on their own, ``models/tp_model.py``)."""
-        b, n, hdim = x.shape
-        return self.routed_apply(x.reshape(b * n, hdim), b, self.router.weight,
-                                 self.experts.weight1, self.experts.weight2)
-
     @property
     def has_aux(self) -> bool:
         return self.spec.load_balancing_type != "none" and self.spec.aux_loss_coeff > 0
 
     def routed_apply(self, x2d, b: int, w_router, weight1, weight2):
-        """:meth:`routed` of the tokens x2d [B*S, H] of ``b`` sequences, with the router and
+        """(routed experts' output [B*S, H], aux loss or None) of the tokens x2d [B*S, H] of
+        ``b`` sequences, without the shared experts (tensor parallelism runs those on their
+        own, ``models/tp_model.py``), with the router and
         expert weights as arguments: :meth:`route`, :meth:`dispatch`, :meth:`sequence_aux`,
         :meth:`record` (tensor x expert parallelism composes the same four on its own token
         split, ``models/tp_model.py``; :meth:`static_apply` the first and third with the

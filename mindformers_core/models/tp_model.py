@@ -64,6 +64,13 @@ global norm, which counts sharded gradients over the group (``shard_spec.global_
 Max attention logits are per *local* head: ``[num_layers, num_heads / tp]`` (a MAX across
 ranks may only run over data-parallel replicas, never across tp ranks, which hold other heads).
 
+Tensor x fully sharded data parallel (``distributed/fsdp.py`` ``apply_fsdp`` after this cut,
+:meth:`TensorParallelRunner.hold_rows`): a parameter may then store only its dp rows of this
+rank's tp slice. Every weight read goes through one accessor, which gathers the rows
+(backward: reduce-scatter over dp) before the tp gradient sum, and each decoder layer's step
+is one recomputed unit whose weights are gathered inside it, so the whole tp slices of one
+layer exist at a time.
+
 ``training.jit: layer``: the boundaries are host-side collectives with their own bprop, which
 a ``mindspore.jit`` graph cannot hold, so they stay PyNative; each layer's attention on its
 local heads and its dense MLP on its local units are compiled (one graph each, the weights and

@@ -9,11 +9,11 @@ update after the optimizer step reads the same global counts). Every ``log_inter
   capacity drops);
 * ``imbalance``: max / mean of ``tokens_per_expert`` (1 = perfectly balanced; 0 if nothing
   was routed);
-* ``aux_loss``: the layer's load-balancing loss (coefficient included), mean over this
-  rank's micro-batches (under expert parallelism over every rank's); null when the layer has
-  none;
-* ``dropped``: pairs dropped by the expert capacity in this rank's micro-batches (under
-  expert parallelism every rank's);
+* ``aux_loss``: the layer's load-balancing loss (coefficient included), mean over the
+  step's micro-batches of every data-parallel replica (distributed/setup.py
+  ``ParallelRun.sync_moe_stats``); null when the layer has none;
+* ``dropped``: pairs dropped by the expert capacity in the step's micro-batches, every
+  replica's;
 * ``tokens_per_ep_rank`` (expert parallel only) [ep]: the pairs routed to each EP rank's
   experts, ``sum of tokens_per_expert`` over that rank's block of ``E / ep`` experts (the
   rows its experts compute, before drops).

@@ -41,7 +41,7 @@ LAYOUTS = [
     # there under the same layout (the model's rows on top of its tp layout)
     TrainerCase("tp2_fsdp2_gpt", 4, MARKOV, TPF_COMMON + ("training.steps=6",) + CP_SAVE,
                 layout=TP2 + FSDP_PARAMS, rtol=1e-5, steps=6, resume_at=4,
-                checks=("rows_stored",)),
+                checks=("rows_stored", "merged_resumes_on_one_process")),
     # optim_grads: weights whole, gradients reduce-scattered to the rows of each tp slice
     TrainerCase("tp2_fsdp_grads_gpt", 4, MARKOV, TPF_COMMON + ("training.steps=6",) + CP_SAVE,
                 layout=TP2 + ("parallelism.data_parallel_shard_strategy=optim_grads",),

@@ -67,8 +67,23 @@ def rows_stored(name, case_dir):
 #: name -> check(case name, N-worker rows, 1-process rows)
 CHECKS = {"finite_mtp_loss": finite_mtp_loss, "qk_clip_active": qk_clip_active,
           "moe_layers_whole": moe_layers_whole}
-#: name -> check(case name, the case's run directory)
-DIR_CHECKS = {"rows_stored": rows_stored}
+def merged_resumes_on_one_process(case, case_dir, want):
+    """``tools/convert_checkpoint.py merge`` of the layout's step-4 checkpoint is one
+    single-process file, and one process resumed from it runs the reference's next steps."""
+    from layout_matrix import train_one
+    from mindformers_core.tools.convert_checkpoint import merge
+    ckpt = os.path.join(case_dir, "checkpoint", "mindformers_core_step00000004.safetensors")
+    one = os.path.join(case_dir, "merged_one_process")
+    merged = merge(ckpt, os.path.join(one, "merged.safetensors"))
+    train_one(case.config, list(case.reference_overrides(one)) + [
+        f"checkpoint.load_path={merged}", "checkpoint.enable_save=false"], one)
+    compare_rows(f"{case.name} merged, one process", read_metrics(one),
+                 [r for r in want if r["step"] > 4], case.metrics, case.rtol)
+
+
+#: name -> check(case, the case's run directory, 1-process rows)
+DIR_CHECKS = {"rows_stored": lambda case, d, want: rows_stored(case.name, d),
+              "merged_resumes_on_one_process": merged_resumes_on_one_process}
 
 
 @pytest.mark.multiproc
@@ -82,7 +97,7 @@ def test_layout_equals_one_process(layout_matrix, case):
     assert trained[0] != trained[-1], f"{case.name}: the reference loss never moved"
     for check in case.checks:
         if check in DIR_CHECKS:
-            DIR_CHECKS[check](case.name, layout_matrix.case_dir(case.name))
+            DIR_CHECKS[check](case, layout_matrix.case_dir(case.name), want)
         else:
             CHECKS[check](case.name, got, want)
     if case.resume_at is not None:   # its own checkpoint resumed under the same layout

@@ -263,3 +263,22 @@ def test_check_accepts_pipeline_times_data_parallel(world, config, sets):
     proc, elapsed = run_check(world, config, sets)
     assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-1500:]
     assert elapsed < 5.0, elapsed
+
+
+@pytest.mark.parametrize("world,point,message", [
+    (4, dict(model="deepseek_v3", ep=2, strategy="optim_grads"),
+     "parallelism.data_parallel_shard_strategy: 'optim_grads' with "
+     "parallelism.expert_parallel(2) is not implemented yet (ep x FSDP); use 'optim' (ZeRO-1; "
+     "the expert weights keep their whole state on their rank) or expert_parallel: 1"),
+    (4, dict(model="deepseek_v3", tp=2, ep=2, strategy="optim_grads_params"),
+     "parallelism.data_parallel_shard_strategy: 'optim_grads_params' with "
+     "parallelism.expert_parallel(2) is not implemented yet (ep x FSDP)"),
+    (8, dict(model="gpt", pp=2, tp=2, strategy="optim_grads_params", global_batch=8),
+     "parallelism.data_parallel_shard_strategy: 'optim_grads_params' with "
+     "parallelism.tensor_parallel(2) and pipeline_parallel(2) is not implemented yet "
+     "(pp x tp x FSDP); use 'optim' (ZeRO-1 over the data-parallel ranks of each tp shard), "
+     "tensor_parallel: 1 (pp x FSDP runs) or pipeline_parallel: 1 (tp x FSDP runs)"),
+])
+def test_fsdp_compositions_that_do_not_run_say_what_does(monkeypatch, world, point, message):
+    kind, got = verdict(monkeypatch, world, **point)
+    assert kind == "refused" and got.startswith(message), got

@@ -13,7 +13,7 @@ import pytest
 
 from mindformers_core.core.parallel_dims import make_mesh
 from mindformers_core.distributed.shard_layout import shard_rows
-from mindformers_core.distributed.shard_spec import ShardSpec, shard
+from mindformers_core.distributed.shard_spec import ShardSpec, param_of, shard
 from mindformers_core.checkpoint.store import (CheckpointError, checkpoint_name,
                                                  list_checkpoints, load_checkpoint,
                                                  prune_checkpoints, save_checkpoint)
@@ -423,3 +423,78 @@ def test_blocked_shard_is_one_box_of_the_shard_major_order(tmp_path):
     piece = describe_pieces({"model.layers.0.linear_qkv.weight": local}, TP_BLOCKED,
                             {"tp": 1})["model.layers.0.linear_qkv.weight"]
     assert (piece.offset, piece.shape, piece.blocks) == ((6, 0), (6, 4), (8, 2, 2))
+
+
+def _tp_fsdp_rows(local, dp_index):
+    """tp x FSDP's rows of one rank (``model.set_row_shards``): block ``dp_index`` of 2 of
+    every tensor whose first dim (of its tp slice) divides by 2."""
+    rows = {}
+    for key, arr in local.items():
+        name = param_of(key)
+        d0 = np.shape(arr)[0] if np.ndim(arr) else 0
+        if name is not None and d0 and d0 % 2 == 0:
+            rows[name] = (dp_index * d0 // 2, (dp_index + 1) * d0 // 2, d0)
+    return rows
+
+
+@pytest.mark.parametrize("with_optimizer_rows", [False, True])
+def test_tp_fsdp_rows_on_top_of_the_tp_pieces_merge_bit_identically(tmp_path,
+                                                                    with_optimizer_rows):
+    """tp2 x FSDP dp2: each rank holds its dp rows of its tp slice (a row-parallel weight
+    split in two dimensions); ``with_model_rows`` describes the model and optimizer entries
+    the optimizer did not (with or without its own ZeRO rows), and the rank files merge to
+    the whole tensors, bit for bit."""
+    from mindformers_core.checkpoint.sharded_save import with_model_rows
+    data, mesh = full_data(), make_mesh(4, tp=2)
+    sizes = axis_sizes([mesh.coords(r) for r in range(4)])
+    for rank in range(4):
+        coords = mesh.coords(rank)
+        local = reshard(data, TP, coords).tensors
+        rows = _tp_fsdp_rows(local, coords["dp"])
+        zero = None
+        if with_optimizer_rows:   # the optimizer's own rows of its main_param entries
+            zero = ZeroRows({k: rows[param_of(k)] for k in local
+                             if k.startswith("optim.main_param.") and param_of(k) in rows},
+                            2, coords["dp"], 0)
+        zero = with_model_rows(zero, local, rows)
+        assert zero.num_shards == 2 and zero.shard_index == coords["dp"] and zero.replica == 0
+        local = {k: (v[zero.rows[k][0]:zero.rows[k][1]] if k in zero.rows else v)
+                 for k, v in local.items()}
+        proj = local["model.layers.0.linear_proj.weight"]
+        assert proj.shape == (2, 3)   # (4, 6): columns over tp, rows over dp
+        write_rank(str(tmp_path), NAME, 7, rank, 4, local, TP, coords, zero, data.dtypes,
+                   data.run_id, sizes=sizes)
+    index = save_index(str(tmp_path), NAME, 7, 4, {"rng.numpy_keys": data.tensors[
+        "rng.numpy_keys"]}, data.state, data.config, data.run_id)
+    assert_same(load_checkpoint(index).tensors, full_tensors())
+
+
+def test_without_model_rows_the_optimizer_rows_are_unchanged():
+    from mindformers_core.checkpoint.sharded_save import with_model_rows
+    zero = ZeroRows({"optim.adam_m.x": (0, 2, 4)}, 2, 0, 1)
+    assert with_model_rows(zero, {"model.x": np.zeros(4)}, {}) is zero
+    assert with_model_rows(None, {"model.x": np.zeros(4)}, {}) is None
+
+
+def test_reshard_for_model_keeps_the_model_s_dp_rows_of_its_tp_slice():
+    """Resuming under tp x FSDP: the tp slice, then the model's dp rows of it; the optimizer
+    entries stay the whole slice (the optimizer keeps its rows itself)."""
+    from mindformers_core.checkpoint.sharded_save import reshard_for_model
+
+    class Model:
+        def shard_specs(self):
+            return TP
+
+        def row_shards(self):
+            return {"layers.0.linear_proj.weight": (2, 4, 4)}
+
+        def get_parameters(self):
+            return [type("P", (), {"name": n})() for n in SHAPES]
+
+    coords = make_mesh(4, tp=2).coords(3)   # tp 1, dp 1
+    got = reshard_for_model(full_data(), Model(), type("L", (), {"coords": lambda s: coords})())
+    full = full_tensors()
+    np.testing.assert_array_equal(got.tensors["model.layers.0.linear_proj.weight"],
+                                  full["model.layers.0.linear_proj.weight"][2:4, 3:6])
+    np.testing.assert_array_equal(got.tensors["optim.adam_m.layers.0.linear_proj.weight"],
+                                  full["optim.adam_m.layers.0.linear_proj.weight"][:, 3:6])
