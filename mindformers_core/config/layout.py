@@ -15,6 +15,7 @@ until they are):
     data parallel          any dp, ZeRO-1 over data_parallel_shard, every shard strategy
     tensor parallel (+sp)  x data parallel with ZeRO-1 (strategies no_shard / optim)
     tp x FSDP              optim_grads / optim_grads_params: dp rows of each tp slice
+    ep x FSDP              the dense weights FSDP-split over dp, the experts over ep (whole)
     expert parallel        x data parallel (ep carved out of dp), ZeRO-1 (no_shard / optim)
     tp x ep                ep folded over tp x dp (core/parallel_dims.py), ZeRO-1 over dp
     pipeline parallel      x data parallel with ZeRO-1 (no_shard / optim), 1F1B or interleaved;
@@ -28,7 +29,7 @@ until they are):
     cp x ep                ep folded over cp x dp (core/parallel_dims.py), ZeRO-1 over dp x cp
 
 The refusals in words: ``tensor_parallel`` with a gradient/parameter-sharding strategy under
-``pipeline_parallel`` (pp x tp x FSDP); ``expert_parallel`` with FSDP; ``context_parallel`` with
+``pipeline_parallel`` (pp x tp x FSDP); ``expert_parallel`` with FSDP and tp or pp; ``context_parallel`` with
 ``pipeline_parallel``, with a strategy other than ``optim``, or with both ``tensor_parallel``
 and ``expert_parallel`` (cp x tp x ep).
 """
@@ -49,6 +50,8 @@ LAYOUT_TABLE = (
     ("expert parallel", "ep x dp (ep divides dp) with ZeRO-1 (no_shard / optim)"),
     ("tp x FSDP", "tp (+sp) x dp with optim_grads / optim_grads_params (dp rows of each tp "
                   "slice)"),
+    ("ep x FSDP", "ep x dp with optim_grads / optim_grads_params on the dense weights (the "
+                  "experts split over ep, their state whole)"),
     ("tp x ep",
      "tp (+sp) x ep (ep divides dp, folded over tp x dp) with ZeRO-1 (no_shard / optim)"),
     ("pipeline parallel", "pp x dp with ZeRO-1 (no_shard / optim), 1F1B or interleaved 1F1B"),
@@ -85,11 +88,14 @@ def check_layout(dims: ParallelDims) -> None:
     config's own checks (config/tensor_parallel_rules.py, expert_layout.py, pipeline.py)."""
     if dims.cp > 1:
         _check_context(dims)
-    if _shards_grads(dims) and dims.ep > 1:
+    if _shards_grads(dims) and dims.ep > 1 and (dims.tp > 1 or dims.pp > 1):
+        other = "tensor_parallel" if dims.tp > 1 else "pipeline_parallel"
+        kind = "tp x ep x FSDP" if dims.tp > 1 else "pp x ep x FSDP"
         raise _refuse("data_parallel_shard_strategy",
-                      f"{dims.shard_strategy!r} with parallelism.expert_parallel({dims.ep}) is "
-                      f"not implemented yet (ep x FSDP); use 'optim' (ZeRO-1; the expert "
-                      f"weights keep their whole state on their rank) or expert_parallel: 1")
+                      f"{dims.shard_strategy!r} with parallelism.expert_parallel({dims.ep}) and "
+                      f"{other}({dims.tp if dims.tp > 1 else dims.pp}) is not implemented yet "
+                      f"({kind}); use 'optim' (ZeRO-1; the expert weights keep their whole "
+                      f"state on their rank), expert_parallel: 1 or {other}: 1 (ep x FSDP runs)")
     if _shards_grads(dims) and dims.tp > 1 and dims.pp > 1:
         raise _refuse("data_parallel_shard_strategy",
                       f"{dims.shard_strategy!r} with parallelism.tensor_parallel({dims.tp}) and "
@@ -147,7 +153,7 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
         # the data-parallel reduction over dp x cp (without tp: every rank)
         return ((["tensor"] if dims.tp > 1 else []) + ["context"]
                 + (["expert"] if dims.ep > 1 else []))
-    if _shards_grads(dims) and dims.ep > 1:
+    if _shards_grads(dims) and dims.ep > 1 and dims.tp > 1:
         raise ValueError(f"no builder for {dims.describe()}")
     # tp x FSDP: the rows are those of each tp slice, over its dp group (distributed/fsdp.py)
     steps = (["tensor"] if dims.tp > 1 else []) + (["fsdp"] if dims.tp == 1 or _shards_grads(dims)

@@ -32,7 +32,8 @@ Limits of ``optim_grads_params`` here (each a ConfigError from :func:`apply_fsdp
 ``training.jit`` runs as ``none`` (the units are PyNative Cells with collectives; another
 value written in the config is refused), no
 multi-token prediction (its layers read the shared embedding outside the units), context
-and expert parallel sizes 1 (config/layout.py). Under tensor parallel (tp x FSDP,
+parallel size 1 (config/layout.py). Under expert parallel the routed experts are cut over ep
+before this (distributed/setup.py) and are not split here: a unit passes them through. Under tensor parallel (tp x FSDP,
 :func:`apply_fsdp`'s ``tensor``) the rows are those of each rank's tp slice, gathered over
 its dp group inside one unit per tensor-parallel layer (``models/tp_model.py`` ``hold_rows``). Under pipeline parallel each stage's weights are
 split over its own dp group: the pipeline's stage runs the same units (core/pipeline_split.py
@@ -65,7 +66,7 @@ from .shard_spec import ShardSpec, sharded_grad_norm
 from .zero import ZeroSharding
 
 __all__ = ["GatherShard", "FSDPUnit", "FSDPRunner", "FSDPGradReducer", "FSDPSharding",
-           "RowHoldingRunner", "layer_unit", "shard_model", "apply_fsdp"]
+           "RowHoldingRunner", "layer_unit", "shard_model", "apply_fsdp", "grad_row_specs"]
 
 
 class GatherShard(nn.Cell):
@@ -338,6 +339,15 @@ def _refuse(cfg) -> None:
                           f"optim_grads_params; set it to 0 or use optim_grads")
 
 
+def grad_row_specs(reduction) -> Dict[str, ShardSpec]:
+    """The dp-row layouts of the gradients that ``reduction`` (:func:`apply_fsdp`'s result)
+    leaves as rows: {} unless it is an FSDP reduction whose strategy shards gradients (the
+    expert-parallel norm counts them over dp, distributed/ep_reduce.py)."""
+    if isinstance(reduction, FSDPGradReducer) and shards_grads(reduction.strategy):
+        return dict(reduction.specs)
+    return {}
+
+
 @runtime_checkable
 class RowHoldingRunner(Protocol):
     """A tensor-parallel model's runner (``models/tp_model.py``) as tp x FSDP drives it."""
@@ -377,7 +387,10 @@ def apply_fsdp(cfg, reducer, model, comm: Optional[GroupCommunicator] = None,
     if comm is None:
         raise ValueError("apply_fsdp shards over the run's GroupCommunicator: pass comm "
                          "(distributed/setup.py does)")
-    trainable = [(p.name, tuple(p.shape)) for p in model.trainable_params()]
+    # ep x FSDP: the experts are already split over ep (distributed/setup.py cuts them first)
+    expert = {n for n, s in model.shard_specs().items() if s.group == "ep"}
+    trainable = [(p.name, tuple(p.shape)) for p in model.trainable_params()
+                 if p.name not in expert]
     specs = fsdp_specs(trainable, num_shards) if split_on else {}
     index = comm.mesh.local_rank(FSDP_GROUP, comm.rank)
     if shards_params(strategy) and specs and tensor is not None:

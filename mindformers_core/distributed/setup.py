@@ -2,7 +2,7 @@
 
     run = setup_parallel(cfg)        # initialises communication only under msrun
     trainer = Trainer(cfg, out)      # builds its model, then:
-    model = run.parallelize(model)   # TP/SP slices -> FSDP units -> cp chunks -> EP cut (one order)
+    model = run.parallelize(model)   # TP/SP slices -> EP cut -> FSDP units -> cp chunks (one order)
     run.attach(model)                # pipeline: keep this stage's parameters (after a load)
     build_optimizer(..., shard_layout=run.optimizer_sharding())
     run.bind_optimizer(optimizer)
@@ -105,19 +105,25 @@ class ParallelRun:
     # -- the model -------------------------------------------------------------------------------
     def parallelize(self, model):
         """This rank's model, cut by every builder of the layout, in their one order: TP/SP
-        slices, the FSDP strategy, the EP cut. (The pipeline keeps its stage in ``attach``,
+        slices, the EP cut, the FSDP strategy (on the weights the EP cut left whole), the cp
+        chunks. (The pipeline keeps its stage in ``attach``,
         after any checkpoint load; under pp x tp / pp x FSDP / pp x ep each stage's
         data-parallel reduction is the tensor-parallel / FSDP / expert-parallel one, the
         last wrapping the tensor-parallel one.)"""
         if "tensor" in self.steps:   # the model cuts itself (models/tp_model.py)
             model = model.apply_tensor_parallel(self.group_comm)
             self._tensor.bind_model(model)
+        if "expert" in self.steps:   # the model keeps its experts (models/expert_parallel.py)
+            # before FSDP, which splits only the weights every rank holds whole (ep x FSDP)
+            model.apply_expert_parallel(self.group_comm)
+        rows = {}
         if "fsdp" in self.steps:   # under pp: each stage's, over its dp group
-            from .fsdp import apply_fsdp
+            from .fsdp import apply_fsdp, grad_row_specs
             base = self.reducer if self.pipeline is None else self.pipeline.data
             # tp x FSDP: the rows of each tp slice, the tensor-parallel reduction inside
             reduction, model = apply_fsdp(self.cfg, base, model, self.group_comm,
                                           self._tensor if self.pipeline is None else None)
+            rows = grad_row_specs(reduction)
             if self.pipeline is None:
                 self.reducer = reduction
             else:
@@ -127,16 +133,16 @@ class ParallelRun:
             par = self.cfg.parallelism
             model = model.apply_context_parallel(self.group_comm, par.context_parallel_method,
                                                  ulysses_degree(par))
-        if "expert" in self.steps:   # the model keeps its experts (models/expert_parallel.py)
+        if "expert" in self.steps:   # expert gradients over edp, the rest as before
             from .ep_reduce import ExpertParallelReducer
-            model.apply_expert_parallel(self.group_comm)
-            # every layout of the model (tp and ep splits): the norm counts each over its group
+            # every layout of the gradients (tp, ep and FSDP-row splits): the norm counts
+            # each over its group
+            specs = {**rows, **model.shard_specs()}
             if self.pipeline is not None:   # pp x ep: the stage's reduction over its dp group
                 self.pipeline.set_stage_reduction(ExpertParallelReducer(
-                    self.pipeline.data, self.group_comm, model.shard_specs()))
+                    self.pipeline.data, self.group_comm, specs))
             else:
-                self.reducer = ExpertParallelReducer(
-                    self.reducer, self.group_comm, model.shard_specs())
+                self.reducer = ExpertParallelReducer(self.reducer, self.group_comm, specs)
         return model
 
     def attach(self, model) -> None:

@@ -51,6 +51,15 @@ LAYOUTS = [
     TrainerCase("tp2_fsdp2_dsv3_allgather", 4, DSV3, TPF_COMMON + DSV3_QK,
                 layout=TP2 + FSDP_PARAMS + ("optimizer.comm_strategy=allgather",),
                 metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active", "rows_stored")),
+    # ep2 x FSDP over dp 4 (edp 2): the experts cut over ep first, the dense weights split
+    # over dp 4; saves at step 4 and resumes there (dense rows, whole experts)
+    TrainerCase("ep2_fsdp4_dsv3", 4, DSV3, TPF_COMMON + DSV3_QK[:1] + ("training.steps=6",)
+                + CP_SAVE, layout=("parallelism.expert_parallel=2",) + FSDP_PARAMS,
+                metrics=DSV3_METRICS, steps=6, resume_at=4, checks=("qk_clip_active",)),
+    TrainerCase("ep2_fsdp_grads_dsv3", 4, DSV3, TPF_COMMON + DSV3_QK,
+                layout=("parallelism.expert_parallel=2",
+                        "parallelism.data_parallel_shard_strategy=optim_grads"),
+                metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active",)),
     TrainerCase("tp2_fsdp2_dsv3_deredundency", 4, DSV3, TPF_COMMON + DSV3_QK,
                 layout=TP2 + FSDP_PARAMS + ("optimizer.comm_strategy=allgather_deredundency",),
                 metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active",)),

@@ -114,6 +114,9 @@ def test_every_point_is_accepted_with_a_builder_or_refused_naming_a_parallelism_
      ["pipeline", "tensor", "expert"]),
     (16, dict(model="deepseek_v3", pp=2, tp=2, ep=4, strategy="no_shard"),
      ["pipeline", "tensor", "expert"]),
+    # ep x FSDP: the experts over ep, the dense weights over dp
+    (4, dict(model="deepseek_v3", ep=2, strategy="optim_grads"), ["fsdp", "expert"]),
+    (8, dict(model="deepseek_v3", ep=4, strategy="optim_grads_params"), ["fsdp", "expert"]),
     # tp x FSDP: dp rows of each tp slice
     (4, dict(model="gpt", tp=2, strategy="optim_grads_params"), ["tensor", "fsdp"]),
     (8, dict(model="deepseek_v3", tp=2, strategy="optim_grads"), ["tensor", "fsdp"]),
@@ -130,8 +133,6 @@ def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
 
 @pytest.mark.parametrize("world,point,field", [
     (4, dict(model="deepseek_v3", tp=2, ep=2, strategy="optim_grads"),
-     "parallelism.data_parallel_shard_strategy"),
-    (4, dict(model="deepseek_v3", ep=2, strategy="optim_grads"),
      "parallelism.data_parallel_shard_strategy"),
     (8, dict(model="gpt", pp=2, tp=2, strategy="optim_grads_params", global_batch=8),
      "parallelism.data_parallel_shard_strategy"),
@@ -266,13 +267,15 @@ def test_check_accepts_pipeline_times_data_parallel(world, config, sets):
 
 
 @pytest.mark.parametrize("world,point,message", [
-    (4, dict(model="deepseek_v3", ep=2, strategy="optim_grads"),
+    (4, dict(model="deepseek_v3", pp=2, ep=2, strategy="optim_grads", global_batch=8),
      "parallelism.data_parallel_shard_strategy: 'optim_grads' with "
-     "parallelism.expert_parallel(2) is not implemented yet (ep x FSDP); use 'optim' (ZeRO-1; "
-     "the expert weights keep their whole state on their rank) or expert_parallel: 1"),
+     "parallelism.expert_parallel(2) and pipeline_parallel(2) is not implemented yet "
+     "(pp x ep x FSDP); use 'optim' (ZeRO-1; the expert weights keep their whole state on "
+     "their rank), expert_parallel: 1 or pipeline_parallel: 1 (ep x FSDP runs)"),
     (4, dict(model="deepseek_v3", tp=2, ep=2, strategy="optim_grads_params"),
      "parallelism.data_parallel_shard_strategy: 'optim_grads_params' with "
-     "parallelism.expert_parallel(2) is not implemented yet (ep x FSDP)"),
+     "parallelism.expert_parallel(2) and tensor_parallel(2) is not implemented yet "
+     "(tp x ep x FSDP)"),
     (8, dict(model="gpt", pp=2, tp=2, strategy="optim_grads_params", global_batch=8),
      "parallelism.data_parallel_shard_strategy: 'optim_grads_params' with "
      "parallelism.tensor_parallel(2) and pipeline_parallel(2) is not implemented yet "
