@@ -285,11 +285,10 @@ class OptimizerConfig(Section):
                                self.ns_steps)
             if len(schedule) != self.ns_steps:  # segmented form: its counts give the steps
                 if "ns_steps" in self.explicit_keys:
-                    # upstream silently replaces ns_steps; we refuse a contradiction
-                    raise ConfigError(p("ns_steps"),
-                                      f"ns_coefficients schedule length ({len(schedule)}) must "
-                                      f"match ns_steps ({self.ns_steps}). The segmented form's "
-                                      "counts give the steps; remove ns_steps or make it match.")
+                    # upstream replaces the written ns_steps by the schedule's length (its
+                    # master DeepSeek-V4 config writes 8 beside a 10-step schedule); so do we,
+                    # and the launch doctor says so (replaced_ns_steps)
+                    object.__setattr__(self, "_written_ns_steps", self.ns_steps)
                 self.ns_steps = len(schedule)
         checked(p("qk_clip_threshold"), check_qk_clip_threshold, self.qk_clip_enabled,
                 self.qk_clip_threshold)
@@ -301,6 +300,11 @@ class OptimizerConfig(Section):
             checked(p(name), check_memory_budget, name, getattr(self, name))
 
     # ------------------------------------------------------------------------------------------
+    def replaced_ns_steps(self):
+        """The ``ns_steps`` the config wrote when a segmented ``ns_coefficients`` of another
+        length replaced it (as upstream does), else None."""
+        return getattr(self, "_written_ns_steps", None)
+
     def ns_schedule(self):
         """The resolved Newton-Schulz schedule: one (a, b, c) per iteration."""
         if self.muon_coefficient_type is not None:

@@ -437,6 +437,19 @@ def check_performance_flags(cfg) -> Verdict:
                                                 "here is set")
 
 
+def check_ns_steps(cfg) -> Verdict:
+    """A written ``optimizer.ns_steps`` that a segmented ``ns_coefficients`` replaced (as
+    upstream does): the schedule's iterations run, so a WARN naming both."""
+    written = cfg.optimizer.replaced_ns_steps()
+    if written is not None:
+        return Verdict("ns_steps", "WARN",
+                       f"optimizer.ns_steps is {written}, but the segmented ns_coefficients "
+                       f"runs {cfg.optimizer.ns_steps} Newton-Schulz iterations (its counts); "
+                       f"those run, as upstream", f"set ns_steps: {cfg.optimizer.ns_steps} or "
+                       f"remove it")
+    return Verdict("ns_steps", "PASS", "ns_steps agrees with the Newton-Schulz schedule")
+
+
 # ----------------------------------------------------------------------------------------------
 def _shrunk_twin_config(model_cfg):
     """Same structure (names, ranks, layer kinds), tiny sizes: for group checks of big models."""
@@ -499,7 +512,7 @@ def run_doctor(cfg, reference_batch: Optional[float] = None,
     if inspect_model:
         verdicts.append(check_group_lr_ratios(cfg, sched, groups))
     verdicts += [check_optimizer_state(cfg), check_muon_prerequisites(cfg),
-                 check_loss_scale(cfg), check_performance_flags(cfg)]
+                 check_loss_scale(cfg), check_performance_flags(cfg), check_ns_steps(cfg)]
     verdicts.append(check_memory(cfg, world_size))
     return verdicts
 
