@@ -19,7 +19,8 @@ until they are):
     expert parallel        x data parallel (ep carved out of dp), ZeRO-1 (no_shard / optim)
     tp x ep                ep folded over tp x dp (core/parallel_dims.py), ZeRO-1 over dp
     pipeline parallel      x data parallel with ZeRO-1 (no_shard / optim), 1F1B or interleaved;
-                           x FSDP (optim_grads / optim_grads_params over each stage's dp)
+                           x FSDP (optim_grads / optim_grads_params over each stage's dp),
+                           also with tp inside (the dp rows of each stage's tp slices)
     pp x ep                ep carved out of each stage's dp (DeepSeek-V3's pp x ep x ZeRO-1 dp),
                            experts' gradients over the stage's edp
     pp x tp (x ep)         tp (+sp) inside each stage, ep folded over the stage's tp x dp
@@ -28,8 +29,7 @@ until they are):
     cp x tp                tp (+sp) inside each cp rank; gradients over dp x cp (dp_cp)
     cp x ep                ep folded over cp x dp (core/parallel_dims.py), ZeRO-1 over dp x cp
 
-The refusals in words: ``tensor_parallel`` with a gradient/parameter-sharding strategy under
-``pipeline_parallel`` (pp x tp x FSDP); ``expert_parallel`` with FSDP and tp or pp; ``context_parallel`` with
+The refusals in words: ``expert_parallel`` with FSDP and tp or pp; ``context_parallel`` with
 ``pipeline_parallel``, with a strategy other than ``optim``, or with both ``tensor_parallel``
 and ``expert_parallel`` (cp x tp x ep).
 """
@@ -56,7 +56,7 @@ LAYOUT_TABLE = (
      "tp (+sp) x ep (ep divides dp, folded over tp x dp) with ZeRO-1 (no_shard / optim)"),
     ("pipeline parallel", "pp x dp with ZeRO-1 (no_shard / optim), 1F1B or interleaved 1F1B"),
     ("pp x FSDP", "pp x dp with optim_grads / optim_grads_params over each stage's dp, "
-                  "1F1B or interleaved 1F1B"),
+                  "1F1B or interleaved 1F1B, also x tp (dp rows of each tp slice)"),
     ("pp x ep", "pp x ep (ep divides each stage's dp) with ZeRO-1 (no_shard / optim)"),
     ("pp x tp", "pp x tp (+sp) x dp, and x ep (folded over each stage's tp x dp), "
                 "with ZeRO-1 (no_shard / optim)"),
@@ -96,13 +96,6 @@ def check_layout(dims: ParallelDims) -> None:
                       f"{other}({dims.tp if dims.tp > 1 else dims.pp}) is not implemented yet "
                       f"({kind}); use 'optim' (ZeRO-1; the expert weights keep their whole "
                       f"state on their rank), expert_parallel: 1 or {other}: 1 (ep x FSDP runs)")
-    if _shards_grads(dims) and dims.tp > 1 and dims.pp > 1:
-        raise _refuse("data_parallel_shard_strategy",
-                      f"{dims.shard_strategy!r} with parallelism.tensor_parallel({dims.tp}) and "
-                      f"pipeline_parallel({dims.pp}) is not implemented yet (pp x tp x FSDP); "
-                      f"use 'optim' (ZeRO-1 over the data-parallel ranks of each tp shard), "
-                      f"tensor_parallel: 1 (pp x FSDP runs) or pipeline_parallel: 1 "
-                      f"(tp x FSDP runs)")
     parallel_steps(dims)   # an accepted layout has its builders
 
 
@@ -140,7 +133,7 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
     if dims.world == 1:
         return []
     if dims.pp > 1:
-        if dims.cp > 1 or (_shards_grads(dims) and (dims.tp > 1 or dims.ep > 1)):
+        if dims.cp > 1 or (_shards_grads(dims) and dims.ep > 1):
             raise ValueError(f"no builder for pipeline parallel with {dims.describe()}")
         # each stage cut over its tp group, then its experts over its ep group, or its
         # weights / gradients sharded over its dp group (setup.py)

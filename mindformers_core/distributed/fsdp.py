@@ -69,6 +69,10 @@ __all__ = ["GatherShard", "FSDPUnit", "FSDPRunner", "FSDPGradReducer", "FSDPShar
            "RowHoldingRunner", "layer_unit", "shard_model", "apply_fsdp", "grad_row_specs"]
 
 
+#: tp x FSDP: the tp and dp ranks of one pipeline stage (the norm of a weight split over both)
+TP_DP_GROUP = "tp_dp"
+
+
 class GatherShard(nn.Cell):
     """All-gather of a dim-0 shard over ``group`` forward; reduce-scatter of the gradient."""
 
@@ -311,9 +315,9 @@ class FSDPGradReducer:
         config/layout.py)."""
         tensor = self.tensor_specs or {}
         tp = {n for n, s in tensor.items() if s.is_sharded and s.num_shards > 1}
-        world = self.group_comm.mesh.world
+        both = len(self.group_comm.ranks(TP_DP_GROUP)) if tp and self.specs else 1
         groups = {(False, True): ShardSpec((self.num_shards,), 0, FSDP_GROUP, self.num_shards),
-                  (True, True): ShardSpec((world,), 0, "world", world),
+                  (True, True): ShardSpec((both,), 0, TP_DP_GROUP, both),
                   (False, False): None}
         if tp:
             size = next(tensor[n].num_shards for n in tp)
@@ -393,6 +397,11 @@ def apply_fsdp(cfg, reducer, model, comm: Optional[GroupCommunicator] = None,
                  if p.name not in expert]
     specs = fsdp_specs(trainable, num_shards) if split_on else {}
     index = comm.mesh.local_rank(FSDP_GROUP, comm.rank)
+    if tensor is not None and specs:   # the norm of a weight split over both tp and dp
+        mesh = comm.mesh
+        stage = mesh.coords(comm.rank)["pp"]
+        comm.add_group(TP_DP_GROUP, [r for r in range(mesh.world)
+                                     if mesh.coords(r)["pp"] == stage])
     if shards_params(strategy) and specs and tensor is not None:
         runner = model.runner
         if not isinstance(runner, RowHoldingRunner):

@@ -51,7 +51,7 @@ from .grad_reduce import DataParallelGradReducer
 from .group_view import GroupView
 from .pipeline_schedule import Transfer, p2p_program, schedule
 from .pipeline_stage import StageExecutor, StageRunner
-from .shard_spec import ShardSpec
+from .shard_spec import ShardSpec, model_rows, whole_shape
 
 __all__ = ["PipelineParallel", "stage_split_for", "micro_batch_tensors"]
 
@@ -117,9 +117,9 @@ class PipelineParallel:
         self.model = model
         self.specs = dict(model.shard_specs())
         shapes = release_foreign_parameters(model, self.split, self.stage)
-        # a shard (tp slice, expert) is recorded at the whole model's shape
-        self.full_shapes = {n: tuple(self.specs[n].full_shape) if n in self.specs else s
-                            for n, s in shapes.items()}
+        rows = model_rows(model)   # pp x tp x FSDP: dp rows of the tp slice
+        # a shard (tp slice, expert, dp rows) is recorded at the whole model's shape
+        self.full_shapes = {n: whole_shape(n, s, self.specs, rows) for n, s in shapes.items()}
 
     def parameter_sizes(self) -> Dict[str, int]:
         """name -> element count of the whole model's parameters (every stage's)."""
@@ -237,6 +237,23 @@ class PipelineParallel:
         from .qk_clip_stats import combine_qk_stats
         return self.data.combine_qk_stats(combine_qk_stats(self.comm, "pp", stats))
 
+    def _whole_rows(self, tensors: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """``tensors`` with every weight stored as dp rows of its tp slice (pp x tp x FSDP,
+        ``model.row_shards()``) all-gathered over dp into the slice (a collective of the dp
+        group, in name order), so each entry is a tp slice as the joins expect; the
+        optimizer's slots come whole from its collective ``state_dict``."""
+        rows = model_rows(self.model)
+        if not rows:
+            return tensors
+        import mindspore as ms
+        out = dict(tensors)
+        for name in sorted(rows):
+            key = f"model.{name}"
+            if key in out and self.split.owner(name) == self.stage:
+                out[key] = self.comm.all_gather(ms.Tensor(np.ascontiguousarray(out[key])),
+                                                "dp", 0).asnumpy()
+        return out
+
     def gather_checkpoint(self, tensors: Dict[str, np.ndarray], state: dict):
         """(tensors, state) of the whole model on rank 0 from every stage's payload (a
         collective; distributed/pipeline_checkpoint.py); other ranks get theirs back. Each
@@ -247,8 +264,8 @@ class PipelineParallel:
         from .pipeline_checkpoint import (gather_to_all, join_shards, merge_stage_payloads,
                                           sender_entries, sharded_entries, stage_map,
                                           stage_payload)
-        own = sender_entries(stage_payload(self.split, self.stage, tensors), self.specs,
-                             self.mesh.coords(self.rank))
+        own = sender_entries(stage_payload(self.split, self.stage, self._whole_rows(tensors)),
+                             self.specs, self.mesh.coords(self.rank))
         parts = gather_to_all(self.comm, own)
         if self.rank != 0:
             return tensors, state

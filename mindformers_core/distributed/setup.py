@@ -25,7 +25,7 @@ import numpy as np
 from ..core.parallel_dims import AXES, ParallelDims
 from .comm import Communicator, init_distributed
 from .grad_reduce import DataParallelGradReducer
-from .shard_spec import model_specs
+from .shard_spec import model_rows, model_specs, whole_shape
 
 __all__ = ["ParallelRun", "GradReduction", "setup_parallel"]
 
@@ -120,9 +120,10 @@ class ParallelRun:
         if "fsdp" in self.steps:   # under pp: each stage's, over its dp group
             from .fsdp import apply_fsdp, grad_row_specs
             base = self.reducer if self.pipeline is None else self.pipeline.data
-            # tp x FSDP: the rows of each tp slice, the tensor-parallel reduction inside
+            # tp x FSDP (pp x tp x FSDP: each stage's): the rows of each tp slice, the
+            # tensor-parallel reduction inside
             reduction, model = apply_fsdp(self.cfg, base, model, self.group_comm,
-                                          self._tensor if self.pipeline is None else None)
+                                          self._tensor)
             rows = grad_row_specs(reduction)
             if self.pipeline is None:
                 self.reducer = reduction
@@ -165,8 +166,8 @@ class ParallelRun:
         so the logged counts and the FLOPs per token of MFU are the whole model's."""
         if self.pipeline is not None:
             return self.pipeline.parameter_sizes()
-        specs = model_specs(model)
-        return {p.name: int(np.prod(specs[p.name].full_shape if p.name in specs else p.shape))
+        specs, rows = model_specs(model), model_rows(model)
+        return {p.name: int(np.prod(whole_shape(p.name, p.shape, specs, rows)))
                 for p in model.get_parameters()}
 
     def describe(self, num_micro: int) -> Optional[str]:

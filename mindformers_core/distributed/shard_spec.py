@@ -34,7 +34,7 @@ from typing import (Callable, Dict, Iterable, Optional, Protocol, Sequence, Tupl
 
 import numpy as np
 
-__all__ = ["ShardedCell", "ShardedModel", "RowShardedModel", "model_rows", "model_specs",
+__all__ = ["ShardedCell", "ShardedModel", "RowShardedModel", "model_rows", "whole_shape", "model_specs",
            "collect_shard_specs", "ShardSpec", "replicated", "local_shape", "local_indices",
            "local_slice", "shard", "unshard", "partial_sq_norms", "global_sq_norm",
            "sharded_grad_norm", "param_of"]
@@ -113,6 +113,18 @@ class RowShardedModel(Protocol):
 def model_rows(model) -> Dict[str, Tuple[int, int, int]]:
     """``model.row_shards()`` of a :class:`RowShardedModel`; {} otherwise."""
     return dict(model.row_shards()) if isinstance(model, RowShardedModel) else {}
+
+
+def whole_shape(name: str, shape: Sequence[int], specs: Dict[str, "ShardSpec"],
+                rows: Dict[str, Tuple[int, int, int]]) -> Tuple[int, ...]:
+    """The whole model's shape of parameter ``name`` stored here with ``shape``: its spec's
+    full shape; else, stored as dp rows of a replicated weight (``rows``, tp x FSDP), the
+    rows' whole; else its own."""
+    if name in specs:
+        return tuple(specs[name].full_shape)
+    if name in rows:
+        return (int(rows[name][2]),) + tuple(int(d) for d in shape)[1:]
+    return tuple(int(d) for d in shape)
 
 
 def model_specs(model) -> Dict[str, "ShardSpec"]:

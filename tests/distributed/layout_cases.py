@@ -33,6 +33,10 @@ DSV3_METRICS = ("loss", "grad_norm", "max_attention_logit", "aux_loss", "qk_clip
 TPF_COMMON = ("training.global_batch_size=8", "training.local_batch_size=2",
               "lr_scheduler.learning_rate=1e-3", "model.seq_length=16")
 FSDP_PARAMS = ("parallelism.data_parallel_shard_strategy=optim_grads_params",)
+#: the 8-worker cases: global batch 8, local batch 1 (issue 30's hidden check), lr 1e-3
+UPSTREAM8_COMMON = ("training.global_batch_size=8", "training.local_batch_size=1",
+                    "lr_scheduler.learning_rate=1e-3", "model.num_layers=4",
+                    "optimizer.qk_clip_threshold=0.05", "training.steps=4")
 
 #: N workers == 1 process through the Trainer, compared per step (test_layout_cases_msrun.py)
 LAYOUTS = [
@@ -60,6 +64,22 @@ LAYOUTS = [
                 layout=("parallelism.expert_parallel=2",
                         "parallelism.data_parallel_shard_strategy=optim_grads"),
                 metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active",)),
+    # the 8-worker launch (issue 30): upstream's 8-card PyNative layout (dp_shard 2 x ep 2 x
+    # tp 2 x pp 2 x interleave 2, ZeRO-1 over the shards of 2; ep folded over each stage's
+    # tp x dp) on the 4-layer tiny DeepSeek-V3, Muon with QK-Clip active and the expert bias
+    # (no MTP: multi-token prediction is refused under tensor parallel)
+    TrainerCase("upstream8_dsv3", 8, DSV3, UPSTREAM8_COMMON,
+                layout=TP2 + ("parallelism.pipeline_parallel=2",
+                              "parallelism.pipeline_parallel_interleave_num=2",
+                              "parallelism.expert_parallel=2",
+                              "parallelism.data_parallel_shard=2"),
+                metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active",)),
+    # pp2 x tp2 x FSDP dp2: each stage's weights stored as dp rows of its tp slices; saves at
+    # step 2 and resumes there (the pipeline checkpoint gathers the rows into the slices)
+    TrainerCase("pp2_tp2_fsdp2_gpt", 8, MARKOV, TPF_COMMON + (
+        "training.steps=4", "checkpoint.enable_save=true", "checkpoint.save_interleaved_steps=2"),
+        layout=TP2 + FSDP_PARAMS + ("parallelism.pipeline_parallel=2",), rtol=1e-5, steps=4,
+        resume_at=2),
     TrainerCase("tp2_fsdp2_dsv3_deredundency", 4, DSV3, TPF_COMMON + DSV3_QK,
                 layout=TP2 + FSDP_PARAMS + ("optimizer.comm_strategy=allgather_deredundency",),
                 metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active",)),

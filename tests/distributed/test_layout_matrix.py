@@ -117,7 +117,9 @@ def test_every_point_is_accepted_with_a_builder_or_refused_naming_a_parallelism_
     # ep x FSDP: the experts over ep, the dense weights over dp
     (4, dict(model="deepseek_v3", ep=2, strategy="optim_grads"), ["fsdp", "expert"]),
     (8, dict(model="deepseek_v3", ep=4, strategy="optim_grads_params"), ["fsdp", "expert"]),
-    # tp x FSDP: dp rows of each tp slice
+    # tp x FSDP: dp rows of each tp slice (pp x tp x FSDP: each stage's)
+    (8, dict(model="gpt", pp=2, tp=2, strategy="optim_grads_params", global_batch=8),
+     ["pipeline", "tensor", "fsdp"]),
     (4, dict(model="gpt", tp=2, strategy="optim_grads_params"), ["tensor", "fsdp"]),
     (8, dict(model="deepseek_v3", tp=2, strategy="optim_grads"), ["tensor", "fsdp"]),
     # FSDP inside each stage (over its dp group)
@@ -133,8 +135,6 @@ def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
 
 @pytest.mark.parametrize("world,point,field", [
     (4, dict(model="deepseek_v3", tp=2, ep=2, strategy="optim_grads"),
-     "parallelism.data_parallel_shard_strategy"),
-    (8, dict(model="gpt", pp=2, tp=2, strategy="optim_grads_params", global_batch=8),
      "parallelism.data_parallel_shard_strategy"),
     (4, dict(model="deepseek_v3", pp=2, ep=2, strategy="optim_grads"),
      "parallelism.data_parallel_shard_strategy"),
@@ -172,12 +172,6 @@ CLI_POINTS = [
                                                "parallelism.sequence_parallel=true",
                                                "parallelism.expert_parallel=2",
                                                "model.moe_expert_capacity_factor=1.0"]),
-    (8, "configs/markov_check.yaml", ["parallelism.pipeline_parallel=2",
-                                      "parallelism.tensor_parallel=2",
-                                      "parallelism.sequence_parallel=true",
-                                      "parallelism.data_parallel_shard_strategy="
-                                      "optim_grads_params",
-                                      "training.global_batch_size=8"]),
     (8, "configs/muon_deepseek_v3_tiny.yaml", ["parallelism.context_parallel=2",
                                                "parallelism.tensor_parallel=2",
                                                "parallelism.sequence_parallel=true",
@@ -276,11 +270,6 @@ def test_check_accepts_pipeline_times_data_parallel(world, config, sets):
      "parallelism.data_parallel_shard_strategy: 'optim_grads_params' with "
      "parallelism.expert_parallel(2) and tensor_parallel(2) is not implemented yet "
      "(tp x ep x FSDP)"),
-    (8, dict(model="gpt", pp=2, tp=2, strategy="optim_grads_params", global_batch=8),
-     "parallelism.data_parallel_shard_strategy: 'optim_grads_params' with "
-     "parallelism.tensor_parallel(2) and pipeline_parallel(2) is not implemented yet "
-     "(pp x tp x FSDP); use 'optim' (ZeRO-1 over the data-parallel ranks of each tp shard), "
-     "tensor_parallel: 1 (pp x FSDP runs) or pipeline_parallel: 1 (tp x FSDP runs)"),
 ])
 def test_fsdp_compositions_that_do_not_run_say_what_does(monkeypatch, world, point, message):
     kind, got = verdict(monkeypatch, world, **point)

@@ -91,11 +91,6 @@ def test_pp2_loads_on_two_workers(monkeypatch):
      r"the ranges cover layers 0..2, but the model has 4 layers"),
     (2, {"pipeline_parallel_interleave_num": 4}, "parallelism.pipeline_parallel_layers_per_stage",
      r"Number of layers \(4\) is not divisible by total stages \(8\)"),
-    (8, {"tensor_parallel": 2, "sequence_parallel": True,
-         "data_parallel_shard_strategy": "optim_grads"},
-     "parallelism.data_parallel_shard_strategy",
-     r"'optim_grads' with parallelism.tensor_parallel\(2\) and pipeline_parallel\(2\) is "
-     r"not implemented yet \(pp x tp x FSDP\); use 'optim'"),
 ])
 def test_pipeline_config_errors(monkeypatch, world, par, field, msg):
     msrun_world(monkeypatch, world)
