@@ -29,21 +29,20 @@ replicated gradients, identical on every rank, so clipping and skip decisions ag
 ``disable_gradient_division: False`` divides the reduced gradients by dp (upstream's averaging).
 
 Limits of ``optim_grads_params`` here (each a ConfigError from :func:`apply_fsdp`):
-``training.jit`` runs as ``none`` (the units are PyNative Cells with collectives; another
-value written in the config is refused), no
-multi-token prediction (its layers read the shared embedding outside the units), context
-parallel size 1 (config/layout.py). Under expert parallel the routed experts are cut over ep
-before this (distributed/setup.py) and are not split here: a unit passes them through. Under tensor parallel (tp x FSDP,
-:func:`apply_fsdp`'s ``tensor``) the rows are those of each rank's tp slice, gathered over
-its dp group inside one unit per tensor-parallel layer (``models/tp_model.py`` ``hold_rows``). Under pipeline parallel each stage's weights are
-split over its own dp group: the pipeline's stage runs the same units (core/pipeline_split.py
-picks the stage's layers) and this reducer is the stage's reduction (distributed/setup.py).
-Outside the units (the model's ``logits``,
-``hidden_states`` and generation's key/value-cache decoder) the weights are gathered one layer
-at a time through :meth:`FSDPRunner.full_weights`, a collective: every rank of the ``dp`` group
-generates together (trainer/progress.py). The side effect of recomputation
-applies: a MoE layer counts its routing statistics twice per step (core/recompute.py: the
-expert-bias update is unchanged).
+``training.jit`` runs as ``none`` (the units are PyNative Cells with collectives; another value
+written in the config is refused), no multi-token prediction (its layers read the shared
+embedding outside the units), context parallel size 1 (config/layout.py). Under expert parallel
+the routed experts are cut over ep before this (distributed/setup.py) and are not split here: a
+unit passes them through. Under tensor parallel (tp x FSDP, :func:`apply_fsdp`'s ``tensor``) the
+rows are those of each rank's tp slice, gathered over its dp group inside one unit per tensor-
+parallel layer (``models/tp_model.py`` ``hold_rows``). Under pipeline parallel each stage's
+weights are split over its own dp group: the pipeline's stage runs the same units
+(core/pipeline_split.py picks the stage's layers) and this reducer is the stage's reduction
+(distributed/setup.py). Outside the units (the model's ``logits``, ``hidden_states`` and
+generation's key/value-cache decoder) the weights are gathered one layer at a time through
+:meth:`FSDPRunner.full_weights`, a collective: every rank of the ``dp`` group generates together
+(trainer/progress.py). The side effect of recomputation applies: a MoE layer counts its routing
+statistics twice per step (core/recompute.py: the expert-bias update is unchanged).
 """
 from __future__ import annotations
 

@@ -34,10 +34,10 @@ from typing import (Callable, Dict, Iterable, Optional, Protocol, Sequence, Tupl
 
 import numpy as np
 
-__all__ = ["ShardedCell", "ShardedModel", "RowShardedModel", "model_rows", "whole_shape", "model_specs",
-           "collect_shard_specs", "ShardSpec", "replicated", "local_shape", "local_indices",
-           "local_slice", "shard", "unshard", "partial_sq_norms", "global_sq_norm",
-           "sharded_grad_norm", "param_of"]
+__all__ = ["ShardedCell", "ShardedModel", "RowShardedModel", "model_rows", "whole_shape",
+           "model_specs", "collect_shard_specs", "ShardSpec", "replicated", "local_shape",
+           "local_indices", "local_slice", "shard", "unshard", "partial_sq_norms",
+           "global_sq_norm", "sharded_grad_norm", "param_of"]
 
 
 @dataclass(frozen=True)
