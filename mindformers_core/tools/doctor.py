@@ -28,6 +28,8 @@ where marked:
                           (every step would overflow)
     performance_flags     upstream performance flags that change nothing on this backend
                           (config/compat/parallel_noop.py PERFORMANCE_FLAGS): WARN, saying so
+    ns_steps              a written optimizer.ns_steps that a segmented ns_coefficients
+                          replaced (as upstream): a WARN naming both
     memory                the per-rank memory estimate fits the device (FAIL above it, WARN
                           above 90%; core/memory_plan.py)
 

@@ -48,7 +48,9 @@ class TrainerCase:
     at 1e-12). ``checks``: names of extra checks in ``test_layout_cases_msrun.CHECKS``.
     ``resume_at``: the workers then resume their own step-``resume_at`` checkpoint under the
     same layout into ``<case dir>/resumed`` (its steps are compared too; the overrides must
-    save at that step)."""
+    save at that step). ``one_process_at``: one process resumes the layout's step-N checkpoint
+    (merged by ``tools/convert_checkpoint.py`` when it is sharded) and runs the reference's
+    next steps (``test_layout_cases_msrun.py``)."""
     name: str
     world: int
     config: str
@@ -61,6 +63,7 @@ class TrainerCase:
     checks: Tuple[str, ...] = ()
     group: str = "layouts"
     resume_at: Optional[int] = None
+    one_process_at: Optional[int] = None
 
     def worker_overrides(self, run_dir: str):
         return list(self.overrides) + list(self.layout) + [

@@ -42,7 +42,7 @@ def test_good_config_passes_every_item(base):
                              "weight_decay_scope", "max_norm", "tokens_per_step",
                              "lr_batch_scaling", "grad_accumulation", "group_lr_ratios",
                              "optimizer_state", "muon_prerequisites", "loss_scale",
-                             "performance_flags", "memory"}
+                             "performance_flags", "ns_steps", "memory"}
     bad = {k: v.reason for k, v in verdicts.items() if v.status != "PASS"}
     assert bad == {}
 
