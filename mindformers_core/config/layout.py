@@ -149,6 +149,7 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
     if _shards_grads(dims) and dims.ep > 1 and dims.tp > 1:
         raise ValueError(f"no builder for {dims.describe()}")
     # tp x FSDP: the rows are those of each tp slice, over its dp group (distributed/fsdp.py)
-    steps = (["tensor"] if dims.tp > 1 else []) + (["fsdp"] if dims.tp == 1 or _shards_grads(dims)
-                                                   else [])
+    steps = ["tensor"] if dims.tp > 1 else []
+    if dims.tp == 1 or _shards_grads(dims):
+        steps.append("fsdp")
     return steps + (["expert"] if dims.ep > 1 else [])

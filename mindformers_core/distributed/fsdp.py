@@ -310,8 +310,8 @@ class FSDPGradReducer:
     def grad_norm(self, grads: Sequence) -> float:
         """Global L2 norm of reduced gradients, split ones counted over their group
         (``shard_spec.sharded_grad_norm``); the same value on every rank. Under tp x FSDP a
-        tp slice counts over tp, its dp rows over tp and dp (the world: pp, cp and ep are 1,
-        config/layout.py)."""
+        tp slice counts over tp, its dp rows over tp and dp (``TP_DP_GROUP``: the ranks of
+        this rank's pipeline stage; cp and ep are 1, config/layout.py)."""
         tensor = self.tensor_specs or {}
         tp = {n for n, s in tensor.items() if s.is_sharded and s.num_shards > 1}
         both = len(self.group_comm.ranks(TP_DP_GROUP)) if tp and self.specs else 1

@@ -205,8 +205,8 @@ class TensorParallelRunner(RunnerDefaults):
         ``apply_fsdp``): the parameters ``names`` now hold only their dp rows of this rank's
         tp slice. ``gather`` (``fsdp.GatherShard``: all-gather over dp, the gradient
         reduce-scattered back) makes a slice whole where the forward reads it (:meth:`_w`),
-        and ``unit(fn, split)`` (``fsdp.FSDPUnit``) wraps each decoder layer as one
-        recomputed unit whose weights are gathered inside it, so whole slices exist for one
+        and ``unit(layer, fn)`` (``fsdp.layer_unit``: an ``fsdp.FSDPUnit``) wraps each decoder
+        layer as one recomputed unit whose weights are gathered inside it, so whole slices exist for one
         layer at a time, forward and backward (the embedding and the head gather theirs
         outside a unit). Generation reads the same weights, so it is a collective of the dp
         group too (every rank decodes, trainer/progress.py)."""
