@@ -3,8 +3,9 @@
 Pure layout math: no MindSpore, no files, no communication. A piece (``sharded_checkpoint.Piece``)
 is held by every rank that differs from its holder only along the axes that replicate it
 (:func:`replicated_axes`): ``tp``, ``cp`` and ``dp`` for a replicated parameter (the split axis
-is dropped), ``edp`` for an expert-parallel piece, and for ZeRO-1 rows the
-ZeRO replicas (:data:`ZERO_REPLICA`) instead of ``dp``. Pipeline stages never replicate a piece.
+is dropped), ``edp`` for an expert-parallel piece, ``tp`` for FSDP rows over ``dp_cp`` (cp x
+FSDP), and for ZeRO-1 rows the ZeRO replicas (:data:`ZERO_REPLICA`: the ranks of the ZeRO group
+with the same row block) instead of ``dp`` and ``cp``, which the ZeRO group spans. Pipeline stages never replicate a piece.
 
 * ``remove_redundancy: False`` (upstream's default): every rank writes every piece it holds, so
   each rank file is self-contained and a piece held by ``R`` ranks is stored ``R`` times.
@@ -28,15 +29,15 @@ ZERO_REPLICA = "zero_replica"
 #: piece: only its edp group, since ep folds over tp x cp x dp (core/parallel_dims.py: under
 #: tp x ep the ranks of a tp group may hold other experts)
 _REPLICATED_OVER = {None: ("tp", "cp", "dp"), "tp": ("cp", "dp"), "ep": ("edp",),
-                    "dp_shard": ("tp", "cp", "dp_replicate")}
+                    "dp_shard": ("tp", "cp", "dp_replicate"), "dp_cp": ("tp",)}
 
 
 def replicated_axes(piece) -> Tuple[str, ...]:
     """The axes along which the ranks holding ``piece`` lie (module docstring)."""
     axes = _REPLICATED_OVER.get(piece.group, tuple(a for a in _REPLICATED_OVER[None]
                                                    if a != piece.group))
-    if piece.zero_rows is not None:
-        axes = tuple(a for a in axes if a != "dp") + (ZERO_REPLICA,)
+    if piece.zero_rows is not None:   # the ZeRO group spans dp, and cp under context parallel
+        axes = tuple(a for a in axes if a not in ("dp", "cp")) + (ZERO_REPLICA,)
     return axes
 
 

@@ -119,11 +119,14 @@ class Piece:
 class ZeroRows:
     """ZeRO-1's dim-0 rows of this rank's optimizer state (``distributed/shard_layout.py``):
     ``rows[key] = (start, stop, rows of the whole local tensor)`` of the sharded keys,
-    ``num_shards``, this rank's ``shard_index`` and ``replica`` (``rank // num_shards``)."""
+    ``num_shards``, this rank's ``shard_index`` and ``replica`` (``rank // num_shards``), and
+    ``replicas``: how many ranks of the ZeRO group hold each row block (its size /
+    ``num_shards``; under context parallel the group spans dp x cp)."""
     rows: Mapping[str, Tuple[int, int, int]]
     num_shards: int
     shard_index: int
     replica: int
+    replicas: int = 1
 
 
 def describe_pieces(tensors: Mapping[str, np.ndarray], specs: Mapping[str, ShardSpec],
@@ -245,7 +248,7 @@ def write_rank(directory: str, index_name: str, step: int, rank: int, world: int
     coords, sizes = dict(coords), dict(sizes or {})
     if zero is not None:
         coords[ZERO_REPLICA] = zero.replica
-        sizes[ZERO_REPLICA] = max(1, int(sizes.get("dp", 1)) // zero.num_shards)
+        sizes[ZERO_REPLICA] = int(zero.replicas)
     mine = pieces_to_write(pieces, {k: int(np.asarray(tensors[k]).nbytes) for k in pieces},
                            coords, sizes, remove_redundancy)
     return save_rank_file(directory, index_name, step, rank, world,
@@ -473,16 +476,18 @@ class RankLayout:
     zero_shards: int = 1
 
 
-def zero_rows_of(tensors: Mapping[str, np.ndarray], num_shards: int, dp_index: int) -> ZeroRows:
+def zero_rows_of(tensors: Mapping[str, np.ndarray], num_shards: int, dp_index: int,
+                 dp_size: int = 1) -> ZeroRows:
     """ZeRO-1's rows (``distributed/shard_layout.py``) of the ``optim.*`` tensors of one rank
-    with data-parallel index ``dp_index``."""
+    with data-parallel index ``dp_index`` of ``dp_size``."""
     from ..distributed.shard_layout import ShardLayout
     keys = sorted(k for k in tensors if k.startswith("optim."))
     layout = ShardLayout([np.shape(tensors[k]) for k in keys], num_shards,
                          dp_index % num_shards, num_shards)
     rows = {k: layout.rows(i) + (int(np.shape(tensors[k])[0]),)
             for i, k in enumerate(keys) if layout.is_sharded(i)}
-    return ZeroRows(rows, num_shards, dp_index % num_shards, dp_index // num_shards)
+    return ZeroRows(rows, num_shards, dp_index % num_shards, dp_index // num_shards,
+                    max(1, int(dp_size) // num_shards))
 
 
 def split_checkpoint(data: CheckpointData, directory: str, index_name: str,
@@ -496,7 +501,8 @@ def split_checkpoint(data: CheckpointData, directory: str, index_name: str,
         local = reshard(data, specs, lay.coords, lay.names).tensors
         zero = None
         if lay.zero_shards > 1:
-            zero = zero_rows_of(local, lay.zero_shards, int(lay.coords.get("dp", 0)))
+            zero = zero_rows_of(local, lay.zero_shards, int(lay.coords.get("dp", 0)),
+                                int(sizes.get("dp", 1)))
             local = {k: (v[zero.rows[k][0]:zero.rows[k][1]] if k in zero.rows else v)
                      for k, v in local.items()}
         write_rank(directory, index_name, data.step, rank, world, local, specs, lay.coords,

@@ -45,7 +45,7 @@ class RowShardedOptimizer(Protocol):
     """ZeRO-1: this rank's rows of the optimizer state, read without communication."""
 
     @property
-    def zero_shards(self) -> Tuple[int, int, int]: ...
+    def zero_shards(self) -> Tuple[int, int, int, int]: ...
 
     def shard_state_dict(self): ...
 
@@ -111,7 +111,7 @@ def with_model_rows(zero: Optional[ZeroRows], tensors, rows) -> Optional[ZeroRow
         if name in rows and key not in out:
             out[key] = tuple(rows[name])
     if zero is not None:
-        return ZeroRows(out, zero.num_shards, zero.shard_index, zero.replica)
+        return ZeroRows(out, zero.num_shards, zero.shard_index, zero.replica, zero.replicas)
     start, stop, total = next(iter(rows.values()))
     return ZeroRows(out, total // (stop - start), start // (stop - start), 0)
 

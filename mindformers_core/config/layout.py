@@ -28,10 +28,12 @@ until they are):
                            (docs/context_parallel.md)
     cp x tp                tp (+sp) inside each cp rank; gradients over dp x cp (dp_cp)
     cp x ep                ep folded over cp x dp (core/parallel_dims.py), ZeRO-1 over dp x cp
+    cp x FSDP              optim_grads / optim_grads_params over dp x cp (the ``dp_cp`` group,
+                           torchtitan's dp_shard_cp), also with tp inside (its slices' rows)
 
-The refusals in words: ``expert_parallel`` with FSDP and tp or pp; ``context_parallel`` with
-``pipeline_parallel``, with a strategy other than ``optim``, or with both ``tensor_parallel``
-and ``expert_parallel`` (cp x tp x ep).
+The refusals in words: ``expert_parallel`` with FSDP and tp, pp or cp; ``context_parallel``
+with ``pipeline_parallel``, with ``no_shard``, or with both ``tensor_parallel`` and
+``expert_parallel`` (cp x tp x ep).
 """
 from __future__ import annotations
 
@@ -63,6 +65,8 @@ LAYOUT_TABLE = (
     ("context parallel", "cp x dp with ZeRO-1 (optim): colossal, ulysses, hybrid"),
     ("cp x tp", "cp x tp (+sp) x dp with ZeRO-1 (optim) over dp x cp"),
     ("cp x ep", "cp x ep (ep divides dp, folded over cp x dp) with ZeRO-1 (optim)"),
+    ("cp x FSDP", "cp x dp with optim_grads / optim_grads_params over dp x cp, also x tp "
+                  "(dp x cp rows of each tp slice)"),
 )
 
 P = "parallelism"
@@ -78,8 +82,11 @@ def _not_yet(field: str, what: str, kind: str, fixes: str) -> ConfigError:
     return _refuse(field, f"{what} is not implemented yet ({kind}); set {fixes}")
 
 
-def _shards_grads(dims: ParallelDims) -> bool:
-    return dims.shard_strategy in GRAD_SHARDING and dims.dp_shard > 1
+def _shards_grads(dims: ParallelDims, cp: bool = False) -> bool:
+    """The strategy splits gradients over more than one rank: its dp shard group, or with
+    ``cp`` the dp x cp ranks (cp x FSDP shards over both, distributed/setup.py)."""
+    shards = dims.dp_shard * (dims.cp if cp and dims.dp_shard == dims.dp else 1)
+    return dims.shard_strategy in GRAD_SHARDING and shards > 1
 
 
 def check_layout(dims: ParallelDims) -> None:
@@ -100,8 +107,8 @@ def check_layout(dims: ParallelDims) -> None:
 
 
 def _check_context(dims: ParallelDims) -> None:
-    """cp runs with data parallel and ZeRO-1, and with tp or ep (each composition refused
-    names its field)."""
+    """cp runs with data parallel, ZeRO-1 or FSDP (over dp x cp), and with tp or ep (each
+    composition refused names its field)."""
     if dims.pp > 1:
         raise _not_yet("pipeline_parallel", f"pipeline_parallel({dims.pp}) with "
                        f"parallelism.context_parallel({dims.cp})", "cp x pp",
@@ -111,16 +118,23 @@ def _check_context(dims: ParallelDims) -> None:
                        f"parallelism.context_parallel({dims.cp}) and tensor_parallel({dims.tp})",
                        "cp x tp x ep", "parallelism.expert_parallel: 1 (cp x tp runs), "
                        "tensor_parallel: 1 (cp x ep runs) or context_parallel: 1")
-    if dims.shard_strategy != "optim":
+    if dims.shard_strategy == "no_shard":
         raise _refuse("data_parallel_shard_strategy",
-                      f"{dims.shard_strategy!r} with parallelism.context_parallel({dims.cp}) is "
-                      f"not implemented yet (cp x FSDP); use 'optim' (ZeRO-1 over "
-                      f"data_parallel_shard) or context_parallel: 1")
+                      f"'no_shard' with parallelism.context_parallel({dims.cp}) is not "
+                      f"implemented yet; use 'optim' (ZeRO-1 over dp x cp), optim_grads / "
+                      f"optim_grads_params (FSDP over dp x cp) or context_parallel: 1")
+    if _shards_grads(dims, cp=True) and dims.ep > 1:
+        raise _refuse("data_parallel_shard_strategy",
+                      f"{dims.shard_strategy!r} with parallelism.context_parallel({dims.cp}) and "
+                      f"expert_parallel({dims.ep}) is not implemented yet (cp x ep x FSDP); use "
+                      f"'optim' (ZeRO-1; cp x ep runs), expert_parallel: 1 (cp x FSDP runs) or "
+                      f"context_parallel: 1")
 
 
 def _cp_runs(dims: ParallelDims) -> bool:
     return (dims.pp == 1 and (dims.tp == 1 or dims.ep == 1)
-            and dims.shard_strategy == "optim")
+            and dims.shard_strategy != "no_shard"
+            and not (_shards_grads(dims, cp=True) and dims.ep > 1))
 
 
 def parallel_steps(dims: ParallelDims) -> List[str]:
@@ -143,8 +157,10 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
     if dims.cp > 1:
         if not _cp_runs(dims):
             raise ValueError(f"no builder for {dims.describe()}")
-        # the data-parallel reduction over dp x cp (without tp: every rank)
-        return ((["tensor"] if dims.tp > 1 else []) + ["context"]
+        # the data-parallel reduction over dp x cp (without tp: every rank); FSDP over the
+        # same dp x cp ranks
+        return ((["tensor"] if dims.tp > 1 else [])
+                + (["fsdp"] if _shards_grads(dims, cp=True) else []) + ["context"]
                 + (["expert"] if dims.ep > 1 else []))
     if _shards_grads(dims) and dims.ep > 1 and dims.tp > 1:
         raise ValueError(f"no builder for {dims.describe()}")

@@ -184,16 +184,28 @@ class Layout:
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 
+    @property
+    def state_shards(self) -> int:
+        """Ranks the sharded state is split over: D, or under context parallel with FSDP
+        (optim_grads / optim_grads_params over every dp rank) D x cp, the dp_cp group
+        (distributed/fsdp.py)."""
+        fsdp = self.shard_strategy in ("optim_grads", "optim_grads_params")
+        if fsdp and self.cp > 1 and self.dp_shard == self.dp:
+            return self.dp_shard * self.cp
+        return self.dp_shard
+
     def shard(self, what: str) -> int:
-        """Divisor of an item: D when the strategy shards ``what`` (optim|grads|params)."""
+        """Divisor of an item: :attr:`state_shards` when the strategy shards ``what``
+        (optim|grads|params)."""
         level = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
         need = {"optim": 1, "grads": 2, "params": 3}[what]
-        return self.dp_shard if level[self.shard_strategy] >= need else 1
+        return self.state_shards if level[self.shard_strategy] >= need else 1
 
     def describe(self) -> str:
         sp = ", sp" if self.sequence_parallel else ""
-        return (f"dp {self.dp} (state sharded over {self.dp_shard}, {self.shard_strategy}), "
-                f"tp {self.tp}, pp {self.pp}, ep {self.ep}, cp {self.cp}{sp}")
+        return (f"dp {self.dp} (state sharded over {self.state_shards}, "
+                f"{self.shard_strategy}), tp {self.tp}, pp {self.pp}, ep {self.ep}, "
+                f"cp {self.cp}{sp}")
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,8 @@ class ParallelDims:
 
     # -- coordinates -----------------------------------------------------------------------------
     def coords(self, rank: int) -> Dict[str, int]:
-        """This rank's index along every axis."""
+        """This rank's index along every axis, and ``dp_cp``: its index in its
+        :meth:`dp_cp_group` (what FSDP splits over under context parallel)."""
         if not 0 <= rank < self.world:
             raise ValueError(f"rank {rank} is outside the world of {self.world} ranks")
         tp_r, rest = rank % self.tp, rank // self.tp
@@ -124,7 +125,8 @@ class ParallelDims:
         dp_r, pp_r = rest % self.dp, rest // self.dp
         local = tp_r + self.tp * (cp_r + self.cp * dp_r)
         return {"tp": tp_r, "cp": cp_r, "dp": dp_r, "pp": pp_r,
-                "ep": local % self.ep, "edp": local // self.ep, "world": rank}
+                "ep": local % self.ep, "edp": local // self.ep,
+                "dp_cp": cp_r + self.cp * dp_r, "world": rank}
 
     def rank_of(self, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
         return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))

@@ -31,7 +31,8 @@ replicated gradients, identical on every rank, so clipping and skip decisions ag
 Limits of ``optim_grads_params`` here (each a ConfigError from :func:`apply_fsdp`):
 ``training.jit`` runs as ``none`` (the units are PyNative Cells with collectives; another value
 written in the config is refused), no multi-token prediction (its layers read the shared
-embedding outside the units), context parallel size 1 (config/layout.py). Under expert parallel
+embedding outside the units). Under context parallel the rows are split over the dp x cp ranks
+(the ``dp_cp`` group, :func:`apply_fsdp`'s ``group``). Under expert parallel
 the routed experts are cut over ep before this (distributed/setup.py) and are not split here: a
 unit passes them through. Under tensor parallel (tp x FSDP, :func:`apply_fsdp`'s ``tensor``) the
 rows are those of each rank's tp slice, gathered over its dp group inside one unit per tensor-
@@ -141,10 +142,10 @@ class FSDPRunner(RunnerDefaults):
 
     mode = "none"
 
-    def __init__(self, model, comm: GroupCommunicator, split_names):
+    def __init__(self, model, comm: GroupCommunicator, split_names, group: str = FSDP_GROUP):
         self._model = model
-        self._comm, self._split_names = comm, frozenset(split_names)
-        gather = GatherShard(comm)
+        self._comm, self._split_names, self._group = comm, frozenset(split_names), group
+        gather = GatherShard(comm, group)
 
         def unit(fn, weights):
             return FSDPUnit(fn, [w.name in split_names for w in weights], gather)
@@ -172,12 +173,12 @@ class FSDPRunner(RunnerDefaults):
         return self._head(h, labels, loss_mask, *self._model.output_weights())
 
     def full_weights(self, weights: Sequence) -> tuple:
-        """``weights`` with the split ones all-gathered over ``dp`` (a collective of the group:
-        every rank asks for the same ones): what generation reads outside the units, one
-        layer at a time (models/kv_cache.py), so full weights exist for one layer at a time
-        there as in training."""
-        return tuple(self._comm.all_gather(w, FSDP_GROUP, 0) if w.name in self._split_names else w
-                     for w in weights)
+        """``weights`` with the split ones all-gathered over the FSDP group (a collective of
+        the group: every rank asks for the same ones): what generation reads outside the
+        units, one layer at a time (models/kv_cache.py), so full weights exist for one layer
+        at a time there as in training."""
+        return tuple(self._comm.all_gather(w, self._group, 0) if w.name in self._split_names
+                     else w for w in weights)
 
 
 def shard_model(model, specs: Dict[str, ShardSpec], index: int) -> None:
@@ -210,11 +211,12 @@ class FSDPGradReducer:
     def __init__(self, base, comm: GroupCommunicator, strategy: str,
                  specs: Dict[str, ShardSpec], num_shards: int,
                  disable_gradient_division: bool = True, data_parallel: Optional[int] = None,
-                 tensor_specs: Optional[Dict[str, ShardSpec]] = None):
+                 tensor_specs: Optional[Dict[str, ShardSpec]] = None, group: str = FSDP_GROUP):
         """``base``: the data-parallel reduction (a ``DataParallelGradReducer``), or under tp x
         FSDP the tensor-parallel one (``tp_reduce.TensorParallelGradReducer``), whose model's
-        tp layouts are ``tensor_specs``; ``specs``: the dp rows (of each tp slice);
-        ``data_parallel``: the dp size ``disable_gradient_division: False`` divides by."""
+        tp layouts are ``tensor_specs``; ``specs``: the rows over ``group`` (``dp``, or
+        ``dp_cp`` under context parallel; of each tp slice); ``data_parallel``: the dp size
+        ``disable_gradient_division: False`` divides by."""
         self.base = base
         self.comm = base.comm
         self.world_size, self.rank = base.world_size, base.rank
@@ -225,6 +227,7 @@ class FSDPGradReducer:
         self.divide = not disable_gradient_division
         self.data_parallel = int(data_parallel or base.world_size)
         self.tensor_specs = None if tensor_specs is None else dict(tensor_specs)
+        self.group = group
         self._names: Optional[List[str]] = None
 
     # -- delegated -------------------------------------------------------------------------------
@@ -296,7 +299,7 @@ class FSDPGradReducer:
         elif idx:
             s = self.num_shards
             flat = ops.cat([grads[i].astype(ms.float32).reshape(s, -1) for i in idx], 1)
-            mine = self.group_comm.reduce_scatter(flat, FSDP_GROUP, 0).reshape(-1)
+            mine = self.group_comm.reduce_scatter(flat, self.group, 0).reshape(-1)
             sizes = [int(np.prod(grads[i].shape)) // s for i in idx]
             pieces = ops.split(mine, sizes) if len(sizes) > 1 else [mine]
             for i, piece in zip(idx, pieces):
@@ -311,11 +314,11 @@ class FSDPGradReducer:
         """Global L2 norm of reduced gradients, split ones counted over their group
         (``shard_spec.sharded_grad_norm``); the same value on every rank. Under tp x FSDP a
         tp slice counts over tp, its dp rows over tp and dp (``TP_DP_GROUP``: the ranks of
-        this rank's pipeline stage; cp and ep are 1, config/layout.py)."""
+        this rank's pipeline stage, cp included; ep is 1, config/layout.py)."""
         tensor = self.tensor_specs or {}
         tp = {n for n, s in tensor.items() if s.is_sharded and s.num_shards > 1}
         both = len(self.group_comm.ranks(TP_DP_GROUP)) if tp and self.specs else 1
-        groups = {(False, True): ShardSpec((self.num_shards,), 0, FSDP_GROUP, self.num_shards),
+        groups = {(False, True): ShardSpec((self.num_shards,), 0, self.group, self.num_shards),
                   (True, True): ShardSpec((both,), 0, TP_DP_GROUP, both),
                   (False, False): None}
         if tp:
@@ -359,7 +362,7 @@ class RowHoldingRunner(Protocol):
 
 
 def apply_fsdp(cfg, reducer, model, comm: Optional[GroupCommunicator] = None,
-               tensor=None):
+               tensor=None, group: str = FSDP_GROUP):
     """``(reducer, model)`` of this run: unchanged unless the strategy shards gradients or
     parameters or ``disable_gradient_division`` is False (over more than one rank); then the
     :class:`FSDPGradReducer`, and under ``optim_grads_params`` the model's split parameters
@@ -370,18 +373,28 @@ def apply_fsdp(cfg, reducer, model, comm: Optional[GroupCommunicator] = None,
     ``reducer`` is then that reduction): the rows are those of each rank's tp slice over its
     dp group, the model's ``shard_specs()`` stay the tp layouts (the rows are recorded by
     ``model.set_row_shards``), and its tp runner gathers the rows inside one unit per layer
-    (:class:`RowHoldingRunner`)."""
+    (:class:`RowHoldingRunner`).
+
+    ``group``: the ranks the rows are split over, ``dp`` (a pipeline stage's: its own), or
+    under context parallel ``dp_cp`` (cp x FSDP: the cp ranks of a replica hold the same
+    weights and read other tokens; torchtitan's dp_shard_cp), added to ``comm`` by the run
+    setup. Every rank of it sharding (``data_parallel_shard`` -1 or dp), the rows are
+    ``1/|group|`` of each weight."""
     par = cfg.parallelism
     strategy = par.data_parallel_shard_strategy
     world = reducer.world_size
     if world == 1 or (tensor is None and not isinstance(reducer, DataParallelGradReducer)):
         return reducer, model
-    if tensor is not None:
-        dp = tensor.dp_comm.world_size
-    else:   # a pipeline stage's reduction is over its dp group, and says its size
-        dp = (reducer.data_parallel if reducer.data_parallel is not None
-              else cfg.data_parallel(world))
+    if comm is not None:
+        members = comm.ranks(group)
+        dp = len(comm.ranks(FSDP_GROUP))
+    else:   # the refusals below need no communicator (a pipeline stage's reduction says its dp)
+        dp = (tensor.dp_comm.world_size if tensor is not None
+              else reducer.data_parallel or cfg.data_parallel(world))
+        members = tuple(range(dp))
     _, num_shards = par.dp_shard(dp)
+    if num_shards == dp:   # over the whole group (dp x cp under context parallel)
+        num_shards = len(members)
     split_on = shards_grads(strategy) and num_shards > 1
     if not split_on and par.disable_gradient_division and strategy != "no_shard":
         return reducer, model
@@ -394,8 +407,8 @@ def apply_fsdp(cfg, reducer, model, comm: Optional[GroupCommunicator] = None,
     expert = {n for n, s in model.shard_specs().items() if s.group == "ep"}
     trainable = [(p.name, tuple(p.shape)) for p in model.trainable_params()
                  if p.name not in expert]
-    specs = fsdp_specs(trainable, num_shards) if split_on else {}
-    index = comm.mesh.local_rank(FSDP_GROUP, comm.rank)
+    specs = fsdp_specs(trainable, num_shards, group) if split_on else {}
+    index = members.index(comm.rank)
     if tensor is not None and specs:   # the norm of a weight split over both tp and dp
         mesh = comm.mesh
         stage = mesh.coords(comm.rank)["pp"]
@@ -408,12 +421,12 @@ def apply_fsdp(cfg, reducer, model, comm: Optional[GroupCommunicator] = None,
                             f"{type(runner).__name__}")
         cut_parameters(model, specs, index)
         model.set_row_shards(specs, index)
-        gather = GatherShard(comm)
+        gather = GatherShard(comm, group)
         runner.hold_rows(set(specs), gather, functools.partial(
             layer_unit, split_names=frozenset(specs), gather=gather))
     elif shards_params(strategy) and specs:
         shard_model(model, specs, index)
-        model.set_runner(FSDPRunner(model, comm, set(specs)))
+        model.set_runner(FSDPRunner(model, comm, set(specs), group))
     return FSDPGradReducer(reducer, comm, strategy, specs, num_shards,
                            par.disable_gradient_division, dp,
-                           None if tensor is None else model.shard_specs()), model
+                           None if tensor is None else model.shard_specs(), group), model

@@ -68,10 +68,12 @@ class ParallelRun:
         self.group_comm = group_comm
         self.pipeline = None
         self._tensor = None
+        #: the ranks that hold the same model shard and read other tokens (``dp``, or ``dp_cp``
+        #: under context parallel): the tensor-parallel data reduction and FSDP's group
+        self.data_group = self._data_group(dims, group_comm) if self.steps else "dp"
         if "tensor" in self.steps:
             from .tp_reduce import TensorParallelGradReducer
-            self._tensor = self.reducer = TensorParallelGradReducer(
-                group_comm, self._data_group(dims, group_comm))
+            self._tensor = self.reducer = TensorParallelGradReducer(group_comm, self.data_group)
         if "pipeline" in self.steps:   # pp x tp: each stage's reduction is the tp one
             from .pipeline_parallel import PipelineParallel
             self.pipeline = PipelineParallel(cfg, group_comm)
@@ -86,9 +88,9 @@ class ParallelRun:
 
     @staticmethod
     def _data_group(dims: ParallelDims, group_comm) -> str:
-        """The group a tp shard's gradients, tokens and ZeRO-1 state are reduced over: ``dp``,
-        or under cp x tp the ranks of both (``dp_cp``: every cp rank holds other tokens of the
-        same sequences, models/cp_model.py)."""
+        """The group a tp shard's gradients, tokens and ZeRO-1 state are reduced over, and
+        FSDP's: ``dp``, or under context parallel the ranks of both (``dp_cp``: every cp rank
+        holds other tokens of the same sequences, models/cp_model.py)."""
         if dims.cp == 1:
             return "dp"
         group_comm.add_group("dp_cp", dims.dp_cp_group(group_comm.rank))
@@ -105,8 +107,8 @@ class ParallelRun:
     # -- the model -------------------------------------------------------------------------------
     def parallelize(self, model):
         """This rank's model, cut by every builder of the layout, in their one order: TP/SP
-        slices, the EP cut, the FSDP strategy (on the weights the EP cut left whole), the cp
-        chunks. (The pipeline keeps its stage in ``attach``,
+        slices, the EP cut, the FSDP strategy (on the weights the EP cut left whole; over
+        ``data_group``, dp x cp under context parallel), the cp chunks. (The pipeline keeps its stage in ``attach``,
         after any checkpoint load; under pp x tp / pp x FSDP / pp x ep each stage's
         data-parallel reduction is the tensor-parallel / FSDP / expert-parallel one, the
         last wrapping the tensor-parallel one.)"""
@@ -123,7 +125,7 @@ class ParallelRun:
             # tp x FSDP (pp x tp x FSDP: each stage's): the rows of each tp slice, the
             # tensor-parallel reduction inside
             reduction, model = apply_fsdp(self.cfg, base, model, self.group_comm,
-                                          self._tensor)
+                                          self._tensor, self.data_group)
             rows = grad_row_specs(reduction)
             if self.pipeline is None:
                 self.reducer = reduction

@@ -280,9 +280,11 @@ class ZeroMixin:
 
     @property
     def zero_shards(self):
-        """``(num_shards, shard_index, replica)`` of this rank's optimizer state."""
+        """``(num_shards, shard_index, replica, replicas)`` of this rank's optimizer state
+        (``replicas``: the ranks of the ZeRO group holding each row block)."""
         layout = self._zero_layout
-        return layout.num_shards, layout.shard_index, layout.rank // layout.num_shards
+        return (layout.num_shards, layout.shard_index, layout.rank // layout.num_shards,
+                max(1, self._zero_comm.world_size // layout.num_shards))
 
     def load_state_dict(self, sd: Dict[str, Any]) -> None:
         """Take this rank's rows of a full (unsharded-format) state dict."""

@@ -136,6 +136,21 @@ def test_data_parallel_shard_strategies(strategy, divided):
         assert four[key] == want, key
 
 
+@pytest.mark.parametrize("strategy,shards", [("optim", 2), ("optim_grads", 4),
+                                             ("optim_grads_params", 4)])
+def test_fsdp_under_context_parallel_shards_over_dp_times_cp(strategy, shards):
+    """cp x FSDP splits the state over the dp x cp ranks (distributed/fsdp.py), ZeRO-1 over
+    the data_parallel_shard ranks; the plan line says over how many."""
+    cfg = tiny(model={"params_dtype": "bfloat16"})
+    one = estimate_memory(cfg, Layout()).items
+    lay = Layout(dp=2, cp=2, dp_shard=2, shard_strategy=strategy)
+    assert lay.state_shards == shards and f"state sharded over {shards}," in lay.describe()
+    got = estimate_memory(cfg, lay).items
+    assert got["optimizer state"] == one["optimizer state"] // shards
+    if strategy == "optim_grads_params":
+        assert got["parameters"] == one["parameters"] // 4
+
+
 def test_tensor_expert_and_pipeline_splits():
     cfg = tiny()
     counts = param_counts(cfg.model)

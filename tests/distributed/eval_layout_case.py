@@ -1,27 +1,56 @@
 """The runs of tests/distributed/test_eval_layouts_msrun.py, as data: the quickstart config as
 issue 31's hidden check runs it (``QUICK``: 10 steps, held-out evaluations at steps 5 and 10,
 a 16-token greedy sample, local batch 4 in a global batch of 8) under each layout of
-``LAYOUTS``, against the same config on one process.
+``LAYOUTS``, against the same config on one process. The composed layouts run the shorter
+``SHORT`` schedule (6 steps, evaluations of 4 batches at steps 3 and 6, the same sample):
+the same checks at about half the suite time.
 
 ``LAYOUTS``: name -> :class:`EvalLayout`: the msrun workers, the model (``gpt``: the
 quickstart's; ``dsv3``: its ``model:`` replaced by configs/model_presets/tiny_deepseek_v3.yaml's,
 AdamW as the quickstart), the layout's overrides; ``save``: the run also writes its final
 checkpoint (the checkpoint kind of the layout, which ``tools.generate`` reads on one process);
-``no_eval``: the worker also runs the layout for ``NO_EVAL_STEPS`` steps without an
-evaluation or sample (``no_eval_overrides``), whose rows are those of the run with the
-evaluation at step 5, bit for bit; ``generate``: every worker then runs ``tools.generate``
+``no_eval``: the worker also runs the layout for the step after the first evaluation without
+an evaluation or sample (``no_eval_overrides``), whose rows are those of the run with the
+evaluation, bit for bit; ``generate``: every worker then runs ``tools.generate``
 (``generate_argv``) on the saved checkpoint.
 """
 import os
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
-QUICK = ["training.steps=10", "training.eval_interval=5", "logging.sample_max_new_tokens=16",
-         "training.local_batch_size=4", "training.global_batch_size=8",
-         "training.log_interval=1", "checkpoint.enable_save=false"]
+BATCH = ["logging.sample_max_new_tokens=16", "training.local_batch_size=4",
+         "training.global_batch_size=8", "training.log_interval=1", "checkpoint.enable_save=false"]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A run's steps, evaluation interval and overrides (the quickstart's own eval_steps: 8
+    unless ``eval_steps``)."""
+    steps: int
+    eval_interval: int
+    eval_steps: Optional[int] = None
+
+    def overrides(self):
+        return [f"training.steps={self.steps}", f"training.eval_interval={self.eval_interval}"] \
+            + ([f"training.eval_steps={self.eval_steps}"] if self.eval_steps else []) + BATCH
+
+    @property
+    def eval_at(self):
+        return list(range(self.eval_interval, self.steps + 1, self.eval_interval))
+
+    @property
+    def no_eval_steps(self) -> int:
+        """The step after the first evaluation."""
+        return self.eval_interval + 1
+
+
+#: issue 31's hidden check, and the composed layouts' shorter run
+QUICK_SCHEDULE = Schedule(10, 5)
+SHORT = Schedule(6, 3, eval_steps=4)
+QUICK = QUICK_SCHEDULE.overrides()
 TP = ("parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true")
 EP = ("parallelism.expert_parallel=2",)
 PP = ("parallelism.pipeline_parallel=2",)
@@ -29,8 +58,6 @@ CP = ("parallelism.context_parallel=2", "parallelism.context_parallel_method=col
 FSDP = ("parallelism.data_parallel_shard_strategy=optim_grads_params",)
 #: the final checkpoint of the layout's run (``save``), under its run directory
 SAVE = ("checkpoint.enable_save=true",)
-#: the step after the first evaluation (at 5)
-NO_EVAL_STEPS = 6
 
 
 @dataclass(frozen=True)
@@ -41,28 +68,33 @@ class EvalLayout:
     save: bool = False
     no_eval: bool = False
     generate: bool = False
+    schedule: Schedule = SHORT
 
     def overrides(self):
         return list(self.layout) + (list(SAVE) if self.save else [])
 
 
 LAYOUTS = {
-    "fsdp": EvalLayout(2, "gpt", FSDP, save=True),
-    "pp2": EvalLayout(2, "gpt", PP, save=True),
-    "tp2dp2": EvalLayout(4, "gpt", TP, save=True, generate=True),
-    "ep2": EvalLayout(2, "dsv3", EP, save=True),
+    # the hidden check's layouts, on its schedule (tp2 alone: test_eval_tp_msrun.py)
+    "fsdp": EvalLayout(2, "gpt", FSDP, save=True, schedule=QUICK_SCHEDULE),
+    "pp2": EvalLayout(2, "gpt", PP, save=True, schedule=QUICK_SCHEDULE),
+    "tp2dp2": EvalLayout(4, "gpt", TP, save=True, generate=True, schedule=QUICK_SCHEDULE),
+    "ep2": EvalLayout(2, "dsv3", EP, save=True, schedule=QUICK_SCHEDULE),
     # the composed layouts: pp2 x dp2 (ZeRO-1 in each stage), cp2 x dp2 (ZeRO-1)
     "pp2dp2": EvalLayout(4, "gpt", PP, save=True, no_eval=True),
     # pp2 x FSDP: each stage's weights split over its 2 dp ranks (gathered per layer)
     "pp2fsdp2": EvalLayout(4, "gpt", PP + FSDP, save=True),
-    "cp2dp2": EvalLayout(4, "gpt", CP, no_eval=True),
+    "cp2dp2": EvalLayout(4, "gpt", CP, save=True, no_eval=True),
     # tp2 x FSDP: each rank stores its dp rows of its tp slice; the eval and the sample
     # gather them per layer (every rank decodes), and tools.generate reads the saved
     # checkpoint (model rows on top of the tp pieces) on one process
     "tp2fsdp2": EvalLayout(4, "gpt", TP + FSDP, save=True, generate=True),
     # cp2 x tp2 (sequence parallel): each cp rank's tp group decodes the whole prompt (its
     # vocabulary-parallel logits, the last position's top token over tp)
-    "cp2tp2": EvalLayout(4, "gpt", CP + TP),
+    "cp2tp2": EvalLayout(4, "gpt", CP + TP, save=True),
+    # cp2 x FSDP dp2: each weight's rows over the 4 dp x cp ranks; every rank decodes the
+    # sample with the rows gathered per layer, and tools.generate reads the saved checkpoint
+    "cp2fsdp2": EvalLayout(4, "gpt", CP + FSDP, save=True, generate=True),
     # tp2 x ep2 (sequence parallel): ep folds over the tp group at world 4; in its step 3
     # one rank's experts get no token (the case that distributed/shard_params.py is about)
     "tp2ep2": EvalLayout(4, "dsv3", TP + EP, save=True),
@@ -77,27 +109,29 @@ LAYOUTS = {
 MODELS = sorted({case.model for case in LAYOUTS.values()})
 
 
-def no_eval_overrides():
+def no_eval_overrides(schedule: Schedule):
     """The run without an evaluation before its last step or a sample (one held-out batch
-    after it), stopped after step NO_EVAL_STEPS of the same 10 (the same lr schedule)."""
-    return [f"training.stop_at_step={NO_EVAL_STEPS}", "training.eval_interval=null",
+    after it), stopped after the step after the first evaluation of ``schedule`` (the same
+    lr schedule)."""
+    return [f"training.stop_at_step={schedule.no_eval_steps}", "training.eval_interval=null",
             "training.eval_steps=1", "logging.sample_prompt=null"]
 
 
 PROMPT = "The with statement"
 
 
-def generate_argv(config_path: str, checkpoint: str, layout=()):
+def generate_argv(config_path: str, checkpoint: str, layout=(), schedule: Schedule = SHORT):
     """``tools.generate``'s arguments: 16 greedy tokens after PROMPT, the model of
-    ``config_path`` under ``QUICK`` and ``layout`` (a layout that fits the launch's world)."""
-    sets = [a for o in QUICK + list(layout) for a in ("--set", o)]
+    ``config_path`` under ``schedule`` and ``layout`` (a layout that fits the launch's
+    world)."""
+    sets = [a for o in schedule.overrides() + list(layout) for a in ("--set", o)]
     return ["--config", config_path, *sets, "--checkpoint", checkpoint, "--prompt", PROMPT,
             "--max_new_tokens", "16"]
 
 
-def config(model: str, run_dir: str, overrides=()):
-    """The quickstart config (``model``'s) under ``QUICK`` and ``overrides``; ``run_dir``: the
-    run's directory (the checkpoints under it; a dsv3 config file beside it)."""
+def config(model: str, run_dir: str, overrides=(), schedule: Schedule = QUICK_SCHEDULE):
+    """The quickstart config (``model``'s) under ``schedule`` and ``overrides``; ``run_dir``:
+    the run's directory (the checkpoints under it; a dsv3 config file beside it)."""
     from mindformers_core.config import load_config
     path = os.path.join(ROOT, "configs", "quickstart.yaml")
     if model == "dsv3":
@@ -105,11 +139,11 @@ def config(model: str, run_dir: str, overrides=()):
         os.makedirs(os.path.dirname(run_dir) or ".", exist_ok=True)
         # one file per rank: the msrun workers write theirs at the same time
         path = write_ep_config(f"{run_dir}.rank{os.environ.get('RANK_ID', '0')}.yaml")
-    return load_config(path, overrides=QUICK + list(overrides) + [
+    return load_config(path, overrides=schedule.overrides() + list(overrides) + [
         f"checkpoint.save_path={os.path.join(run_dir, 'checkpoint')}"])
 
 
-def run(model: str, run_dir: str, overrides=()):
+def run(model: str, run_dir: str, overrides=(), schedule: Schedule = QUICK_SCHEDULE):
     """Train into ``run_dir``: (the Trainer, the run log's text: rank 0's, '' elsewhere)."""
     from eval_tp_case import train_logged
-    return train_logged(config(model, run_dir, overrides), run_dir)
+    return train_logged(config(model, run_dir, overrides, schedule), run_dir)

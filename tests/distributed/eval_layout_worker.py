@@ -21,7 +21,7 @@ def main(out: str, name: str):
     from eval_layout_case import LAYOUTS, no_eval_overrides, run
     case = LAYOUTS[name]
     os.makedirs(out, exist_ok=True)
-    _, text = run(case.model, os.path.join(out, name), case.overrides())
+    _, text = run(case.model, os.path.join(out, name), case.overrides(), case.schedule)
     if text:
         with open(os.path.join(out, f"{name}.log"), "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -29,7 +29,7 @@ def main(out: str, name: str):
         generate_on_workers(out, name, case)
     if case.no_eval:
         run(case.model, os.path.join(out, f"{name}_no_eval"),
-            list(case.layout) + no_eval_overrides())
+            list(case.layout) + no_eval_overrides(case.schedule), case.schedule)
 
 
 def generate_on_workers(out: str, name: str, case):
@@ -45,7 +45,8 @@ def generate_on_workers(out: str, name: str, case):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         code = generate(generate_argv(os.path.join(ROOT, "configs", "quickstart.yaml"),
-                                      os.path.join(out, name, "checkpoint"), case.layout))
+                                      os.path.join(out, name, "checkpoint"), case.layout,
+                                      case.schedule))
     with open(os.path.join(out, f"{name}.generate.rank{env_rank()}.txt"), "w",
               encoding="utf-8") as fh:
         fh.write(f"{code}\n{buf.getvalue()}")

@@ -36,7 +36,9 @@ FSDP_PARAMS = ("parallelism.data_parallel_shard_strategy=optim_grads_params",)
 #: the 8-worker cases: global batch 8, local batch 1 (issue 30's hidden check), lr 1e-3
 UPSTREAM8_COMMON = ("training.global_batch_size=8", "training.local_batch_size=1",
                     "lr_scheduler.learning_rate=1e-3", "model.num_layers=4",
-                    "optimizer.qk_clip_threshold=0.05", "training.steps=4")
+                    "optimizer.qk_clip_threshold=0.05", "training.steps=5")
+UPSTREAM8_SAVE = ("checkpoint.enable_save=true", "checkpoint.save_interleaved_steps=2",
+                  "checkpoint.save_max=4")
 
 #: N workers == 1 process through the Trainer, compared per step (test_layout_cases_msrun.py)
 LAYOUTS = [
@@ -68,14 +70,21 @@ LAYOUTS = [
     # tp 2 x pp 2 x interleave 2, ZeRO-1 over the shards of 2; ep folded over each stage's
     # tp x dp) on the 4-layer tiny DeepSeek-V3, Muon with QK-Clip active and the expert bias
     # (no MTP: multi-token prediction is refused under tensor parallel)
-    # its step-2 checkpoint (the pipeline's single file) resumes on one process
-    TrainerCase("upstream8_dsv3", 8, DSV3, UPSTREAM8_COMMON + (
-        "checkpoint.enable_save=true", "checkpoint.save_interleaved_steps=2"),
+    # its step-2 checkpoint (the pipeline's single file) resumes on one process, and on
+    # pp2 x tp2 (interleave 2) at 4 workers (upstream8_resumed_pp2_tp2)
+    TrainerCase("upstream8_dsv3", 8, DSV3, UPSTREAM8_COMMON + UPSTREAM8_SAVE,
                 layout=TP2 + ("parallelism.pipeline_parallel=2",
                               "parallelism.pipeline_parallel_interleave_num=2",
                               "parallelism.expert_parallel=2",
                               "parallelism.data_parallel_shard=2"),
-                metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active",), one_process_at=2),
+                metrics=DSV3_METRICS, steps=5, checks=("qk_clip_active",), one_process_at=2),
+    # the 8-worker checkpoint of step 2 resumed on 4 workers as pp2 x tp2 (+sp, interleave
+    # 2, no ep: the routed experts whole on every rank, dp 1): steps 3-5 equal the
+    # uninterrupted 8-worker run's and the one process's
+    TrainerCase("upstream8_resumed_pp2_tp2", 4, DSV3, UPSTREAM8_COMMON + UPSTREAM8_SAVE,
+                layout=TP2 + ("parallelism.pipeline_parallel=2",
+                              "parallelism.pipeline_parallel_interleave_num=2"),
+                metrics=DSV3_METRICS, resume_from=("upstream8_dsv3", 2)),
     # pp2 x tp2 x FSDP dp2: each stage's weights stored as dp rows of its tp slices; saves at
     # step 2 and resumes there (the pipeline checkpoint gathers the rows into the slices)
     TrainerCase("pp2_tp2_fsdp2_gpt", 8, MARKOV, TPF_COMMON + (
@@ -100,6 +109,26 @@ LAYOUTS = [
     # MLA under cp2 x tp2 with Muon and QK-Clip active (MAX over dp x cp, per local head)
     TrainerCase("cp2_tp2_colossal_dsv3", 4, DSV3, CP_COMMON + DSV3_QK, layout=CP2 + TP2,
                 metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active", "moe_layers_whole")),
+    # cp x FSDP: the cp ranks of a replica hold the same weights, so FSDP splits them over
+    # dp x cp (the dp_cp group): dp2 x cp2 stores a quarter of each weight per rank; saves at
+    # step 4, resumes there, and the merged checkpoint resumes on one process (the same
+    # reference as the cp2 x tp2 cases)
+    TrainerCase("cp2_fsdp4_gpt", 4, MARKOV, CP_COMMON + CP_SAVE,
+                layout=CP2 + FSDP_PARAMS, steps=6, resume_at=4, one_process_at=4,
+                checks=("cp_rows_stored",)),
+    # cp2 x tp2 x FSDP (dp 1): the rows of each tp slice over the two cp ranks, ulysses
+    TrainerCase("cp2_tp2_fsdp2_ulysses_gpt", 4, MARKOV, CP_COMMON + CP_SAVE,
+                layout=CP2 + TP2 + FSDP_PARAMS + ("parallelism.context_parallel_method=ulysses",),
+                steps=6),
+    # MLA under dp2 x cp2 with FSDP: Muon's exchange over the dp x cp rows, QK-Clip active
+    # (no moe_layers_whole: the recomputed units count the routing statistics twice,
+    # distributed/fsdp.py; the aux loss is compared)
+    TrainerCase("cp2_fsdp4_dsv3", 4, DSV3, CP_COMMON + DSV3_QK, layout=CP2 + FSDP_PARAMS,
+                metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active",)),
+    # dp 1: the gradients reduce-scattered over the two cp ranks alone (optim_grads)
+    TrainerCase("cp2_fsdp_grads_gpt", 2, MARKOV, CP_COMMON + CP_SAVE,
+                layout=CP2 + ("parallelism.data_parallel_shard_strategy=optim_grads",),
+                steps=6),
     # dp2 x cp2 with ep2: ep folds over cp x dp (core/parallel_dims.py), so the ep group is
     # the cp group; per-sequence counts and the aux loss over whole sequences
     TrainerCase("cp2_ep2_dsv3", 4, DSV3, CP_COMMON + DSV3_QK,

@@ -50,7 +50,10 @@ class TrainerCase:
     same layout into ``<case dir>/resumed`` (its steps are compared too; the overrides must
     save at that step). ``one_process_at``: one process resumes the layout's step-N checkpoint
     (merged by ``tools/convert_checkpoint.py`` when it is sharded) and runs the reference's
-    next steps (``test_layout_cases_msrun.py``)."""
+    next steps (``test_layout_cases_msrun.py``). ``resume_from``: ``(case, step)``: the workers
+    start from that other case's step checkpoint (another layout, often another world: its
+    launch runs first), so the rows begin at step + 1 and are compared with the reference's
+    and with that case's uninterrupted ones."""
     name: str
     world: int
     config: str
@@ -64,10 +67,12 @@ class TrainerCase:
     group: str = "layouts"
     resume_at: Optional[int] = None
     one_process_at: Optional[int] = None
+    resume_from: Optional[Tuple[str, int]] = None
 
-    def worker_overrides(self, run_dir: str):
+    def worker_overrides(self, run_dir: str, load_path: Optional[str] = None):
         return list(self.overrides) + list(self.layout) + [
-            f"checkpoint.save_path={os.path.join(run_dir, 'checkpoint')}"]
+            f"checkpoint.save_path={os.path.join(run_dir, 'checkpoint')}"] + (
+            [f"checkpoint.load_path={load_path}"] if load_path else [])
 
     def reference_overrides(self, run_dir: str):
         return list(self.overrides) + list(self.reference) + [
@@ -115,19 +120,24 @@ def train_case(case_dir: str, config: str, overrides, resume_at: Optional[int] =
     its step-``resume_at`` checkpoint into ``resumed/`` (TrainerCase.resume_at)."""
     train_one(config, overrides, case_dir)
     if resume_at is not None:
-        ckpt = os.path.join(case_dir, "checkpoint",
-                            f"mindformers_core_step{resume_at:08d}.safetensors")
+        ckpt = checkpoint_path(case_dir, resume_at)
         resumed = os.path.join(case_dir, "resumed")
         train_one(config, list(overrides) + [
             f"checkpoint.save_path={os.path.join(resumed, 'checkpoint')}",
             f"checkpoint.load_path={ckpt}"], resumed)
 
 
-def plan_entry(case, case_dir: str, prepared: dict) -> dict:
-    """What the worker runs for ``case``: a target and its arguments (JSON)."""
+def checkpoint_path(case_dir: str, step: int) -> str:
+    """The step-``step`` checkpoint a TrainerCase's run wrote under ``case_dir``."""
+    return os.path.join(case_dir, "checkpoint", f"mindformers_core_step{step:08d}.safetensors")
+
+
+def plan_entry(case, case_dir: str, prepared: dict, load_path: Optional[str] = None) -> dict:
+    """What the worker runs for ``case``: a target and its arguments (JSON); ``load_path``:
+    the checkpoint of ``case.resume_from``."""
     if isinstance(case, TrainerCase):
         return {"name": case.name, "dir": case_dir, "target": "layout_matrix:train_case",
-                "args": [case.config, case.worker_overrides(case_dir)]
+                "args": [case.config, case.worker_overrides(case_dir, load_path)]
                 + ([case.resume_at] if case.resume_at is not None else [])}
     args = [a.format(**prepared) if isinstance(a, str) else a for a in case.args]
     return {"name": case.name, "dir": case_dir, "target": case.target, "args": args}
@@ -175,8 +185,8 @@ class LayoutMatrix:
         out = os.path.join(self.base, f"world{world}")
         os.makedirs(out, exist_ok=True)
         cases = self.cases(world)
-        plan = [plan_entry(c, os.path.join(out, c.name), self.prepared(self._group_of(c)))
-                for c in cases]
+        plan = [plan_entry(c, os.path.join(out, c.name), self.prepared(self._group_of(c)),
+                           self._resume_path(c)) for c in cases]
         plan_path = os.path.join(out, "plan.json")
         with open(plan_path, "w") as fh:
             json.dump(plan, fh, indent=1)
@@ -189,6 +199,20 @@ class LayoutMatrix:
             json.dump({"rc": proc.returncode, "seconds": self._launched[world]["seconds"],
                        "cases": [p["name"] for p in plan]}, fh)
         return self._launched[world]
+
+    def _resume_path(self, case) -> Optional[str]:
+        """The checkpoint ``case.resume_from`` names; its world's launch runs first (a
+        failed source case fails this one when it finds no checkpoint)."""
+        if not isinstance(case, TrainerCase) or case.resume_from is None:
+            return None
+        source, step = case.resume_from
+        src = self.case(source)
+        if src.world != case.world:
+            self.launch(src.world)
+        elif self.cases(case.world).index(src) > self.cases(case.world).index(case):
+            raise ValueError(f"layout case {case.name} resumes {source}, which runs after it "
+                             f"in the same launch: list {source} first")
+        return checkpoint_path(os.path.join(self.base, f"world{src.world}", source), step)
 
     def _group_of(self, case) -> str:
         return next(k for k, g in self.groups.items() if case in g.cases)

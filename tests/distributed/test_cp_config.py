@@ -51,6 +51,13 @@ TP2 = ["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true"]
      ["tensor", "context"]),
     (4, DSV3, CP2 + TP2, ["tensor", "context"]),
     (4, DSV3, CP2 + ["parallelism.expert_parallel=2"], ["context", "expert"]),
+    # cp x FSDP: the rows over dp x cp (world 2: the two cp ranks)
+    (2, MARKOV, CP2 + ["parallelism.data_parallel_shard_strategy=optim_grads"],
+     ["fsdp", "context"]),
+    (4, DSV3, CP2 + ["parallelism.data_parallel_shard_strategy=optim_grads_params"],
+     ["fsdp", "context"]),
+    (4, MARKOV, CP2 + TP2 + ["parallelism.data_parallel_shard_strategy=optim_grads_params"],
+     ["tensor", "fsdp", "context"]),
 ])
 def test_cp_times_tp_and_cp_times_ep_are_accepted(world, n, config, sets, want):
     world(n)
@@ -103,6 +110,12 @@ REFUSED = [
                                   r"be divisible by the ulysses degree 4"),
     (8, DSV3, CP2 + TP2 + ["parallelism.expert_parallel=2"], "parallelism.expert_parallel",
      r"\(cp x tp x ep\); set parallelism.expert_parallel: 1"),
+    (4, DSV3, CP2 + ["parallelism.expert_parallel=2",
+                     "parallelism.data_parallel_shard_strategy=optim_grads"],
+     "parallelism.data_parallel_shard_strategy", r"\(cp x ep x FSDP\); use 'optim'"),
+    (2, MARKOV, CP2 + ["parallelism.data_parallel_shard_strategy=no_shard"],
+     "parallelism.data_parallel_shard_strategy", r"'no_shard' with "
+                                                 r"parallelism.context_parallel\(2\)"),
 ]
 
 

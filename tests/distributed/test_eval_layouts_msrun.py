@@ -3,15 +3,17 @@
 DeepSeek-V3; the composed pp2 x dp2, pp2 x FSDP, cp2 x dp2, cp2 x tp2, tp2 x ep2, pp2 x ep2
 and pp2 x tp2 x ep2), each on msrun workers
 (tests/distributed/eval_layout_worker.py) against one process on the quickstart config as
-issue 31's hidden check runs it (``eval_layout_case.QUICK``):
+issue 31's hidden check runs it (``eval_layout_case.QUICK``; the composed layouts its shorter
+``SHORT`` schedule):
 
-* the training rows (rel 1e-4), the eval_loss rows at steps 5 and 10 (rel 1e-5) and the
+* the training rows (rel 1e-4), the eval_loss rows (at steps 5 and 10; 3 and 6) (rel 1e-5) and
+  the
   16-token greedy sample text (equal), which rank 0 logs in the run log's
   ``sample (greedy, N tokens):`` line (under pp rank 0 is the first stage);
 * the throughput columns: tokens/s x step time is the global step's tokens (the 1-process
   count), MFU is tokens/s x the whole model's FLOPs per token / (world x peak);
 * the composed layouts: the rows of a run without evaluation equal those of the run with one
-  at step 5, bit for bit (an evaluation changes no training state);
+  at step 3, bit for bit (an evaluation changes no training state);
 * ``python -m mindformers_core.tools.generate`` on one process from each saved checkpoint (the
   sharded ones of FSDP, tp x dp with ZeRO-1, ep; the gathered ones of pp, pp x dp and
   pp x FSDP)
@@ -30,7 +32,7 @@ from test_eval_tp_msrun import _sample
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from eval_layout_case import LAYOUTS, NO_EVAL_STEPS, generate_argv  # noqa: E402
+from eval_layout_case import LAYOUTS, generate_argv  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 LAYOUT_GROUPS = ("eval_layouts",)
@@ -39,16 +41,17 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    """model -> (the 1-process rows, its sample text, its run log), run on first use."""
+    """(model, schedule) -> (the 1-process rows, its sample text, its run log), run on first
+    use."""
     import eval_layout_case as case
     runs = {}
 
-    def get(model):
-        if model not in runs:
+    def get(model, schedule):
+        if (model, schedule) not in runs:
             run_dir = tmp_path_factory.mktemp("one") / model
-            _, log = case.run(model, str(run_dir))
-            runs[model] = (read_metrics(run_dir), _sample(log), log)
-        return runs[model]
+            _, log = case.run(model, str(run_dir), (), schedule)
+            runs[model, schedule] = (read_metrics(run_dir), _sample(log), log)
+        return runs[model, schedule]
     return get
 
 
@@ -65,15 +68,16 @@ def _flops_and_peak(log: str):
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_layout_eval_and_sample_equal_one_process(layout_matrix, one_process, name):
     """Cases ``eval_<name>`` of the layout matrix (layout_cases.py)."""
-    out = _out(layout_matrix, name)
-    ref, ref_text, _ = one_process(LAYOUTS[name].model)
+    out, case = _out(layout_matrix, name), LAYOUTS[name]
+    ref, ref_text, _ = one_process(case.model, case.schedule)
     got = read_metrics(out / name)
-    assert [r["step"] for r in got] == [r["step"] for r in ref] == list(range(1, 11))
+    steps = list(range(1, case.schedule.steps + 1))
+    assert [r["step"] for r in got] == [r["step"] for r in ref] == steps
     for key in ("loss", "grad_norm"):
         assert rel_err([r[key] for r in got], [r[key] for r in ref]) < 1e-4, key
     ref_eval = {r["step"]: (r["eval_loss"], r["eval_tokens"]) for r in ref if "eval_tokens" in r}
     got_eval = {r["step"]: (r["eval_loss"], r["eval_tokens"]) for r in got if "eval_tokens" in r}
-    assert sorted(got_eval) == sorted(ref_eval) == [5, 10]
+    assert sorted(got_eval) == sorted(ref_eval) == case.schedule.eval_at
     for step, (loss, tokens) in ref_eval.items():
         assert got_eval[step][1] == tokens
         assert got_eval[step][0] == pytest.approx(loss, rel=1e-5), step
@@ -85,7 +89,7 @@ def test_throughput_columns_count_the_global_step(layout_matrix, one_process, na
     """tokens/s = the global step's tokens / step time; MFU = tokens/s x FLOPs per token of
     the whole model / (world x per-device peak)."""
     out = _out(layout_matrix, name)
-    ref, _, ref_log = one_process(LAYOUTS[name].model)
+    ref, _, ref_log = one_process(LAYOUTS[name].model, LAYOUTS[name].schedule)
     log = (out / f"{name}.log").read_text(encoding="utf-8")
     flops, peak = _flops_and_peak(log)
     assert (flops, peak) == _flops_and_peak(ref_log)   # every stage's / shard's parameters
@@ -101,30 +105,32 @@ def test_throughput_columns_count_the_global_step(layout_matrix, one_process, na
 
 @pytest.mark.parametrize("name", [n for n, c in LAYOUTS.items() if c.no_eval])
 def test_evaluation_changes_no_training_state(layout_matrix, name):
-    """The steps after the evaluation at step 5 are those of the layout's run without one."""
-    out = _out(layout_matrix, name)
-    with_eval = read_metrics(out / name)[:NO_EVAL_STEPS]
+    """The steps after the first evaluation are those of the layout's run without one."""
+    out, schedule = _out(layout_matrix, name), LAYOUTS[name].schedule
+    with_eval = read_metrics(out / name)[:schedule.no_eval_steps]
     without = read_metrics(out / f"{name}_no_eval")
-    assert [r["step"] for r in without] == list(range(1, NO_EVAL_STEPS + 1))
-    assert "eval_loss" in with_eval[4] and "eval_loss" not in without[4]
+    first = schedule.eval_interval - 1   # the row of the first evaluation
+    assert [r["step"] for r in without] == list(range(1, schedule.no_eval_steps + 1))
+    assert "eval_loss" in with_eval[first] and "eval_loss" not in without[first]
     for key in ("loss", "grad_norm"):
         assert [r[key] for r in with_eval] == [r[key] for r in without], key
 
 
 @pytest.mark.parametrize("name", [n for n, c in LAYOUTS.items() if c.save])
 def test_generate_tool_reads_the_layouts_checkpoint(layout_matrix, capsys, name):
-    """tools.generate on one process, from the layout's own checkpoint directory (its step-10
-    checkpoint: the sharded index and rank files, or pp's gathered file): the run's sample."""
+    """tools.generate on one process, from the layout's own checkpoint directory (its last
+    step's checkpoint: the sharded index and rank files, or pp's gathered file): the run's
+    sample."""
     from mindformers_core.checkpoint.store import list_checkpoints
     from mindformers_core.tools.generate import main
     out = _out(layout_matrix, name)
     ckpt = out / name / "checkpoint"
     step, path = list_checkpoints(str(ckpt))[-1]
-    assert step == 10
+    assert step == LAYOUTS[name].schedule.steps
     config = (str(out / f"{name}.rank0.yaml") if LAYOUTS[name].model == "dsv3"
               else os.path.join(ROOT, "configs", "quickstart.yaml"))
     capsys.readouterr()
-    assert main(generate_argv(config, str(ckpt))) == 0
+    assert main(generate_argv(config, str(ckpt), (), LAYOUTS[name].schedule)) == 0
     text = capsys.readouterr().out
     assert text.endswith("\n")
     assert text[:-1] == _sample((out / f"{name}.log").read_text(encoding="utf-8"))

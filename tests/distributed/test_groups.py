@@ -19,7 +19,8 @@ def test_tp2_dp2_groups_on_four_ranks():
     assert m.groups("pp") == [(0,), (1,), (2,), (3,)]
     assert m.group_of("dp", 3) == (1, 3) and m.local_rank("dp", 3) == 1
     # without expert parallel every rank of the stage holds the same experts: edp = tp x dp
-    assert m.coords(3) == {"tp": 1, "cp": 0, "dp": 1, "pp": 0, "ep": 0, "edp": 3, "world": 3}
+    assert m.coords(3) == {"tp": 1, "cp": 0, "dp": 1, "pp": 0, "ep": 0, "edp": 3, "dp_cp": 1,
+                           "world": 3}
 
 
 def test_dp_cp_group_holds_the_ranks_of_one_tp_shard_and_stage():
@@ -33,6 +34,8 @@ def test_dp_cp_group_holds_the_ranks_of_one_tp_shard_and_stage():
         assert {m.coords(g)["tp"] for g in group} == {m.coords(r)["tp"]}
         assert {m.coords(g)["pp"] for g in group} == {m.coords(r)["pp"]}
         assert set(group) >= set(m.group_of("dp", r)) | set(m.group_of("cp", r))
+        # the dp_cp coordinate is the rank's index in that group (FSDP's rows under cp)
+        assert group.index(r) == m.coords(r)["dp_cp"]
     # dp2 x cp2 with ep2 on 4: ep folds over cp x dp, so the ep group is the cp group
     m = make_mesh(4, cp=2, ep=2)
     assert m.groups("ep") == m.groups("cp") == [(0, 1), (2, 3)]

@@ -16,6 +16,8 @@ from layout_matrix import compare_rows  # noqa: E402
 from msrun_util import read_metrics  # noqa: E402
 
 LAYOUT_GROUPS = ("layouts",)
+#: a checkpoint resumed under another layout against the uninterrupted run (issue 30)
+RESUMED_RTOL = 1e-6
 
 
 def finite_mtp_loss(name, got, want):
@@ -64,6 +66,29 @@ def rows_stored(name, case_dir):
         assert split and all(pieces[k]["zero_rows"] is not None for k in split), (name, f)
 
 
+def cp_rows_stored(name, case_dir):
+    """cp x FSDP stored each weight as rows over dp x cp: in rank r's file of the step-4
+    checkpoint every model piece of a split weight is group ``dp_cp``, one of 4 row blocks,
+    at the rank's dp_cp coordinate (ParallelDims.coords), and a matrix weight is split."""
+    import json
+    import struct
+    from mindformers_core.core.parallel_dims import make_mesh
+    mesh = make_mesh(4, cp=2)
+    ckpt = os.path.join(case_dir, "checkpoint")
+    files = sorted(f for f in os.listdir(ckpt) if "step00000004.rank" in f)
+    assert len(files) == 4, (name, files)
+    for rank, f in enumerate(files):
+        with open(os.path.join(ckpt, f), "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            pieces = json.loads(json.loads(fh.read(n))["__metadata__"]["pieces"])
+        split = {k: p for k, p in pieces.items() if k.startswith("model.") and p["group"]}
+        assert "model.decoder.layers.0.mlp.linear_fc1.weight" in split, (name, f, sorted(split))
+        for key, p in split.items():
+            assert p["group"] == "dp_cp" and p["num_shards"] == 4, (name, f, key, p)
+            assert p["shard_index"] == mesh.coords(rank)["dp_cp"], (name, f, key, p)
+            assert p["shape"][0] * 4 == p["full_shape"][0], (name, f, key, p)
+
+
 #: name -> check(case name, N-worker rows, 1-process rows)
 CHECKS = {"finite_mtp_loss": finite_mtp_loss, "qk_clip_active": qk_clip_active,
           "moe_layers_whole": moe_layers_whole}
@@ -86,7 +111,8 @@ def one_process_resumes(case, case_dir, want):
 
 
 #: name -> check(case, the case's run directory, 1-process rows)
-DIR_CHECKS = {"rows_stored": lambda case, d, want: rows_stored(case.name, d)}
+DIR_CHECKS = {"rows_stored": lambda case, d, want: rows_stored(case.name, d),
+              "cp_rows_stored": lambda case, d, want: cp_rows_stored(case.name, d)}
 
 
 @pytest.mark.multiproc
@@ -95,6 +121,14 @@ DIR_CHECKS = {"rows_stored": lambda case, d, want: rows_stored(case.name, d)}
 def test_layout_equals_one_process(layout_matrix, case):
     got = read_metrics(layout_matrix.case_dir(case.name))
     want = read_metrics(layout_matrix.reference_dir(case))
+    if case.resume_from is not None:   # another layout's checkpoint: the steps after it
+        source, step = case.resume_from
+        assert got and got[0]["step"] == step + 1, (case.name, got[:1])
+        want = [r for r in want if r["step"] > step]
+        uninterrupted = [r for r in read_metrics(layout_matrix.case_dir(source))
+                         if r["step"] > step]
+        compare_rows(f"{case.name} against the uninterrupted {source}", got, uninterrupted,
+                     case.metrics, RESUMED_RTOL)
     compare_rows(case.name, got, want, case.metrics, case.rtol, case.steps)
     trained = [r["loss"] for r in want if "loss" in r]
     assert trained[0] != trained[-1], f"{case.name}: the reference loss never moved"

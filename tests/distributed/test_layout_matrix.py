@@ -128,6 +128,12 @@ def test_every_point_is_accepted_with_a_builder_or_refused_naming_a_parallelism_
     (8, dict(model="qwen3", pp=2, vpp=2, strategy="optim_grads"), ["pipeline", "fsdp"]),
     (4, dict(model="deepseek_v3", pp=2, strategy="optim_grads_params", global_batch=8),
      ["pipeline", "fsdp"]),
+    # cp x FSDP: the rows over dp x cp (at dp 1 the cp ranks alone), also with tp inside
+    (2, dict(model="gpt", cp=2, strategy="optim_grads"), ["fsdp", "context"]),
+    (4, dict(model="gpt", cp=2, strategy="optim_grads_params"), ["fsdp", "context"]),
+    (4, dict(model="gpt", cp=2, tp=2, strategy="optim_grads"), ["tensor", "fsdp", "context"]),
+    (8, dict(model="deepseek_v3", cp=2, tp=2, strategy="optim_grads_params"),
+     ["tensor", "fsdp", "context"]),
 ])
 def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
     assert verdict(monkeypatch, world, **point) == ("accepted", want)
@@ -140,11 +146,11 @@ def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
      "parallelism.data_parallel_shard_strategy"),
     (8, dict(model="deepseek_v3", pp=2, tp=2, ep=8), "parallelism.expert_parallel"),
     (8, dict(model="deepseek_v3", cp=2, tp=2, ep=2), "parallelism.expert_parallel"),
-    (4, dict(model="gpt", cp=2, tp=2, strategy="optim_grads"),
+    (4, dict(model="deepseek_v3", cp=2, ep=2, strategy="optim_grads"),
      "parallelism.data_parallel_shard_strategy"),
     (4, dict(model="gpt", cp=2, pp=2, global_batch=8), "parallelism.pipeline_parallel"),
     (8, dict(model="gpt", cp=2, pp=2, tp=2, global_batch=8), "parallelism.pipeline_parallel"),
-    (4, dict(model="gpt", cp=2, strategy="optim_grads"),
+    (8, dict(model="deepseek_v3", cp=2, ep=4, strategy="optim_grads_params"),
      "parallelism.data_parallel_shard_strategy"),
     (2, dict(model="gpt", cp=2, strategy="no_shard"),
      "parallelism.data_parallel_shard_strategy"),
@@ -176,8 +182,10 @@ CLI_POINTS = [
                                                "parallelism.tensor_parallel=2",
                                                "parallelism.sequence_parallel=true",
                                                "parallelism.expert_parallel=2"]),
-    (2, "configs/markov_check.yaml", ["parallelism.context_parallel=2",
-                                      "parallelism.data_parallel_shard_strategy=optim_grads"]),
+    (4, "configs/muon_deepseek_v3_tiny.yaml", ["parallelism.context_parallel=2",
+                                               "parallelism.expert_parallel=2",
+                                               "parallelism.data_parallel_shard_strategy="
+                                               "optim_grads"]),
     (3, "configs/markov_check.yaml", ["parallelism.tensor_parallel=2",
                                       "parallelism.sequence_parallel=true"]),
     (2, "configs/markov_check.yaml", ["parallelism.tensor_parallel=2"]),

@@ -73,3 +73,26 @@ def test_plan_entries_and_the_groups_a_session_needs(tmp_path):
         module = type("M", (), {"LAYOUT_GROUPS": ("dp", "tp")})
 
     assert needed_groups([Item(), object()]) == {"dp", "tp"}
+
+
+def test_a_case_that_resumes_another_launches_its_world_first_and_loads_its_checkpoint(
+        tmp_path, monkeypatch):
+    """``resume_from``: the source case's world is launched before the resuming one, whose
+    plan entry loads the source's step checkpoint; within one launch the source must come
+    first."""
+    src = TrainerCase("eight", 8, "c.yaml", ("training.steps=5",))
+    again = TrainerCase("four", 4, "c.yaml", ("training.steps=5",), resume_from=("eight", 2))
+    m = LayoutMatrix({"g": Group("g", None, [src, again])}, {"g"}, str(tmp_path))
+    launched = []
+    monkeypatch.setattr(m, "launch", lambda world: launched.append(world))
+    path = m._resume_path(again)
+    assert launched == [8]
+    assert path == str(tmp_path / "world8" / "eight" / "checkpoint"
+                       / "mindformers_core_step00000002.safetensors")
+    assert plan_entry(again, "/o/four", {}, path)["args"][1][-1] == f"checkpoint.load_path={path}"
+    late = TrainerCase("late", 8, "c.yaml", resume_from=("later", 1))
+    later = TrainerCase("later", 8, "c.yaml")
+    m = LayoutMatrix({"g": Group("g", None, [late, later])}, {"g"}, str(tmp_path))
+    with pytest.raises(ValueError, match=r"layout case late resumes later, which runs after it "
+                                         r"in the same launch: list later first"):
+        m._resume_path(late)

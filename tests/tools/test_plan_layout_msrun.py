@@ -32,9 +32,16 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 UNDER = "predicted memory 30-44% below the msrun worker's rss (docs/plan_layout.md)"
 
 
+class PredictionOff(AssertionError):
+    """The prediction misses the measured rss by more than 15% (the expected failure: only
+    this one is; a layout that does not run fails the test)."""
+
+
 @pytest.mark.parametrize("name, model_parallel", [
-    pytest.param("gpt", "tp", marks=pytest.mark.xfail(reason=UNDER, strict=False)),
-    pytest.param("dsv3", "ep", marks=pytest.mark.xfail(reason=UNDER, strict=False))])
+    pytest.param("gpt", "tp", marks=pytest.mark.xfail(reason=UNDER, raises=PredictionOff,
+                                                      strict=False)),
+    pytest.param("dsv3", "ep", marks=pytest.mark.xfail(reason=UNDER, raises=PredictionOff,
+                                                       strict=False))])
 def test_top_layout_runs_and_memory_matches(tmp_path, name, model_parallel):
     config, overrides, cap = MODELS[name]
     cfg = load_config(config, overrides=overrides)
@@ -52,6 +59,7 @@ def test_top_layout_runs_and_memory_matches(tmp_path, name, model_parallel):
     assert proc.returncode == 0, worker_logs(tmp_path / "logs", 4)
     rss = max(r["rss_mb"] for r in read_metrics(out) if "rss_mb" in r) * 2 ** 20
     err = top.memory_bytes / rss - 1
-    assert abs(err) <= 0.15, json.dumps({"layout": top.candidate.describe(),
-                                         "predicted_mb": top.memory_bytes / 2 ** 20,
-                                         "rss_mb": rss / 2 ** 20})
+    if abs(err) > 0.15:
+        raise PredictionOff(json.dumps({"layout": top.candidate.describe(),
+                                        "predicted_mb": top.memory_bytes / 2 ** 20,
+                                        "rss_mb": rss / 2 ** 20}))

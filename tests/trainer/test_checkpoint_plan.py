@@ -20,7 +20,8 @@ def test_replicated_axes_by_layout():
     assert replicated_axes(EP) == ("edp",)   # ep folds over tp x cp x dp
     assert replicated_axes(FSDP) == ("tp", "cp", "dp_replicate")
     assert replicated_axes(Piece((4, 2), (2, 0), (2, 2), 0, "dp", 1, 2)) == ("tp", "cp")
-    assert replicated_axes(ZERO) == ("tp", "cp", ZERO_REPLICA)
+    # the ZeRO group spans dp and cp (ZeRO-1 over dp x cp under context parallel)
+    assert replicated_axes(ZERO) == ("tp", ZERO_REPLICA)
 
 
 def test_replica_member_is_the_mixed_radix_index_along_the_axes():
@@ -79,7 +80,7 @@ def test_axis_sizes_of_a_whole_layout():
     # upstream's MoE folding (core/parallel_dims.py): without expert parallel every rank of the
     # stage (tp x dp) holds the same routed experts, so edp is 4
     assert axis_sizes([mesh.coords(r) for r in range(4)]) == {
-        "tp": 2, "cp": 1, "dp": 2, "pp": 1, "ep": 1, "edp": 4, "world": 4}
+        "tp": 2, "cp": 1, "dp": 2, "pp": 1, "ep": 1, "edp": 4, "dp_cp": 2, "world": 4}
     assert axis_sizes([]) == {}
 
 

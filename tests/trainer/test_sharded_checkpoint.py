@@ -74,7 +74,7 @@ def write_ranks(directory, specs, coords_of, world, names_of=None, zero_shards=1
         local = reshard(data, specs, coords, names_of(rank) if names_of else None).tensors
         zero = None
         if zero_shards > 1:
-            zero = zero_rows_of(local, zero_shards, coords["dp"])
+            zero = zero_rows_of(local, zero_shards, coords["dp"], sizes["dp"])
             local = {k: (v[zero.rows[k][0]:zero.rows[k][1]] if k in zero.rows else v)
                      for k, v in local.items()}
         write_rank(str(directory), NAME, 7, rank, world, local, specs, coords, zero,
@@ -102,6 +102,44 @@ LAYOUTS = {
     "tp2_pp2": (TP, lambda r: make_mesh(4, tp=2, pp=2).coords(r), 4,
                 lambda r: STAGES[make_mesh(4, tp=2, pp=2).coords(r)["pp"]], 1),
 }
+
+
+#: FSDP under context parallel (distributed/fsdp.py): split over the dp x cp ranks
+FSDP_DP_CP = {n: ShardSpec(s, 0, "dp_cp", 4) for n, s in SHAPES.items()}
+#: context-parallel layouts, world 4: (specs, mesh, the ZeRO group of a rank, ZeRO shards) as
+#: the trainer lays them out: cp x dp's ZeRO-1 over every rank (the world communicator, shards
+#: of data_parallel_shard), cp x tp's over the rank's dp_cp group, cp x FSDP's rows over dp_cp
+CP_LAYOUTS = {
+    "cp2_dp2_zero": ({}, make_mesh(4, cp=2), lambda m, r: tuple(range(4)), 2),
+    "cp2_tp2_zero": (TP, make_mesh(4, cp=2, tp=2), lambda m, r: m.dp_cp_group(r), 2),
+    "cp2_dp2_fsdp": (FSDP_DP_CP, make_mesh(4, cp=2), lambda m, r: m.dp_cp_group(r), 1),
+}
+
+
+@pytest.mark.parametrize("remove_redundancy", [True, False])
+@pytest.mark.parametrize("layout", list(CP_LAYOUTS))
+def test_context_parallel_zero_rows_and_fsdp_rows_merge_bit_identically(tmp_path, layout,
+                                                                         remove_redundancy):
+    """Under context parallel the ZeRO group spans the cp ranks, which hold other rows of the
+    optimizer state: with remove_redundancy each row block is still written (by one of the
+    ranks holding it), and the files merge to the whole tensors."""
+    specs, mesh, zero_group, shards = CP_LAYOUTS[layout]
+    data = full_data()
+    sizes = axis_sizes([mesh.coords(r) for r in range(4)])
+    for rank in range(4):
+        coords = mesh.coords(rank)
+        local = reshard(data, specs, coords).tensors
+        zero = None
+        if shards > 1:
+            group = zero_group(mesh, rank)
+            zero = zero_rows_of(local, shards, group.index(rank), len(group))
+            local = {k: (v[zero.rows[k][0]:zero.rows[k][1]] if k in zero.rows else v)
+                     for k, v in local.items()}
+        write_rank(str(tmp_path), NAME, 7, rank, 4, local, specs, coords, zero, data.dtypes,
+                   data.run_id, sizes=sizes, remove_redundancy=remove_redundancy)
+    index = save_index(str(tmp_path), NAME, 7, 4, {"rng.numpy_keys": data.tensors[
+        "rng.numpy_keys"]}, data.state, data.config, data.run_id)
+    assert_same(load_checkpoint(index).tensors, full_tensors())
 
 
 @pytest.mark.parametrize("remove_redundancy", [True, False])
