@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import List
 
-from ..core.parallel_dims import ParallelDims
+from ..core.parallel_dims import ParallelDims, fsdp_ranks
 from ..errors import ConfigError
 from .shard_strategy import GRAD_SHARDING
 
@@ -82,11 +82,10 @@ def _not_yet(field: str, what: str, kind: str, fixes: str) -> ConfigError:
     return _refuse(field, f"{what} is not implemented yet ({kind}); set {fixes}")
 
 
-def _shards_grads(dims: ParallelDims, cp: bool = False) -> bool:
-    """The strategy splits gradients over more than one rank: its dp shard group, or with
-    ``cp`` the dp x cp ranks (cp x FSDP shards over both, distributed/setup.py)."""
-    shards = dims.dp_shard * (dims.cp if cp and dims.dp_shard == dims.dp else 1)
-    return dims.shard_strategy in GRAD_SHARDING and shards > 1
+def _shards_grads(dims: ParallelDims) -> bool:
+    """The strategy splits gradients over more than one rank (under cp: over dp x cp)."""
+    return (dims.shard_strategy in GRAD_SHARDING
+            and fsdp_ranks(dims.dp, dims.dp_shard, dims.cp) > 1)
 
 
 def check_layout(dims: ParallelDims) -> None:
@@ -123,7 +122,7 @@ def _check_context(dims: ParallelDims) -> None:
                       f"'no_shard' with parallelism.context_parallel({dims.cp}) is not "
                       f"implemented yet; use 'optim' (ZeRO-1 over dp x cp), optim_grads / "
                       f"optim_grads_params (FSDP over dp x cp) or context_parallel: 1")
-    if _shards_grads(dims, cp=True) and dims.ep > 1:
+    if _shards_grads(dims) and dims.ep > 1:
         raise _refuse("data_parallel_shard_strategy",
                       f"{dims.shard_strategy!r} with parallelism.context_parallel({dims.cp}) and "
                       f"expert_parallel({dims.ep}) is not implemented yet (cp x ep x FSDP); use "
@@ -134,7 +133,7 @@ def _check_context(dims: ParallelDims) -> None:
 def _cp_runs(dims: ParallelDims) -> bool:
     return (dims.pp == 1 and (dims.tp == 1 or dims.ep == 1)
             and dims.shard_strategy != "no_shard"
-            and not (_shards_grads(dims, cp=True) and dims.ep > 1))
+            and not (_shards_grads(dims) and dims.ep > 1))
 
 
 def parallel_steps(dims: ParallelDims) -> List[str]:
@@ -160,7 +159,7 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
         # the data-parallel reduction over dp x cp (without tp: every rank); FSDP over the
         # same dp x cp ranks
         return ((["tensor"] if dims.tp > 1 else [])
-                + (["fsdp"] if _shards_grads(dims, cp=True) else []) + ["context"]
+                + (["fsdp"] if _shards_grads(dims) else []) + ["context"]
                 + (["expert"] if dims.ep > 1 else []))
     if _shards_grads(dims) and dims.ep > 1 and dims.tp > 1:
         raise ValueError(f"no builder for {dims.describe()}")

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .memory_device import ASCEND_910B_BYTES, device_memory_limit, plan_backend
+from .parallel_dims import fsdp_ranks
 from .memory_jit import JIT_PLAN_MODES, compiled_graph_bytes, planned_jit_mode
 from .pipeline_split import StageSplit, peak_in_flight_bound, pipeline_stages
 from .recompute import SELECT_MODES, parse_layer_selection
@@ -189,9 +190,8 @@ class Layout:
         """Ranks the sharded state is split over: D, or under context parallel with FSDP
         (optim_grads / optim_grads_params over every dp rank) D x cp, the dp_cp group
         (distributed/fsdp.py)."""
-        fsdp = self.shard_strategy in ("optim_grads", "optim_grads_params")
-        if fsdp and self.cp > 1 and self.dp_shard == self.dp:
-            return self.dp_shard * self.cp
+        if self.shard_strategy in ("optim_grads", "optim_grads_params"):
+            return fsdp_ranks(self.dp, self.dp_shard, self.cp)
         return self.dp_shard
 
     def shard(self, what: str) -> int:

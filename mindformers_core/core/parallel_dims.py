@@ -38,10 +38,18 @@ from typing import Dict, List, Optional, Tuple
 
 from .expert_rules import check_expert_fold
 
-__all__ = ["AXES", "ParallelDims", "Mesh", "make_mesh", "group_name"]
+__all__ = ["AXES", "ParallelDims", "Mesh", "make_mesh", "group_name", "fsdp_ranks"]
 
 #: the axes every rank creates a group for (distributed/collectives.py), in creation order
 AXES = ("tp", "cp", "dp", "pp", "ep", "edp", "world")
+
+
+def fsdp_ranks(dp: int, dp_shard: int, cp: int = 1) -> int:
+    """Ranks the FSDP strategies (optim_grads / optim_grads_params) split a weight over:
+    ``dp_shard``, or when every dp rank shards under context parallel ``dp_shard * cp`` (the
+    dp x cp ranks of the ``dp_cp`` group: the cp ranks of a replica hold the same weights and
+    read other tokens; distributed/fsdp.py)."""
+    return dp_shard * cp if dp_shard == dp else dp_shard
 
 
 def group_name(axis: str, ranks) -> str:

@@ -56,6 +56,7 @@ from mindspore import Tensor, nn, ops
 
 from ..errors import ConfigError
 from ..config.shard_strategy import optimizer_shard_count, shards_grads, shards_params
+from ..core.parallel_dims import fsdp_ranks
 from ..optim.clip_grad import global_grad_norm
 from .collectives import GroupCommunicator
 from .fsdp_layout import FSDP_GROUP, fsdp_specs
@@ -392,9 +393,8 @@ def apply_fsdp(cfg, reducer, model, comm: Optional[GroupCommunicator] = None,
         dp = (tensor.dp_comm.world_size if tensor is not None
               else reducer.data_parallel or cfg.data_parallel(world))
         members = tuple(range(dp))
-    _, num_shards = par.dp_shard(dp)
-    if num_shards == dp:   # over the whole group (dp x cp under context parallel)
-        num_shards = len(members)
+    _, dp_shard = par.dp_shard(dp)
+    num_shards = fsdp_ranks(dp, dp_shard, len(members) // dp)   # dp x cp under cp
     split_on = shards_grads(strategy) and num_shards > 1
     if not split_on and par.disable_gradient_division and strategy != "no_shard":
         return reducer, model

@@ -96,3 +96,10 @@ def test_mesh_errors_name_the_fields():
         make_mesh(4).coords(4)
     with pytest.raises(ValueError, match=r"unknown parallel axis 'xp'"):
         Mesh(world=2, dp=2).group_of("xp", 0)
+
+
+def test_fsdp_splits_over_dp_times_cp_when_every_dp_rank_shards():
+    from mindformers_core.core.parallel_dims import fsdp_ranks
+    assert fsdp_ranks(2, 2, 2) == 4      # dp2 x cp2: the dp_cp group
+    assert fsdp_ranks(1, 1, 2) == 2      # cp2 alone: the two cp ranks
+    assert fsdp_ranks(4, 4) == 4 and fsdp_ranks(4, 1, 2) == 1
