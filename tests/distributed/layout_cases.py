@@ -13,7 +13,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from layout_matrix import Group, JobCase, TrainerCase  # noqa: E402
-from trainer_case import MTP_OVERRIDES, TRAINER_OVERRIDES  # noqa: E402
+from trainer_case import MTP_OVERRIDES, PYNATIVE, TRAINER_OVERRIDES  # noqa: E402
 
 MARKOV = "configs/markov_check.yaml"
 DSV3 = "configs/muon_deepseek_v3_tiny.yaml"
@@ -29,14 +29,17 @@ TP2 = ("parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true")
 DSV3_QK = ("optimizer.qk_clip_threshold=0.05", "training.steps=4")
 DSV3_METRICS = ("loss", "grad_norm", "max_attention_logit", "aux_loss", "qk_clipped_heads")
 
-#: tp x FSDP (issue 30): global batch 8 as micro-batches of 2 (dp 2: 2 each), lr 1e-3
+#: tp x FSDP (issue 30): global batch 8 as micro-batches of 2 (dp 2: 2 each), lr 1e-3; the
+#: layers in PyNative (trainer_case.PYNATIVE: these cases test layouts, and compiling each new
+#: model's layer graphs was most of their time; the cp cases run PyNative anyway)
 TPF_COMMON = ("training.global_batch_size=8", "training.local_batch_size=2",
-              "lr_scheduler.learning_rate=1e-3", "model.seq_length=16")
+              "lr_scheduler.learning_rate=1e-3", "model.seq_length=16", PYNATIVE)
 FSDP_PARAMS = ("parallelism.data_parallel_shard_strategy=optim_grads_params",)
-#: the 8-worker cases: global batch 8, local batch 1 (issue 30's hidden check), lr 1e-3
+#: the 8-worker cases: global batch 8, local batch 1 (issue 30's hidden check), lr 1e-3,
+#: PyNative layers (as TPF_COMMON)
 UPSTREAM8_COMMON = ("training.global_batch_size=8", "training.local_batch_size=1",
                     "lr_scheduler.learning_rate=1e-3", "model.num_layers=4",
-                    "optimizer.qk_clip_threshold=0.05", "training.steps=5")
+                    "optimizer.qk_clip_threshold=0.05", "training.steps=5", PYNATIVE)
 UPSTREAM8_SAVE = ("checkpoint.enable_save=true", "checkpoint.save_interleaved_steps=2",
                   "checkpoint.save_max=4")
 

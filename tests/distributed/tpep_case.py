@@ -6,7 +6,8 @@ expert, aux loss, expert bias, MLA; its 2 layers: a dense one, then a MoE one; m
 only repeat the MoE layer's communication and cost suite time), ``optimizer.qk_clip_threshold:
 1.0``, global batch 8 = dp 2 x local
 batch 2 x 2 micro-batches (one process: 4 micro-batches of 2), learning rate 1e-3, 10 steps,
-a metrics row every step, no eval, no sample, no checkpoints. At world 4 the folding
+a metrics row every step, no eval, no sample, no checkpoints, the layers in PyNative
+(trainer_case.PYNATIVE; the compiled layers under tp are tp_case's). At world 4 the folding
 (core/parallel_dims.py) makes the ep group the tp group and edp the dp group.
 
 The cases are data: name -> overrides (``--set`` form) on top of that base; ``reference`` is
@@ -14,6 +15,8 @@ the single-process run a case is compared with (the Muon comm strategy and the d
 are irrelevant on one rank).
 """
 import os
+
+from trainer_case import PYNATIVE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -26,7 +29,7 @@ MOE_LAYERS = ("1",)
 BASE = ["optimizer.qk_clip_threshold=1.0",
         "training.global_batch_size=8", "training.local_batch_size=2",
         "lr_scheduler.learning_rate=1e-3", f"training.steps={STEPS}", "training.log_interval=1",
-        "checkpoint.enable_save=false"]
+        "checkpoint.enable_save=false", PYNATIVE]
 LAYOUT = ["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true",
           "parallelism.expert_parallel=2"]
 #: the optimizer section of the AdamW cases (the config's is Muon's)
