@@ -17,7 +17,12 @@ A runner holds how the model's pieces execute on this rank: ``models/compiled.py
   when the vocabulary is split);
 * ``sequence_shards`` / ``padded_length(seq)``: how many ranks split a micro-batch's tokens
   (``h`` holds ``T / sequence_shards`` rows) and the length a decoding forward of ``seq``
-  tokens runs at.
+  tokens runs at;
+* the key/value-cached decode (models/kv_cache.py), where every rank of the group holds
+  every new token's whole row: ``decode_embed(ids)``, ``decode_layer(layer, h, tables,
+  attention)`` (the cache's ``attention(attn, x, tables, attn_weights) -> (out,
+  max_logits)``), and of one last row ``decode_logits(h_row)`` (whole float32 logits ``[V]``)
+  and ``decode_greedy(h_row)`` (its greedy id), the same on every rank of the group.
 
 The capabilities a runner may lack are members with a declared answer rather than methods a
 caller looks for: ``gathers_weights`` / ``full_weights`` (the weights are shards that the
@@ -30,6 +35,8 @@ it without importing a model).
 from __future__ import annotations
 
 from typing import Optional, Protocol, Sequence, runtime_checkable
+
+import numpy as np
 
 __all__ = ["ModelRunner", "RunnerDefaults", "run_layer_steps"]
 
@@ -71,6 +78,14 @@ class ModelRunner(Protocol):
 
     def next_logits(self, input_ids): ...
 
+    def decode_embed(self, input_ids): ...
+
+    def decode_layer(self, layer, h, tables, attention): ...
+
+    def decode_logits(self, h_row) -> np.ndarray: ...
+
+    def decode_greedy(self, h_row) -> int: ...
+
 
 class RunnerDefaults:
     """The answers of a runner without the optional capabilities: whole weights, whole
@@ -105,6 +120,25 @@ class RunnerDefaults:
     def full_weights(self, weights: Sequence) -> tuple:
         """``weights`` as they are: they are whole on this rank."""
         return tuple(weights)
+
+    # -- the key/value-cached decode: the layers' own pieces on the whole weights ------------
+    def decode_embed(self, input_ids):
+        """The embedded new tokens ``[B*L, H]``."""
+        m = self._model
+        return m.embed_tokens(input_ids, *self.full_weights((m.embedding.word_embeddings.weight,)))
+
+    def decode_layer(self, layer, h, tables, attention):
+        """h after ``layer`` on the new tokens (``TransformerLayer.cached_step``)."""
+        return layer.cached_step(h, tables, attention, self.full_weights(layer.weights()),
+                                 self.gathers_weights)
+
+    def decode_logits(self, h_row) -> np.ndarray:
+        """The float32 logits ``[V]`` of the last hidden row ``h_row`` ``[1, H]``."""
+        return np.asarray(self.position_logits(h_row, 0), np.float32)
+
+    def decode_greedy(self, h_row) -> int:
+        """The greedy id after ``h_row`` (the lowest on ties)."""
+        return int(np.argmax(self.decode_logits(h_row)))
 
     def model(self, input_ids, labels, loss_mask) -> tuple:
         raise NotImplementedError(f"{type(self).__name__} has no compiled whole forward "

@@ -21,10 +21,17 @@ One batch at a time, without the training schedule's overlap: nothing is kept fo
 backward. The result goes to every stage with one all-reduce (SUM) over the ``pp`` group, the
 other stages adding 0 (exact: one non-zero term), so every rank logs the same eval loss and
 decodes the same ids. Every rank of the pipeline group must make the same calls (the same
-batches, the same prompt). Generation through it is a full forward over the last
-``seq_length`` tokens per token (``models/generation.py`` asks :meth:`greedy_next` or
-:meth:`next_logits`, as for a vocabulary-parallel model: no rank has whole logits), every
-rank drawing a sampled id with the same seeded generator.
+batches, the same prompt).
+
+Generation (models/generation.py) decodes with a key/value cache (:class:`PipelineDecoder`):
+each rank keeps the caches of its virtual stages' layers (models/kv_cache.py
+``CachedDecoder.run_layers``), and only the new tokens' whole hidden rows ``[B*L, H]`` go
+from stage to stage (under pp x tp every tp rank holds them, the runner's decode). The last
+stage gives the next id (greedy: under tp its ranks' tops combined) or, for sampling, the
+last position's whole logits, to every stage, where each rank draws a sampled id with the
+same seeded generator. Past ``seq_length`` (no room in the cache) each token is a full
+forward over the last ``seq_length`` tokens (:meth:`PipelineForward.greedy_next`,
+:meth:`PipelineForward.next_logits`).
 
 Only forward passes run: the running statistics they add (the MoE loads, the max attention
 logits of the stage's layers) are cleared by the caller (trainer/evaluate.py
@@ -36,7 +43,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-__all__ = ["PipelineForward"]
+__all__ = ["PipelineForward", "PipelineDecoder"]
 
 
 class PipelineForward:
@@ -45,40 +52,43 @@ class PipelineForward:
 
     ``pipeline`` is this rank's ``PipelineParallel`` after ``attach(model)``."""
 
-    #: no rank has whole logits: ``models.generation.generate`` decodes through greedy_next
-    #: and samples from next_logits
-    vocab_parallel = True
-
     def __init__(self, pipeline):
         self.pipeline = pipeline
         self.model = pipeline.model
         self.cfg = self.model.cfg
 
-    def _through_stages(self, ids, last: Callable, eager: bool = False):
-        """``last(h)`` of the last virtual stage on its rank (None on the others) after running
-        ``ids`` [B, S] through every virtual stage (``eager``: the layers in PyNative,
-        ``model.run_layers``)."""
+    def _through_stages(self, shape: tuple, embed: Callable, run: Callable, last: Callable):
+        """``last(h)`` of the last virtual stage on its rank (None on the others): virtual
+        stage 0 starts from ``embed()``, each runs ``run(h, layer indices)``, and the hidden
+        states of ``shape`` go from each rank to the next."""
         import mindspore as ms
         pipe, model = self.pipeline, self.model
         split, comm, ranks = pipe.split, pipe.comm, pipe.stage_ranks
-        b, s = (int(n) for n in ids.shape)
-        tables = model.static_tables(b, s)
         like = None
         for v in range(split.num_virtual):
             if v % split.pp != pipe.stage:
                 continue
             if v == 0:
-                h = model.embed_ids(ids)
+                h = embed()
             else:
                 if like is None:
-                    like = ms.Tensor(np.zeros(model.hidden_shape(b, s), np.float32)
-                                     ).astype(model.precision.compute)
+                    like = ms.Tensor(np.zeros(shape, np.float32)).astype(model.precision.compute)
                 h = comm.recv(like, ranks[(v - 1) % split.pp])
-            h, _ = model.run_layers(h, tables, split.layers[v], eager=eager)
+            h = run(h, split.layers[v])
             if v == split.num_virtual - 1:
                 return last(h)
             comm.send(h, ranks[(v + 1) % split.pp])
         return None
+
+    def _forward(self, ids, last: Callable, eager: bool = False):
+        """``last(h)`` on the last stage after a full forward of ``ids`` [B, S] (``eager``:
+        the layers in PyNative, ``model.run_layers``)."""
+        model = self.model
+        b, s = (int(n) for n in ids.shape)
+        tables = model.static_tables(b, s)
+        return self._through_stages(
+            model.hidden_shape(b, s), lambda: model.embed_ids(ids),
+            lambda h, layers: model.run_layers(h, tables, layers, eager=eager)[0], last)
 
     def _to_every_stage(self, values: Optional[np.ndarray], size: int) -> np.ndarray:
         """The last stage's ``values`` on every stage (others pass None: zeros)."""
@@ -93,7 +103,7 @@ class PipelineForward:
             loss_sum, n_tokens, _ = self.model.finish(h, None, input_ids, labels, loss_mask)
             return np.array([float(loss_sum.asnumpy()), float(n_tokens.asnumpy())])
 
-        both = self._to_every_stage(self._through_stages(input_ids, loss), 2)
+        both = self._to_every_stage(self._forward(input_ids, loss), 2)
         return (ms.Tensor(both[0]), ms.Tensor(both[1]), ms.Tensor(np.float32(0.0)))
 
     def next_logits(self, input_ids) -> np.ndarray:
@@ -109,9 +119,46 @@ class PipelineForward:
         # eager: without padding the window grows by one token per call, and a compiled layer
         # would compile again for each length (measured: ~3 of the 4 minutes of a 16-token
         # sample under pp2)
-        last = self._through_stages(ids, lambda h: model.position_logits(h, s - 1), eager=True)
+        last = self._forward(ids, lambda h: model.position_logits(h, s - 1), eager=True)
         return self._to_every_stage(last, int(self.cfg.vocab_size))
 
     def greedy_next(self, input_ids) -> int:
         """The greedy next id after ``input_ids`` [1, S] on every stage (the lowest on ties)."""
         return int(np.argmax(self.next_logits(input_ids)))
+
+    def cached_decoder(self, max_length: int) -> "PipelineDecoder":
+        """The key/value-cached decode through the stages (:class:`PipelineDecoder`)."""
+        return PipelineDecoder(self, max_length)
+
+
+class PipelineDecoder:
+    """``models.generation.IncrementalDecoder`` through the pipeline stages (module
+    docstring): every rank of the pipeline group feeds the same ids."""
+
+    def __init__(self, forward: PipelineForward, max_length: int):
+        self.forward = forward
+        self.cache = forward.model.cached_decoder(max_length)   # this rank's layers' caches
+        self._last = None   # the last stage's last hidden row (None on the other stages)
+
+    def feed(self, input_ids) -> None:
+        """Append ``input_ids`` [1, L] through every stage."""
+        model, cache = self.forward.model, self.cache
+        b, new = (int(n) for n in input_ids.shape)
+        tables = cache.tables(b, new)
+        self._last = self.forward._through_stages(
+            (b * new, int(model.cfg.hidden_size)),
+            lambda: model.runner.decode_embed(input_ids),
+            lambda h, layers: cache.run_layers(h, tables, layers), lambda h: h[-1:])
+        cache.advance(new)
+
+    def greedy_next(self) -> int:
+        """The last stage's greedy id on every stage (exact as float32 below 2**24)."""
+        mine = (None if self._last is None else
+                np.array([self.forward.model.runner.decode_greedy(self._last)], np.float32))
+        return int(self.forward._to_every_stage(mine, 1)[0])
+
+    def next_logits(self) -> np.ndarray:
+        """The last stage's whole logits ``[V]`` of the last position on every stage."""
+        mine = (None if self._last is None
+                else self.forward.model.runner.decode_logits(self._last))
+        return self.forward._to_every_stage(mine, int(self.forward.cfg.vocab_size))

@@ -13,15 +13,15 @@ logits of the last position. While the sequence fits the model's ``seq_length``
 ``cache=False``: a full forward per token instead, same logits to rel 1e-5); past it, each
 token is computed by a full forward over the last ``context_length`` tokens.
 
-A model whose output layer is split over tensor-parallel ranks (``model.vocab_parallel``) has
-no whole logits: greedy decoding asks it for the next id (``model.greedy_next``, a
+The model's ``cached_decoder(context)`` (``IncrementalDecoder``) decodes through its runner,
+so the same loop serves every layout. A model whose output layer is split over
+tensor-parallel ranks has no whole logits on a rank: greedy decoding asks for the next id (a
 collective that combines each rank's top of its vocabulary rows, models/tp_model.py), and
-sampling for the last position's whole logits (``model.next_logits``: that one position's
-vocabulary shards gathered), drawn with the same seeded ``rng`` on every rank, so every rank
-draws the same id; a full forward over the last ``context_length`` tokens per token (no
-key/value cache there). The same holds through the pipeline stages
-(distributed/pipeline_eval.py: the last stage's logits on every stage). Every rank of the
-group must call :func:`generate` with the same arguments.
+sampling for the last position's whole logits (that one position's vocabulary shards
+gathered), drawn with the same seeded ``rng`` on every rank, so every rank draws the same id.
+The same holds through the pipeline stages (distributed/pipeline_eval.py: the last stage's
+id or logits on every stage). Every rank of the group must call :func:`generate` with the
+same arguments.
 """
 from __future__ import annotations
 
@@ -29,25 +29,39 @@ from typing import Any, List, Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Decoder", "next_token", "filter_probs", "check_sampling", "generate"]
+__all__ = ["Decoder", "IncrementalDecoder", "next_token", "filter_probs", "check_sampling", "generate"]
+
+
+@runtime_checkable
+class IncrementalDecoder(Protocol):
+    """A key/value-cached decode of one sequence (models/kv_cache.py ``CachedDecoder``, the
+    pipeline's distributed/pipeline_eval.py ``PipelineDecoder``): the same answers on every
+    rank of the group."""
+
+    def feed(self, input_ids) -> None:
+        """Append ``input_ids`` [1, L]: the prompt, then each new token."""
+
+    def greedy_next(self) -> int:
+        """The greedy id after what was fed (the lowest on ties)."""
+
+    def next_logits(self) -> np.ndarray:
+        """The whole float32 logits ``[V]`` after what was fed."""
 
 
 @runtime_checkable
 class Decoder(Protocol):
-    """What :func:`generate` reads of a model: ``models.language_model.GPTModel`` (its
-    ``logits`` and key/value cache when ``vocab_parallel`` is False) and the pipeline's
-    forward (distributed/pipeline_eval.py ``PipelineForward``, always vocabulary-parallel)."""
+    """What :func:`generate` reads of a model: ``models.language_model.GPTModel`` and the
+    pipeline's forward (distributed/pipeline_eval.py ``PipelineForward``)."""
 
     cfg: Any
 
-    @property
-    def vocab_parallel(self) -> bool:
-        """Whether no rank has whole logits: decode through :meth:`greedy_next` /
-        :meth:`next_logits` (collectives of the ranks that hold the shards)."""
+    def greedy_next(self, input_ids) -> int:
+        """The greedy id after ``input_ids`` [1, S] by a full forward."""
 
-    def greedy_next(self, input_ids) -> int: ...
+    def next_logits(self, input_ids) -> np.ndarray:
+        """The whole float32 logits ``[V]`` of the last position of ``input_ids`` [1, S]."""
 
-    def next_logits(self, input_ids) -> np.ndarray: ...
+    def cached_decoder(self, max_length: int) -> IncrementalDecoder: ...
 
 
 def check_sampling(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> None:
@@ -97,7 +111,7 @@ def generate(model: Decoder, prompt_ids: Sequence[int], max_new_tokens: int,
              context_length: Optional[int] = None, stop_id: Optional[int] = None,
              cache: bool = True) -> List[int]:
     """The ids that follow ``prompt_ids`` (at most ``max_new_tokens``; ends early at
-    ``stop_id``). ``model.logits(ids [1, T]) -> [1, T, V]``."""
+    ``stop_id``); the module docstring says how."""
     import mindspore as ms
     check_sampling(temperature, top_k, top_p)
     ids = [int(i) for i in prompt_ids]
@@ -105,41 +119,23 @@ def generate(model: Decoder, prompt_ids: Sequence[int], max_new_tokens: int,
         raise ValueError("the prompt is empty; generation needs at least one token")
     context = int(context_length or model.cfg.seq_length)
     rng = np.random.default_rng(seed)
-    if model.vocab_parallel:
-        return _next_ids_parallel(model, ids, int(max_new_tokens), context, stop_id,
-                                  lambda window: model.greedy_next(window) if temperature == 0
-                                  else next_token(model.next_logits(window), temperature,
-                                                  top_k, top_p, rng))
+
+    def choose(greedy, logits) -> int:
+        if temperature == 0:
+            return int(greedy())
+        return next_token(logits(), temperature, top_k, top_p, rng)
+
+    decoder = model.cached_decoder(context) if cache and len(ids) <= context else None
     out: List[int] = []
-    decoder = None
-    if cache and len(ids) <= context:
-        from .kv_cache import CachedDecoder
-        decoder = CachedDecoder(model, context)
     fed = 0   # ids already in the cache
     for _ in range(int(max_new_tokens)):
         if decoder is not None and len(ids) <= context:
-            new = ms.Tensor(np.asarray(ids[fed:], np.int32)[None, :])
-            logits = (decoder.prefill(new) if fed == 0 else decoder.step(new)).asnumpy()[0, -1]
+            decoder.feed(ms.Tensor(np.asarray(ids[fed:], np.int32)[None, :]))
             fed = len(ids)
+            tok = choose(decoder.greedy_next, decoder.next_logits)
         else:
-            window = np.asarray(ids[-context:], np.int32)[None, :]
-            logits = model.logits(ms.Tensor(window)).asnumpy()[0, -1]
-        tok = next_token(logits, temperature, top_k, top_p, rng)
-        ids.append(tok)
-        out.append(tok)
-        if stop_id is not None and tok == stop_id:
-            break
-    return out
-
-
-def _next_ids_parallel(model, ids: List[int], max_new_tokens: int, context: int,
-                       stop_id: Optional[int], next_id) -> List[int]:
-    """Ids from a model without whole logits on one rank (module docstring): ``next_id`` of
-    the last ``context`` ids per token, a full forward each."""
-    import mindspore as ms
-    out: List[int] = []
-    for _ in range(max_new_tokens):
-        tok = int(next_id(ms.Tensor(np.asarray(ids[-context:], np.int32)[None, :])))
+            window = ms.Tensor(np.asarray(ids[-context:], np.int32)[None, :])
+            tok = choose(lambda: model.greedy_next(window), lambda: model.next_logits(window))
         ids.append(tok)
         out.append(tok)
         if stop_id is not None and tok == stop_id:

@@ -343,6 +343,12 @@ class GPTModel(nn.Cell):
             return self._runner.next_logits(input_ids)
         return self.logits(input_ids).asnumpy()[0, -1]
 
+    def cached_decoder(self, max_length: int):
+        """A key/value-cached decoder of this model (models/kv_cache.py), through its runner:
+        under a parallel layout a collective of the group."""
+        from .kv_cache import CachedDecoder
+        return CachedDecoder(self, max_length)
+
     def head(self, h, labels, loss_mask, w_norm, w_out):
         """(loss_sum, n_tokens) of the last hidden states h [T, H] and labels / mask [T]."""
         return token_losses(self.readout(h, w_norm, w_out), labels, loss_mask)

@@ -71,6 +71,12 @@ rank's tp slice. Every weight read goes through one accessor, which gathers the 
 is one recomputed unit whose weights are gathered inside it, so the whole tp slices of one
 layer exist at a time.
 
+Generation (models/kv_cache.py through :meth:`TensorParallelRunner.decode_layer`): the same
+layer step with other boundaries (``_Boundaries``): every tp rank holds each new token's whole
+row (one token has no sequence split), so a gather or split is the identity and a scatter is
+the sum over tp; the attention is the cache's (the local heads' keys and values, or MLA's
+latent). Only the last position's top id, or its logits for sampling, is combined over tp.
+
 ``training.jit: layer``: the boundaries are host-side collectives with their own bprop, which
 a ``mindspore.jit`` graph cannot hold, so they stay PyNative; each layer's attention on its
 local heads and its dense MLP on its local units are compiled (one graph each, the weights and
@@ -165,6 +171,26 @@ def _graph_mlp(template):
     return ms.jit(run)
 
 
+class _Boundaries:
+    """Where a layer's tokens change hands between the tp ranks (module docstring):
+    ``gather`` (local rows -> every token), ``scatter`` (partial sums of every token -> this
+    rank's rows, summed), ``split`` (every token, replicated -> this rank's rows),
+    ``gather_replicated`` (local rows -> every token, the backward keeping the local rows) and
+    ``gather_ids`` (this rank's routed ids, numpy -> the micro-batch's)."""
+
+    def __init__(self, gather, scatter, split, gather_replicated, gather_ids):
+        self.gather, self.scatter, self.split = gather, scatter, split
+        self.gather_replicated, self.gather_ids = gather_replicated, gather_ids
+
+
+def _same(x):
+    return x
+
+
+def _int32(ids: np.ndarray) -> np.ndarray:
+    return ids.astype(np.int32)
+
+
 class TensorParallelRunner(RunnerDefaults):
     """Runs the embedding, decoder and head of a tensor-parallel ``GPTModel`` (the
     ``distributed.model_runner.ModelRunner`` interface; ``vocab_parallel``: the output layer
@@ -189,6 +215,11 @@ class TensorParallelRunner(RunnerDefaults):
         self.split = SplitSequence(comm, group)
         self.grad_sum = CopyToGroup(comm, group)
         self.reduce = ReduceFromGroup(comm, group)
+        # training: sequence parallel (each rank its T/tp rows); the key/value-cached decode:
+        # every rank holds every new token (a row-parallel output is summed over tp)
+        self._sequence = _Boundaries(self.gather, self.scatter, self.split,
+                                     self.gather_replicated, self._gather_ids)
+        self._replicated = _Boundaries(_same, self.reduce, _same, _same, _int32)
         # FSDP over dp on top (hold_rows): the parameters stored as dp rows, and the whole
         # slices of the unit being run (name -> tensor)
         self._rows, self._gather_rows, self._inside = frozenset(), None, {}
@@ -242,12 +273,19 @@ class TensorParallelRunner(RunnerDefaults):
         w = self._read(param)
         return self.grad_sum(w) if param.name in self.partial else w
 
-    def embed(self, input_ids):
-        """This rank's ``[T/tp, H]`` tokens of the embedded micro-batch."""
+    def embed(self, input_ids, io: _Boundaries = None):
+        """This rank's ``[T/tp, H]`` tokens of the embedded micro-batch (``io``: the decode's
+        boundaries, every token)."""
         m = self._model
         table = self._w(m.embedding.word_embeddings.weight)
-        return self.scatter(vocab_parallel_embed(input_ids.reshape(-1), table,
-                                                 self.vocab_start, m.precision))
+        return (io or self._sequence).scatter(vocab_parallel_embed(
+            input_ids.reshape(-1), table, self.vocab_start, m.precision))
+
+    def _attend(self, attn, x, tables, ws):
+        """A layer's attention on its local heads: the compiled graph under ``layer``."""
+        if self._attention is not None:
+            return self._attention(x, *tables, *ws)
+        return attn.apply(x, tables, *ws)
 
     @property
     def vocab_parallel(self) -> bool:
@@ -258,38 +296,43 @@ class TensorParallelRunner(RunnerDefaults):
         only the decoder layers ``indices`` (in order) when given."""
         return run_layer_steps(self._steps, h, tables, indices)
 
-    def _layer(self, layer, h, tables):
+    def _layer(self, layer, h, tables, io: _Boundaries = None, attention=None):
+        """(h, max_logits, aux or None) after ``layer``: training's sequence-parallel step, or
+        with the decode's ``io`` and cached ``attention`` (:meth:`decode_layer`)."""
+        io, attention = io or self._sequence, attention or self._attend
         n1, n2, attn = layer.input_layernorm, layer.pre_mlp_layernorm, layer.self_attention
         x = rms_norm(h, self._w(n1.weight), n1.eps, n1.mean_column)
-        ws = [self._w(w) for w in attn.weights()]
-        if self._attention is not None:
-            out, max_logits = self._attention(self.gather(x), *tables, *ws)
-        else:
-            out, max_logits = attn.apply(self.gather(x), tables, *ws)
-        h = h + self.scatter(out)
+        out, max_logits = attention(attn, io.gather(x), tables,
+                                    [self._w(w) for w in attn.weights()])
+        h = h + io.scatter(out)
         x = rms_norm(h, self._w(n2.weight), n2.eps, n2.mean_column)
         if layer.dense_mlp:
             mlp = self._mlp or layer.mlp.apply
             ws = [self._w(w) for w in layer.mlp.weights()]
-            return h + self.scatter(mlp(self.gather(x), *ws)), max_logits, None
+            return h + io.scatter(mlp(io.gather(x), *ws)), max_logits, None
         b, _, s, _ = tables[-1].shape
         moe = layer.mlp
         if moe.expert_parallel > 1:
-            out, aux = self._routed_split(moe, x, b)
+            out, aux = self._routed_split(moe, x, b, io)
             h = h + out.astype(x.dtype)
         else:
-            x_all = self.gather_replicated(x)
+            x_all = io.gather_replicated(x)
             out, aux = moe.routed_apply(x_all, b, self._w(moe.router.weight),
                                         self._w(moe.experts.weight1),
                                         self._w(moe.experts.weight2))
-            h = h + self.split(out.astype(x.dtype))
+            h = h + io.split(out.astype(x.dtype))
         if moe.shared_experts is not None:
             mlp = self._mlp or moe.shared_experts.apply
             ws = [self._w(w) for w in moe.shared_experts.weights()]
-            h = h + self.scatter(mlp(self.gather(x), *ws))
+            h = h + io.scatter(mlp(io.gather(x), *ws))
         return h, max_logits, aux
 
-    def _routed_split(self, moe, x, b: int):
+    def _gather_ids(self, ids: np.ndarray) -> np.ndarray:
+        """The micro-batch's routed ids from this rank's tokens' (all-gathered over tp)."""
+        ids = self.comm.all_gather(ids.astype(np.float32), self.group, 0)
+        return np.rint(ids).astype(np.int32)
+
+    def _routed_split(self, moe, x, b: int, io: _Boundaries):
         """(routed output of this rank's tokens [T/tp, H], the micro-batch's aux loss) with
         the routed experts split over ep (module docstring, tensor x expert parallel)."""
         w_router = self.grad_sum(moe.router.weight)       # this rank's tokens: a tp share
@@ -297,12 +340,30 @@ class TensorParallelRunner(RunnerDefaults):
         out, _, dropped = moe.dispatch(x, gate_w, idx, self._w(moe.experts.weight1),
                                        self._w(moe.experts.weight2))
         # the micro-batch's routing on every tp rank, as one process records it
-        ids = self.comm.all_gather(idx.asnumpy().astype(np.float32), self.group, 0)
-        ids = np.rint(ids).astype(np.int32)
+        ids = io.gather_ids(idx.asnumpy())
         counts = np.bincount(ids.reshape(-1), minlength=moe.num_experts).astype(np.float32)
-        aux = moe.sequence_aux(self.gather_replicated(scores), ms.Tensor(ids), b)
+        aux = moe.sequence_aux(io.gather_replicated(scores), ms.Tensor(ids), b)
         moe.record(ms.Tensor(ids), ms.Tensor(counts), dropped, aux)
         return out, aux
+
+    # -- the key/value-cached decode (models/kv_cache.py): every rank holds every new token --
+    def decode_embed(self, input_ids):
+        return self.embed(input_ids, self._replicated)
+
+    def decode_layer(self, layer, h, tables, attention):
+        """h after ``layer`` on the new tokens: the local heads attend to this rank's cache,
+        the row-parallel outputs summed over tp."""
+        return self._layer(layer, h, tables, self._replicated, attention)[0]
+
+    def decode_logits(self, h_row) -> np.ndarray:
+        """The whole logits ``[V]`` of ``h_row``: its vocabulary shards gathered over tp."""
+        shard = self._logits_shard(h_row, 0, self._replicated)
+        return self.comm.all_gather(shard, self.group, 1).asnumpy().reshape(-1)
+
+    def decode_greedy(self, h_row) -> int:
+        """The greedy id of ``h_row``: each rank's top combined (:func:`vocab_parallel_argmax`)."""
+        return vocab_parallel_argmax(self._logits_shard(h_row, 0, self._replicated),
+                                     self.vocab_start, self.comm, self.group)
 
     def head(self, h, labels, loss_mask):
         """(loss_sum, n_tokens) of the micro-batch (the same on every tp rank): final norm on
@@ -353,20 +414,23 @@ class TensorParallelRunner(RunnerDefaults):
         """This rank's float32 logits ``[1, V/tp]`` of token ``position`` of ``h``: the
         final-normed tokens gathered over the group, that position's row against this rank's
         output rows (a collective)."""
+        return self._logits_shard(h, position, self._sequence)
+
+    def _logits_shard(self, h, position: int, io: _Boundaries):
         m = self._model
         w_norm, w_out = m.output_weights()
         norm = m.decoder.final_layernorm
-        x = self.gather(rms_norm(h, self._read(w_norm), norm.eps,
-                                 norm.mean_column))[position:position + 1]
+        x = io.gather(rms_norm(h, self._read(w_norm), norm.eps,
+                               norm.mean_column))[position:position + 1]
         logits = linear(x, self._read(w_out), m.precision).astype(ms.float32)
         if m.readout_multiplier is not None:
             logits = logits * m.readout_multiplier
         return logits
 
     def _decode_hidden(self, input_ids):
-        """(h after the last layer, S) of a full forward of ``input_ids`` [1, S] (no key/value
-        cache under tensor parallelism), padded at the end to :meth:`padded_length`; causal
-        attention keeps the padding from position ``S - 1``."""
+        """(h after the last layer, S) of a full forward of ``input_ids`` [1, S] (generation
+        past the key/value cache's ``seq_length``), padded at the end to
+        :meth:`padded_length`; causal attention keeps the padding from position ``S - 1``."""
         m = self._model
         s = int(input_ids.shape[1])
         length = self.padded_length(s)

@@ -78,6 +78,21 @@ class TransformerLayer(nn.Cell):
         h = h + out
         return h, rms_norm(h, ws[1 + na], norm2.eps, norm2.mean_column), max_logits
 
+    def cached_step(self, h, tables, attention, ws, mlp_weights: bool):
+        """The layer on new tokens of a key/value-cached decode (models/kv_cache.py): h after
+        it, with ``weights()`` as ``ws`` and ``attention(attn, x, tables, attn_ws) -> (out,
+        max_logits)`` the cache's attention; ``mlp_weights``: the MLP runs on ``ws``' MLP
+        weights (gathered from shards) instead of as its Cell (an expert-parallel MoE Cell
+        holds its own experts)."""
+        na = self._num_attention_weights
+        norm1, norm2 = self.input_layernorm, self.pre_mlp_layernorm
+        x = rms_norm(h, ws[0], norm1.eps, norm1.mean_column)
+        out, _ = attention(self.self_attention, x, tables, ws[1:1 + na])
+        h = h + out
+        x = rms_norm(h, ws[1 + na], norm2.eps, norm2.mean_column)
+        h, _ = self.mlp_block(h, x, tables, *(ws[2 + na:] if mlp_weights else ()))
+        return h
+
     def recompute_parts(self, parts) -> None:
         """Recompute these parts (``core.recompute.SELECTIVE_PARTS``) in the backward."""
         for part in parts:

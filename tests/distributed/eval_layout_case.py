@@ -118,15 +118,31 @@ def no_eval_overrides(schedule: Schedule):
 
 
 PROMPT = "The with statement"
+#: the sampled continuation under each layout (``sample``) and by tools.generate
+SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "seed": 3}
 
 
-def generate_argv(config_path: str, checkpoint: str, layout=(), schedule: Schedule = SHORT):
-    """``tools.generate``'s arguments: 16 greedy tokens after PROMPT, the model of
-    ``config_path`` under ``schedule`` and ``layout`` (a layout that fits the launch's
-    world)."""
+def sample(trainer) -> str:
+    """PROMPT and 16 tokens sampled (``SAMPLING``) after it by ``trainer``'s model under its
+    layout, as the end-of-run sample decodes (trainer/progress.py: every rank, the key/value
+    cache through the layout's runner): what tools.generate prints for them."""
+    from mindformers_core.models.generation import generate
+    tokenizer = trainer.progress.tokenizer
+    with trainer.model.whole_sequences():
+        new = generate(trainer.parallel.forward_only(trainer.model), tokenizer.encode(PROMPT),
+                       16, **SAMPLING)
+    return PROMPT + tokenizer.decode(new)
+
+
+def generate_argv(config_path: str, checkpoint: str, layout=(), schedule: Schedule = SHORT,
+                  sampled: bool = False):
+    """``tools.generate``'s arguments: 16 greedy tokens after PROMPT (``sampled``: drawn with
+    ``SAMPLING``), the model of ``config_path`` under ``schedule`` and ``layout`` (a layout
+    that fits the launch's world)."""
     sets = [a for o in schedule.overrides() + list(layout) for a in ("--set", o)]
+    draw = [a for k, v in SAMPLING.items() for a in (f"--{k}", str(v))] if sampled else []
     return ["--config", config_path, *sets, "--checkpoint", checkpoint, "--prompt", PROMPT,
-            "--max_new_tokens", "16"]
+            "--max_new_tokens", "16", *draw]
 
 
 def config(model: str, run_dir: str, overrides=(), schedule: Schedule = QUICK_SCHEDULE):

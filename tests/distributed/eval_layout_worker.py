@@ -1,7 +1,8 @@
 """msrun worker of tests/distributed/test_eval_layouts_msrun.py: the quickstart run of
 ``eval_layout_case`` under layout ``eval_layout_case.LAYOUTS[NAME]``; rank 0 leaves
 ``OUT_DIR/NAME/metrics.jsonl`` (and the final checkpoint under ``OUT_DIR/NAME/checkpoint``
-when the layout saves) and the run log ``OUT_DIR/NAME.log``; a ``no_eval`` layout then runs
+when the layout saves), the run log ``OUT_DIR/NAME.log`` and, sampled under the layout after
+training, ``OUT_DIR/NAME.sampled.json`` (``eval_layout_case.sample``); a ``no_eval`` layout then runs
 without evaluation into ``OUT_DIR/NAME_no_eval``; a ``generate`` layout runs
 ``tools.generate`` on every worker (``OUT_DIR/NAME.generate.rankR.txt``).
 
@@ -18,13 +19,17 @@ sys.path.insert(0, HERE)
 def main(out: str, name: str):
     import mindspore as ms
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    from eval_layout_case import LAYOUTS, no_eval_overrides, run
+    import json
+    from eval_layout_case import LAYOUTS, no_eval_overrides, run, sample
     case = LAYOUTS[name]
     os.makedirs(out, exist_ok=True)
-    _, text = run(case.model, os.path.join(out, name), case.overrides(), case.schedule)
+    trainer, text = run(case.model, os.path.join(out, name), case.overrides(), case.schedule)
+    sampled = sample(trainer)   # every rank: a collective under the layout
     if text:
         with open(os.path.join(out, f"{name}.log"), "w", encoding="utf-8") as fh:
             fh.write(text)
+        with open(os.path.join(out, f"{name}.sampled.json"), "w", encoding="utf-8") as fh:
+            json.dump(sampled, fh)
     if case.generate:   # tools.generate on every worker: rank 0 prints
         generate_on_workers(out, name, case)
     if case.no_eval:

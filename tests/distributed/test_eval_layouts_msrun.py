@@ -18,7 +18,10 @@ issue 31's hidden check runs it (``eval_layout_case.QUICK``; the composed layout
   sharded ones of FSDP, tp x dp with ZeRO-1, ep; the gathered ones of pp, pp x dp and
   pp x FSDP)
   prints the run's end-of-run sample, the 1-process sample of the same weights; on the 4
-  msrun workers of tp2 x dp2 (the run's config and layout) rank 0 prints it."""
+  msrun workers of tp2 x dp2 (the run's config and layout) rank 0 prints it;
+* sampled generation (temperature, top-k, top-p) under each layout after its run equals
+  tools.generate's with the same seed on one process from the run's checkpoint."""
+import json
 import os
 import re
 import sys
@@ -134,6 +137,25 @@ def test_generate_tool_reads_the_layouts_checkpoint(layout_matrix, capsys, name)
     text = capsys.readouterr().out
     assert text.endswith("\n")
     assert text[:-1] == _sample((out / f"{name}.log").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("name", [n for n, c in LAYOUTS.items() if c.save])
+def test_sampled_generation_equals_one_process_on_the_checkpoint(layout_matrix, capsys, name):
+    """16 tokens sampled (temperature, top-k, top-p, one seed) under the layout after its run
+    (every rank, the key/value cache through its runner; rank 0's text) are tools.generate's
+    with the same sampling on one process from the run's final checkpoint."""
+    from mindformers_core.tools.generate import main
+    out = _out(layout_matrix, name)
+    config = (str(out / f"{name}.rank0.yaml") if LAYOUTS[name].model == "dsv3"
+              else os.path.join(ROOT, "configs", "quickstart.yaml"))
+    capsys.readouterr()
+    assert main(generate_argv(config, str(out / name / "checkpoint"), (),
+                              LAYOUTS[name].schedule, sampled=True)) == 0
+    want = capsys.readouterr().out[:-1]
+    got = json.loads((out / f"{name}.sampled.json").read_text(encoding="utf-8"))
+    assert got == want
+    # sampled, not the greedy continuation
+    assert got != _sample((out / f"{name}.log").read_text(encoding="utf-8"))
 
 
 @pytest.mark.parametrize("name", [n for n, c in LAYOUTS.items() if c.generate])

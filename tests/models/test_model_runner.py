@@ -114,3 +114,24 @@ def test_run_layers_eager_equals_the_compiled_layers():
         want, _ = model.run_layers(h, tables, [0, 1])
         got, _ = model.run_layers(h, tables, [0, 1], eager=True)
         np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("make_cfg", [lambda: tiny_gpt(num_layers=2),
+                                      lambda: tiny_dsv3(num_layers=3)], ids=["gpt", "dsv3"])
+@pytest.mark.parametrize("kind", ["plain", "tp", "fsdp"])
+def test_cached_decode_through_each_runner_equals_the_full_forward(make_cfg, kind):
+    """The key/value-cached decode (models/kv_cache.py) runs its pieces through the model's
+    runner (``decode_*``): the prompt, then one token at a time, each position's logits and
+    greedy id are the full forward's (a one-rank tp group: the tp boundaries are sums over
+    that group, the top ids combined through it)."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    model = build_model(make_cfg(), seed=5)
+    ids = np.random.RandomState(1).randint(0, model.cfg.vocab_size, (1, 7)).astype(np.int32)
+    full = model.logits(Tensor(ids)).asnumpy()[0]
+    model.set_runner(_runners(model)[kind])
+    dec = model.cached_decoder(model.cfg.seq_length)
+    for t in range(3, 8):
+        dec.feed(Tensor(ids[:, :3] if t == 3 else ids[:, t - 1:t]))
+        np.testing.assert_allclose(dec.next_logits(), full[t - 1], rtol=1e-5, atol=1e-6)
+        assert dec.greedy_next() == int(np.argmax(full[t - 1]))
+    assert dec.length == 7
