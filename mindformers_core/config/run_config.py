@@ -31,7 +31,7 @@ from .checkpoint import CheckpointConfig
 from .context import ContextConfig, check_context_vs_training
 from .pipeline import check_pipeline_vs_model, check_pipeline_vs_plan
 from .dataset import DatasetConfig
-from ..core.parallel_dims import ParallelDims, make_mesh
+from ..core.parallel_dims import ParallelDims, fsdp_ranks, make_mesh
 from ..errors import ConfigError
 from .logging import LoggingConfig
 from .lr_scheduler import ABSENT_LR_SCHEDULER, LrSchedulerConfig
@@ -46,6 +46,7 @@ from .layout import check_layout
 from .parallelism import ParallelismConfig
 from .profiler import ProfilerConfig
 from .recompute import RecomputeConfig
+from .shard_strategy import sharded_parameter_problem
 from .context_parallel_rules import check_context_parallel
 from .tensor_parallel_rules import check_tensor_parallel
 from .schema import Section, type_hints, type_name, unknown_key_error
@@ -327,6 +328,11 @@ class RunConfig(Section):
         except ValueError as err:
             raise ConfigError("parallelism", str(err)) from None
         check_layout(dims)
+        problem = sharded_parameter_problem(   # what optim_grads_params does not run with
+            dims.shard_strategy, fsdp_ranks(dims.dp, dims.dp_shard, dims.cp), self.training.jit,
+            "jit" in self.training.explicit_keys, self.model.num_nextn_predict_layers)
+        if problem is not None:
+            raise ConfigError(*problem)
         return dims
 
     def plan(self, world_size: Optional[int] = None) -> RunPlan:

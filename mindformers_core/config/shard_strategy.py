@@ -29,12 +29,18 @@ Refused combinations (each message names the field):
   implemented;
 * ``optim_grads_params`` with ``reshard_after_forward_policy: never`` (keep the gathered
   parameters from forward to backward): this package always frees them after the forward and
-  gathers again in the backward.
+  gathers again in the backward;
+* ``optim_grads_params`` sharding over more than one rank (:func:`sharded_parameter_problem`)
+  with a ``training.jit`` other than ``none`` written in the config (the per-layer gathers are
+  PyNative Cells), or with multi-token prediction (its depths read the shared embedding
+  outside the gathered units).
 """
 from __future__ import annotations
 
+from typing import Optional, Tuple
+
 __all__ = ["SHARD_STRATEGIES", "GRAD_SHARDING", "PARAM_SHARDING", "check_shard_strategy",
-           "shards_grads", "shards_params", "optimizer_shard_count"]
+           "shards_grads", "shards_params", "optimizer_shard_count", "sharded_parameter_problem"]
 
 SHARD_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 GRAD_SHARDING = ("optim_grads", "optim_grads_params")
@@ -72,3 +78,21 @@ def check_shard_strategy(strategy: str, dp: int, dp_shard: int,
                          f"implemented here: the parameters are freed after each layer's "
                          f"forward and gathered again in its backward; use 'default' or "
                          f"'always'")
+
+
+def sharded_parameter_problem(strategy: str, shards: int, jit: str, jit_written: bool,
+                              mtp_depths: int) -> Optional[Tuple[str, str]]:
+    """``(field, message)`` of what ``optim_grads_params`` over ``shards`` ranks does not run
+    with (module docstring), or None; ``jit_written``: ``training.jit`` is in the config (an
+    unwritten one runs as ``none``)."""
+    if not shards_params(strategy) or shards <= 1:
+        return None
+    path = "parallelism.data_parallel_shard_strategy"
+    if jit != "none" and jit_written:
+        return ("training.jit", f"must be 'none' with {path}: optim_grads_params (its "
+                                f"per-layer gathers are PyNative Cells), got {jit!r}")
+    if mtp_depths:
+        return ("model.num_nextn_predict_layers",
+                f"multi-token prediction is not implemented with {path}: optim_grads_params; "
+                f"set it to 0 or use optim_grads")
+    return None

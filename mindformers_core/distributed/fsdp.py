@@ -28,7 +28,8 @@ Both: the gradient norm is ``shard_spec.global_sq_norm`` over the split (group `
 replicated gradients, identical on every rank, so clipping and skip decisions agree.
 ``disable_gradient_division: False`` divides the reduced gradients by dp (upstream's averaging).
 
-Limits of ``optim_grads_params`` here (each a ConfigError from :func:`apply_fsdp`):
+Limits of ``optim_grads_params`` here (refused by the config, at ``--check``:
+config/shard_strategy.py ``sharded_parameter_problem``):
 ``training.jit`` runs as ``none`` (the units are PyNative Cells with collectives; another value
 written in the config is refused), no multi-token prediction (its layers read the shared
 embedding outside the units). Under context parallel the rows are split over the dp x cp ranks
@@ -54,7 +55,6 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from ..errors import ConfigError
 from ..config.shard_strategy import optimizer_shard_count, shards_grads, shards_params
 from ..core.parallel_dims import fsdp_ranks
 from ..optim.clip_grad import global_grad_norm
@@ -332,19 +332,6 @@ class FSDPGradReducer:
 
         return sharded_grad_norm(grads, specs, group_sum, global_grad_norm)
 
-def _refuse(cfg) -> None:
-    """The combinations ``optim_grads_params`` does not run with (module docstring)."""
-    path = "parallelism.data_parallel_shard_strategy"
-    jit = cfg.training.jit
-    if jit != "none" and "jit" in cfg.training.explicit_keys:   # not written: runs PyNative
-        raise ConfigError("training.jit", f"must be 'none' with {path}: optim_grads_params "
-                                          f"(its per-layer gathers are PyNative Cells), "
-                                          f"got {jit!r}")
-    if getattr(cfg.model, "num_nextn_predict_layers", 0):
-        raise ConfigError("model.num_nextn_predict_layers",
-                          f"multi-token prediction is not implemented with {path}: "
-                          f"optim_grads_params; set it to 0 or use optim_grads")
-
 
 def grad_row_specs(reduction) -> Dict[str, ShardSpec]:
     """The dp-row layouts of the gradients that ``reduction`` (:func:`apply_fsdp`'s result)
@@ -398,8 +385,6 @@ def apply_fsdp(cfg, reducer, model, comm: Optional[GroupCommunicator] = None,
     split_on = shards_grads(strategy) and num_shards > 1
     if not split_on and par.disable_gradient_division and strategy != "no_shard":
         return reducer, model
-    if shards_params(strategy) and split_on:
-        _refuse(cfg)
     if comm is None:
         raise ValueError("apply_fsdp shards over the run's GroupCommunicator: pass comm "
                          "(distributed/setup.py does)")

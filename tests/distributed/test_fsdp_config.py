@@ -115,16 +115,16 @@ def tiny_cfg(extra):
      r"^model\.num_nextn_predict_layers: multi-token prediction is not implemented with "
      r"parallelism\.data_parallel_shard_strategy: optim_grads_params"),
 ])
-def test_apply_fsdp_refuses_what_sharded_parameters_cannot_run(monkeypatch, extra, msg):
-    """The check runs before any communication: a 2-rank reducer over a communicator that
-    is never called."""
-    from mindformers_core.distributed.comm import Communicator
-    from mindformers_core.distributed.fsdp import apply_fsdp
-    from mindformers_core.distributed.grad_reduce import DataParallelGradReducer
+def test_the_config_refuses_what_sharded_parameters_cannot_run(monkeypatch, extra, msg):
+    """Refused by the config (``--check``), before any model or communicator: on 2 ranks,
+    where the parameters are split; on one process every strategy is the same run."""
     workers(monkeypatch, 2)
-    cfg = tiny_cfg(extra)
     with pytest.raises(ConfigError, match=msg):
-        apply_fsdp(cfg, DataParallelGradReducer(Communicator(0, 2)), model=None)
+        tiny_cfg(extra)
+    workers(monkeypatch, 1)
+    assert tiny_cfg(extra).parallelism.data_parallel_shard_strategy == "optim_grads_params"
+    workers(monkeypatch, 2)
+    assert tiny_cfg(dict(extra, parallelism={"data_parallel_shard_strategy": "optim_grads"}))
 
 
 def test_apply_fsdp_is_the_identity_on_one_process():
