@@ -52,15 +52,15 @@ class Schedule:
 #: issue 31's hidden check, and the composed layouts' shorter run
 QUICK_SCHEDULE = Schedule(10, 5)
 SHORT = Schedule(6, 3, eval_steps=4)
-#: 4 steps (evaluations of 2 batches at steps 2 and 4), 4 layers (one per virtual stage of
-#: pp2 x interleave 2), lr 1e-3, the layers in PyNative. At the quickstart's lr 1e-2 the
-#: 4-layer model's step 3 (its grad_norm spikes to 8.3) turns tp's other summation order (rel
-#: 6e-8 in step 1's grad_norm) into rel 4e-4, with or without ep and interleaving (pp2 x ep2 x
-#: dp4 without tp: 4e-5; one process at local batch 2 against 4: 2e-5); at 1e-3 the rows
-#: agree to 7e-7. An 8-worker step takes about 6 s on the suite's 2 cores, and 8 workers
+#: 2 steps (an evaluation of 2 batches at step 2), 4 layers (one per virtual stage of pp2 x
+#: interleave 2), lr 1e-3, the layers in PyNative. At the quickstart's lr 1e-2 the 4-layer
+#: model's step 3 (its grad_norm spikes to 8.3) turns tp's other summation order (rel 6e-8 in
+#: step 1's grad_norm) into rel 4e-4, with or without ep and interleaving (pp2 x ep2 x dp4
+#: without tp: 4e-5; one process at local batch 2 against 4: 2e-5); at 1e-3 the rows agree to
+#: 7e-7 over 6 steps. An 8-worker step takes about 7 s on the suite's 2 cores, and 8 workers
 #: compiling their layer graphs at once would be most of the case's time (the compiled layers
 #: under a layout are the other cases').
-DEEP = Schedule(4, 2, eval_steps=2, extra=("model.num_layers=4", "training.jit=none",
+DEEP = Schedule(2, 2, eval_steps=2, extra=("model.num_layers=4", "training.jit=none",
                                        "lr_scheduler.learning_rate=1e-3"))
 QUICK = QUICK_SCHEDULE.overrides()
 TP = ("parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true")
@@ -113,13 +113,12 @@ LAYOUTS = {
     # pp2 x ep2 (DeepSeek-V3's composition): each stage's 2 dp ranks split its experts; the
     # eval and the sample run through the stages, the dispatch over each stage's ep group
     "pp2ep2": EvalLayout(4, "dsv3", PP + EP, save=True),
-    # pp2 x tp2 x ep2: each stage's tp group splits its weights (sequence parallel) and its
-    # experts; the hidden states between stages are each rank's T/tp rows, the last stage's
-    # logits the tp ranks' vocabulary shards
-    "pp2tp2ep2": EvalLayout(4, "dsv3", PP + TP + EP, save=True),
     # upstream MindFormers' 8-card layout (issue 30): dp_shard2 x ep2 x tp2 x pp2 x
-    # interleave 2: 4 virtual stages, the eval and the sample through them in order; local
-    # batch 2 (the interleaved schedule's micro-batches per replica are a multiple of pp)
+    # interleave 2: 4 virtual stages, the eval and the sample through them in order (each
+    # stage's tp group splits its weights and, folded, its experts; the hidden states between
+    # stages are each rank's T/tp rows, the last stage's logits the tp ranks' vocabulary
+    # shards); local batch 2 (the interleaved schedule's micro-batches per replica are a
+    # multiple of pp)
     "upstream8": EvalLayout(8, "dsv3", PP + TP + EP + (
         "parallelism.pipeline_parallel_interleave_num=2", "parallelism.data_parallel_shard=2",
         "training.local_batch_size=2"), save=True, schedule=DEEP),

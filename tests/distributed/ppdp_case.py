@@ -1,5 +1,5 @@
 """The pipeline x data-parallel cases (ZeRO-1 and FSDP inside each stage), and pipeline x
-expert (x tensor) parallel (issue [2/8]), shared by the msrun worker and the 1-process
+expert parallel (issue [2/8]), shared by the msrun worker and the 1-process
 reference; plain data, so the layout-matrix harness can take them over.
 
 Each case is a real Trainer run of ``STEPS`` steps on the global batch of the acceptance
@@ -25,8 +25,9 @@ COMMON = [f"training.steps={STEPS}", "training.local_batch_size=2",
           "checkpoint.save_max=4", "training.deterministic=True", PYNATIVE]
 
 #: name -> {config, overrides (both runs), layout (the 4-worker run only), resume}; the
-#: interleaved DeepSeek-V3 cases do not resume here: layout_cases.py's upstream8_dsv3 resumes
-#: that composition's checkpoint on one process and on pp2 x tp2
+#: interleaved DeepSeek-V3 case does not resume here: layout_cases.py's upstream8_dsv3 resumes
+#: that composition's checkpoint on one process and on pp2 x tp2. pp x tp x ep (interleaved,
+#: with MTP) is upstream8_dsv3's 8-worker case, which runs it with dp 2 on top
 CASES = {
     # the acceptance's GPT with AdamW under 1f1b: one layer per stage
     "gpt_pp2_dp2": {
@@ -73,18 +74,6 @@ CASES = {
         "layout": ["parallelism.pipeline_parallel=2", "parallelism.expert_parallel=2",
                    "parallelism.pipeline_parallel_schedule=1f1b"],
         "resume": True},
-    # pp x tp x ep, interleave 2 (the composition of upstream's 8-card layout on 4 ranks):
-    # each stage's tp group also splits its routed experts (ep2 folded over the stage's tp2),
-    # tiny DeepSeek-V3 with Muon over the tp slices, QK-Clip on the local heads, expert bias
-    # and aux loss (no MTP: refused with tensor parallelism)
-    "dsv3_pp2_tp2_ep2_vpp2": {
-        "config": "muon_deepseek_v3_tiny.yaml",
-        "overrides": ["model.num_layers=4", "optimizer.qk_clip_threshold=0.05",
-                      "model.num_nextn_predict_layers=0"],
-        "layout": ["parallelism.pipeline_parallel=2", "parallelism.tensor_parallel=2",
-                   "parallelism.sequence_parallel=True", "parallelism.expert_parallel=2",
-                   "parallelism.pipeline_parallel_interleave_num=2"],
-        "resume": False},
 }
 
 

@@ -216,12 +216,12 @@ def test_a_node_that_never_joins_ends_node_0_after_the_cluster_timeout(hosts, tm
     out = str(tmp_path / "run")
     logs = {0: str(tmp_path / "log_node0")}
     results, seconds = run_nodes(hosts, cli_command(out, "training.steps=2"), 1, logs,
-                                 cluster_time_out=30, nodes=(0,))
+                                 cluster_time_out=12, nodes=(0,))
     report("node 1 never joins", seconds)
     rc, _, err = results[0]
     assert rc != 0, err
-    assert 30 <= seconds < 120, seconds
-    assert re.search(r"the cluster did not form within CLUSTER_TIME_OUT 30 s: 1 of 2 nodes joined "
+    assert 12 <= seconds < 100, seconds
+    assert re.search(r"the cluster did not form within CLUSTER_TIME_OUT 12 s: 1 of 2 nodes joined "
                      r"the scheduler at 198\.18\.0\.1:\d+; 1 node\(s\) missing: NODE_RANK 1 "
                      r"\(ranks 1\.\.1\)", err), err
 

@@ -11,9 +11,10 @@ global batch 8, local batch 2, lr 1e-3):
   stage's dp group), 1f1b, not resumed;
 * ``dsv3_pp2_dp2_vpp2``: a 4-layer tiny DeepSeek-V3 with Muon, QK-Clip (threshold 0.05),
   expert bias, MoE aux loss and one MTP depth, interleave 2;
-* ``dsv3_pp2_ep2``: the same under pp2 x ep2 (ep carved out of each stage's dp), 1f1b;
-* ``dsv3_pp2_tp2_ep2_vpp2``: pp2 x tp2 x ep2 (ep folded over each stage's tp group), no MTP
-  (refused with tensor parallelism), interleave 2.
+* ``dsv3_pp2_ep2``: the same under pp2 x ep2 (ep carved out of each stage's dp), 1f1b.
+
+pp x tp x ep (interleaved, with MTP) runs with dp 2 on top as layout_cases.py's 8-worker
+``upstream8_dsv3``.
 
 This process runs the same configs on one process and compares the logged loss, grad_norm and
 mtp_loss per step (relative 1e-4); then it resumes each pp2 x dp2 checkpoint of step 5 on one
