@@ -21,17 +21,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["SEQUENCE_PARALLEL_MESSAGE", "MTP_TP_MESSAGE",
+__all__ = ["SEQUENCE_PARALLEL_MESSAGE",
            "check_sequence_parallel", "check_divisible_by_tp", "check_sequence_tokens",
            "tp_divisibility_problems", "check_tensor_parallel"]
 
 SEQUENCE_PARALLEL_MESSAGE = ("PyNative tensor parallelism requires sequence_parallel=True when "
                              "tensor_parallel > 1, but got tensor_parallel={tp}.")
-
-MTP_TP_MESSAGE = ("multi-token prediction (num_nextn_predict_layers {n}) is not implemented with "
-                  "parallelism.tensor_parallel > 1 ({tp}); set num_nextn_predict_layers: 0 or "
-                  "tensor_parallel: 1")
-
 
 def check_sequence_parallel(tp: int, sequence_parallel: bool) -> None:
     """Upstream's PyNative rule: TP > 1 runs only with sequence parallel."""
@@ -103,9 +98,6 @@ def check_tensor_parallel(cfg) -> None:
         raise ConfigError("recompute.mode", f"recompute is not implemented with "
                                             f"parallelism.tensor_parallel > 1 ({tp}); turn "
                                             f"recompute off")
-    if cfg.model.num_nextn_predict_layers:
-        raise ConfigError("model.num_nextn_predict_layers",
-                          MTP_TP_MESSAGE.format(n=cfg.model.num_nextn_predict_layers, tp=tp))
     capacity = cfg.model.moe_expert_capacity_factor
     if par.expert_parallel > 1 and capacity is not None:
         # each tp rank dispatches its T/tp tokens (models/tp_model.py), so a capacity would drop

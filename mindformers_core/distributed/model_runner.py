@@ -12,6 +12,10 @@ A runner holds how the model's pieces execute on this rank: ``models/compiled.py
 * ``head(h, labels, loss_mask)``: ``(loss_sum, n_tokens)``;
 * ``model(input_ids, labels, loss_mask)``: the compiled whole forward, under ``mode`` "model"
   only;
+* ``mtp_depth(depth, h, e, tables)`` / ``mtp_head(h, labels, loss_mask, w_norm)``: one
+  multi-token prediction depth (models/mtp.py ``MTPLayer``) on the previous depth's hidden
+  states and the shifted tokens' embedding ``e`` (``embed``'s), and a depth's ``(loss_sum,
+  n_tokens)`` through its own final norm gain and the shared output layer;
 * ``position_logits(h, position)``: the whole float32 logits ``[V]`` of one position of the
   last hidden states (what a pipeline's last stage decodes from; a collective of the group
   when the vocabulary is split);
@@ -63,6 +67,10 @@ class ModelRunner(Protocol):
     def head(self, h, labels, loss_mask) -> tuple: ...
 
     def model(self, input_ids, labels, loss_mask) -> tuple: ...
+
+    def mtp_depth(self, depth, h, emb, tables) -> tuple: ...
+
+    def mtp_head(self, h, labels, loss_mask, w_norm) -> tuple: ...
 
     def full_weights(self, weights: Sequence) -> tuple: ...
 
@@ -120,6 +128,17 @@ class RunnerDefaults:
     def full_weights(self, weights: Sequence) -> tuple:
         """``weights`` as they are: they are whole on this rank."""
         return tuple(weights)
+
+    # -- the multi-token prediction depths (models/mtp.py) on the whole weights -------------
+    def mtp_depth(self, depth, h, emb, tables) -> tuple:
+        """(h^k, max_logits, aux or None): the depth's own forward."""
+        return depth(h, emb, tables)
+
+    def mtp_head(self, h, labels, loss_mask, w_norm) -> tuple:
+        """(loss_sum, n_tokens) of a depth's hidden states: its final norm gain ``w_norm``,
+        then the shared output layer."""
+        m = self._model
+        return m.head(h, labels, loss_mask, w_norm, m.output_weights()[1])
 
     # -- the key/value-cached decode: the layers' own pieces on the whole weights ------------
     def decode_embed(self, input_ids):

@@ -46,14 +46,16 @@ def stage_map(split, names) -> Dict[str, int]:
 
 
 def stage_payload(split, stage: int, tensors: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-    """This stage's part: the model entries it owns and its optimizer entries."""
+    """This stage's part: the model entries and the optimizer slots of the parameters it owns,
+    and the optimizer entries of no parameter. A shared embedding table's slots come from its
+    owner (stage 0) only: the last stage's copy is equal (the same summed gradient, the same
+    update), and under pp x tp two stages' slices of it would be the same shards twice."""
     out = {}
     for key, arr in tensors.items():
-        if key.startswith("model."):
-            if split.owner(key[len("model."):]) == stage:
+        if key.startswith("model.") or key.startswith("optim."):
+            name = param_of(key)
+            if name is None or split.owner(name) == stage:
                 out[key] = arr
-        elif key.startswith("optim."):
-            out[key] = arr
     return out
 
 

@@ -412,14 +412,12 @@ class GPTModel(nn.Cell):
     def mtp_loss(self, h, input_ids, labels, loss_mask):
         """The scaled MTP loss (plus the MTP layers' MoE aux loss) of the main model's last
         hidden states h [B*S, H]; records it (``pop_mtp_losses``) and the depths' max logits."""
-        table = self.embedding.word_embeddings.weight
-        w_out = self.output_weights()[1]
         b, s = input_ids.shape
+        runner = self._runner
         loss, max_logits, aux = self.mtp(
-            h, input_ids, labels, loss_mask, self.static_tables(b, s),
-            lambda ids: self.embed_tokens(ids, table),
-            lambda hk, lab, mask, w_norm: self.head(hk, lab, mask, w_norm, w_out),
-            None if self._chunks is None else self._chunks.take)
+            h, input_ids, labels, loss_mask, self.static_tables(b, s), runner.embed,
+            runner.mtp_head, None if self._chunks is None else self._chunks.take,
+            runner.mtp_depth)
         self.record_max_logits(max_logits, start=self.cfg.num_layers)
         self._mtp_losses.append(ops.stop_gradient(loss))
         return loss if aux is None else loss + aux.astype(ms.float32)

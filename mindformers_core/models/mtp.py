@@ -17,7 +17,10 @@ Parameter names follow Megatron's MultiTokenPredictionLayer (``mtp.layers.{k}.en
 layer's weights carry the same suffixes as a decoder layer's (``self_attention.linear_*``,
 ``mlp.*``) and the optimizers' name rules (Muon routing and splits, QK-Clip) treat them alike.
 The depth modules only run in the training forward (``GPTModel.construct``); ``logits`` and
-generation never call them.
+generation never call them. They run through the model's runner
+(distributed/model_runner.py ``mtp_depth`` / ``mtp_head``): under tensor parallelism the
+depth's transformer layer is cut like a decoder layer, and its embedding and head are the
+vocabulary-parallel ones (models/tp_model.py).
 """
 from __future__ import annotations
 
@@ -68,18 +71,21 @@ class MultiTokenPrediction(nn.Cell):
         self.loss_scaling_factor = float(loss_scaling_factor)
 
     def construct(self, h, input_ids, labels, loss_mask, tables, embed_fn: Callable,
-                  head_fn: Callable, local: Optional[Callable] = None):
+                  head_fn: Callable, local: Optional[Callable] = None,
+                  depth_fn: Optional[Callable] = None):
         """``embed_fn(ids [B, S]) -> [B*S, H]``; ``head_fn(h, labels [T], mask [T], w_norm) ->
-        (loss_sum, n_tokens)`` with the shared output layer. ``local`` (context parallel,
+        (loss_sum, n_tokens)`` with the shared output layer; ``depth_fn(layer, h, e, tables)``
+        runs one depth (default: the layer itself). ``local`` (context parallel,
         models/cp_model.py): this rank's tokens of a [B, S] array; the shifts run on the whole
         sequences, and each depth's loss is this rank's token losses over the whole sequences'
         count (a part: the sum over the cp ranks is the loss)."""
         ids, lab, mask = input_ids, labels, loss_mask.astype(ms.float32)
         take = (lambda x: x) if local is None else local
+        run = depth_fn or (lambda layer, hk, e, t: layer(hk, e, t))
         losses, max_logits, aux = [], [], None
         for layer in self.layers:
             ids, lab, mask = shift_left(ids), shift_left(lab), shift_left(mask, zero_fill=True)
-            h, ml, a = layer(h, embed_fn(take(ids)), tables)
+            h, ml, a = run(layer, h, embed_fn(take(ids)), tables)
             loss_sum, n_tokens = head_fn(h, take(lab).reshape(-1), take(mask).reshape(-1),
                                          layer.final_layernorm.weight)
             if local is not None:

@@ -119,8 +119,6 @@ def apply_tensor_parallel(model, comm: GroupCommunicator, group: str = "tp"):
         return model
     if model.shard_specs():
         raise ValueError("the model is already tensor parallel")
-    if model.mtp is not None:
-        raise ValueError("multi-token prediction is not implemented with tensor parallelism")
     index = comm.mesh.local_rank(group, comm.rank)
     params = list(model.get_parameters())
     specs = tp_shard_specs(((p.name, p.shape) for p in params), tp, _attention_shape(model))
@@ -128,8 +126,7 @@ def apply_tensor_parallel(model, comm: GroupCommunicator, group: str = "tp"):
     # (distributed/shard_params.py)
     cut_parameters(model, specs, index)
     mla = model.get_gpt_transformer_config().multi_latent_attention
-    for layer in model.decoder_layers():
-        attn = layer.self_attention
+    for attn in model.attention_blocks():   # the decoder layers', then the MTP depths'
         attn.num_heads //= tp
         if not mla:
             attn.num_groups //= tp
@@ -365,11 +362,13 @@ class TensorParallelRunner(RunnerDefaults):
         return vocab_parallel_argmax(self._logits_shard(h_row, 0, self._replicated),
                                      self.vocab_start, self.comm, self.group)
 
-    def head(self, h, labels, loss_mask):
+    def head(self, h, labels, loss_mask, w_norm=None):
         """(loss_sum, n_tokens) of the micro-batch (the same on every tp rank): final norm on
-        the local tokens, local-vocabulary logits of all tokens, vocabulary-parallel CE."""
+        the local tokens (its gain ``w_norm``: an MTP depth's, :meth:`mtp_head`; default the
+        decoder's), local-vocabulary logits of all tokens, vocabulary-parallel CE."""
         m = self._model
-        w_norm, w_out = m.output_weights()
+        final_norm, w_out = m.output_weights()
+        w_norm = final_norm if w_norm is None else w_norm
         norm = m.decoder.final_layernorm
         x = self.gather(rms_norm(h, self._w(w_norm), norm.eps, norm.mean_column))
         logits = linear(x, self._w(w_out), m.precision).astype(ms.float32)
@@ -377,6 +376,21 @@ class TensorParallelRunner(RunnerDefaults):
             logits = logits * m.readout_multiplier
         return vocab_parallel_token_losses(logits, labels, loss_mask, self.vocab_start,
                                            self.comm, self.reduce, self.group)
+
+    # -- multi-token prediction (models/mtp.py): a depth is a decoder layer's step ---------------
+    def mtp_depth(self, depth, h, emb, tables) -> tuple:
+        """(h^k, max_logits of the local heads, aux or None) of one MTP depth on this rank's
+        ``T/tp`` rows: the norms and ``eh_proj`` (replicated, a partial gradient) on the local
+        rows, then the depth's transformer layer cut as a decoder layer (:meth:`_layer`)."""
+        e, n = depth.enorm, depth.hnorm
+        x = ops.cat((rms_norm(emb, self._w(e.weight), e.eps, e.mean_column),
+                     rms_norm(h, self._w(n.weight), n.eps, n.mean_column)), -1)
+        x = linear(x, self._w(depth.eh_proj.weight), depth.precision)
+        return self._layer(depth.transformer_layer, x, tables)
+
+    def mtp_head(self, h, labels, loss_mask, w_norm) -> tuple:
+        """A depth's (loss_sum, n_tokens): :meth:`head` with its final norm gain."""
+        return self.head(h, labels, loss_mask, w_norm)
 
     def greedy_next(self, input_ids) -> int:
         """The greedy next id after ``input_ids`` [1, S], the same on every tp rank (a

@@ -17,6 +17,9 @@ name; every other parameter is replicated:
                                                  2j, 2j+1 stay together when F % tp == 0)
     decoder.layers.<i>.mlp.linear_fc2.weight     dim 1
     ...mlp.shared_experts.linear_fc2.weight
+    mtp.layers.<k>.transformer_layer.*           as a decoder layer's (a multi-token
+                                                 prediction depth; its enorm / hnorm /
+                                                 eh_proj / final_layernorm replicated)
 
 Replicated and *partial*: every other trainable parameter outside a MoE block (the RMSNorm
 gains, MLA's down-projections and their norms). Under sequence parallelism a norm sees only
@@ -40,7 +43,8 @@ from ..distributed.shard_spec import ShardSpec
 __all__ = ["AttentionShape", "tp_shard_spec", "tp_shard_specs", "is_partial_replicated",
            "vocab_range", "token_range"]
 
-_DENSE_MLP = re.compile(r"^decoder\.layers\.\d+\.mlp\.(shared_experts\.)?linear_fc([12])\.weight$")
+_DENSE_MLP = re.compile(r"^(decoder\.layers\.\d+|mtp\.layers\.\d+\.transformer_layer)\.mlp\."
+                        r"(shared_experts\.)?linear_fc([12])\.weight$")
 _MOE_BLOCK = re.compile(r"\.mlp\.(router|experts)\.")
 _COLUMN_HEADS = ("linear_q_proj", "linear_q_up_proj", "linear_kv_up_proj")
 
@@ -86,7 +90,7 @@ def tp_shard_spec(name: str, shape: Sequence[int], tp: int,
         return None
     dense = _DENSE_MLP.match(name)
     if dense:
-        return ShardSpec(shape, 0 if dense.group(2) == "1" else 1, group, tp)
+        return ShardSpec(shape, 0 if dense.group(3) == "1" else 1, group, tp)
     return None
 
 

@@ -156,9 +156,13 @@ def test_stage_payloads_merge_into_the_whole_model():
                     for n in names},
                  f"optim.exp_avg.{names[1 + s]}": np.full(2, 10.0 + s), "rng.seed": np.zeros(1)}
                 for s in (0, 1)]
-    payloads[1]["optim.exp_avg.embedding.word_embeddings.weight"] = np.full(2, 7.0)
+    # the shared table is trained on both stages (equal slots; 8.0 marks the last stage's)
+    payloads[0]["optim.exp_avg.embedding.word_embeddings.weight"] = np.full(2, 7.0)
+    payloads[1]["optim.exp_avg.embedding.word_embeddings.weight"] = np.full(2, 8.0)
     parts = [stage_payload(split, s, payloads[s]) for s in (0, 1)]
     assert "rng.seed" not in parts[1] and "model.decoder.layers.0.w" not in parts[1]
+    # its owner (stage 0) sends the table's slots, so under pp x tp no shard comes twice
+    assert "optim.exp_avg.embedding.word_embeddings.weight" not in parts[1]
     full = {n: (2,) for n in names}
     merged = merge_stage_payloads(payloads[0], parts, full)
     for n in names:
@@ -166,6 +170,29 @@ def test_stage_payloads_merge_into_the_whole_model():
     assert merged["optim.exp_avg.decoder.layers.1.w"][0] == 11.0
     assert merged["optim.exp_avg.embedding.word_embeddings.weight"][0] == 7.0
     assert stage_map(split, names) == {names[0]: 0, names[1]: 0, names[2]: 1, names[3]: 1}
+
+
+def test_a_shared_tp_sliced_table_joins_from_its_owner_stage_once():
+    """pp2 x tp2 with a table both stages hold (MTP or tied embeddings): each stage's tp ranks
+    hold vocabulary slices of it and its slots; the stage payloads, the senders and the join
+    give the whole table and slots once (the last stage's copies used to come as the same
+    shards twice)."""
+    import numpy as np
+    from mindformers_core.distributed.pipeline_checkpoint import (join_shards, sender_entries,
+                                                                  stage_payload)
+    from mindformers_core.distributed.shard_spec import ShardSpec, shard
+    split = StageSplit.build(2, 2, shares_embedding=True)
+    table = "embedding.word_embeddings.weight"
+    spec = ShardSpec((4, 3), 0, "tp", 2)
+    specs = {table: spec}
+    w, m = np.arange(12, dtype=np.float32).reshape(4, 3), -np.ones((4, 3), np.float32)
+    coords = [{"pp": s, "tp": k, "dp": 0, "edp": 0} for s in (0, 1) for k in (0, 1)]
+    parts = [sender_entries(stage_payload(split, c["pp"], {
+        f"model.{table}": shard(spec, w, c["tp"]), f"optim.exp_avg.{table}":
+        shard(spec, m, c["tp"])}), specs, c) for c in coords]
+    _, whole = join_shards(parts, coords, specs)
+    np.testing.assert_array_equal(whole[f"model.{table}"], w)
+    np.testing.assert_array_equal(whole[f"optim.exp_avg.{table}"], m)
 
 
 def test_stage_payload_merge_refuses_a_placeholder_or_a_missing_entry():

@@ -87,14 +87,12 @@ def dsv3_adamw(overrides):
     return load_config(d, overrides=overrides)
 
 
-def test_muon_under_tp_is_accepted_and_mtp_refused(world2):
+def test_muon_and_mtp_under_tp_are_accepted(world2):
     cfg = load_config(DSV3, overrides=TP2 + ["optimizer.comm_strategy=allgather_deredundency"])
     assert cfg.optimizer.type == "Muon" and cfg.plan().tensor_parallel == 2
     assert load_config(DSV3, overrides=TP2 + ["training.jit=layer"]).optimizer.qk_clip_enabled
-    with pytest.raises(ConfigError, match=r"^model\.num_nextn_predict_layers: multi-token "
-                                          r"prediction \(num_nextn_predict_layers 1\) is not "
-                                          r"implemented with parallelism\.tensor_parallel > 1"):
-        dsv3_adamw(TP2 + ["model.num_nextn_predict_layers=1"])
+    # the MTP depth runs through the tp runner (models/tp_model.py mtp_depth / mtp_head)
+    assert dsv3_adamw(TP2 + ["model.num_nextn_predict_layers=1"]).plan().tensor_parallel == 2
     assert dsv3_adamw(TP2).plan().tensor_parallel == 2
     with pytest.raises(ConfigError, match=r"^model\.moe_shared_expert_intermediate_size: "
                                           r"moe_shared_expert_intermediate_size \(33\) must be a "

@@ -115,6 +115,29 @@ def test_deepseek_v3_layout_mla_column_over_heads_routed_experts_replicated():
     assert specs[att + "linear_q_up_proj.weight"].blocks is None
 
 
+def test_mtp_depth_is_cut_as_a_decoder_layer_its_projection_and_norms_partial():
+    """A multi-token prediction depth's transformer layer splits as a decoder layer does
+    (heads, the shared experts' units); its enorm / hnorm / eh_proj / final norm are
+    replicated with a partial gradient (they see this rank's tokens), its routed experts and
+    router replicated and complete."""
+    with open(os.path.join(ROOT, "configs", "muon_deepseek_v3_tiny.yaml")) as fh:
+        model = dict(yaml.safe_load(fh)["model"], num_nextn_predict_layers=1)
+    shapes, _ = named_shapes(model)
+    specs = tp_shard_specs(shapes, 2, AttentionShape(4, 4, 16))
+    depth, layer = "mtp.layers.0.", "decoder.layers.1."
+    for suffix in ("self_attention.linear_q_up_proj.weight",
+                   "self_attention.linear_kv_up_proj.weight", "self_attention.linear_proj.weight",
+                   "mlp.shared_experts.linear_fc1.weight", "mlp.shared_experts.linear_fc2.weight"):
+        got, want = specs[depth + "transformer_layer." + suffix], specs[layer + suffix]
+        assert (got.split_dim, local_shape(got)) == (want.split_dim, local_shape(want)), suffix
+    own = [n for n, _ in shapes if n.startswith(depth) and ".transformer_layer." not in n]
+    assert sorted(own) == [depth + "eh_proj.weight", depth + "enorm.weight",
+                           depth + "final_layernorm.weight", depth + "hnorm.weight"]
+    assert not set(own) & set(specs) and all(is_partial_replicated(n) for n in own)
+    routed = depth + "transformer_layer.mlp.experts.weight1"
+    assert routed not in specs and not is_partial_replicated(routed)
+
+
 def test_vocab_and_token_ranges():
     assert [vocab_range(64, 4, r) for r in range(4)] == [(0, 16), (16, 32), (32, 48), (48, 64)]
     assert token_range(32, 2, 1) == (16, 32)
