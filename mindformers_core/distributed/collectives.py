@@ -190,6 +190,15 @@ class GroupCommunicator:
         """Element-wise SUM over the group (same shape)."""
         return self._run("all_reduce", x, group, lambda t, r: self._sum(t, r, group))
 
+    def group_sum(self, group: str, x: float) -> float:
+        """The SUM of one float over the group (``shard_spec.global_sq_norm``'s
+        ``group_sum``: a norm's squares)."""
+        return float(self.all_reduce(np.array([x], np.float32), group)[0])
+
+    def any_flag(self, flag: bool, group: str = "world") -> bool:
+        """True on every member when any member raised ``flag``."""
+        return self.group_sum(group, 1.0 if flag else 0.0) > 0
+
     def all_gather(self, x, group: str, axis: int = 0):
         """Members' ``x`` concatenated along ``axis`` in group order (equal shapes)."""
         from mindspore import ops

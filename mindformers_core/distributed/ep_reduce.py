@@ -91,11 +91,8 @@ class ExpertParallelReducer:
     def grad_norm(self, grads: Sequence) -> float:
         """The global L2 norm of the reduced gradients (each expert shard counted once)."""
         from ..optim.clip_grad import global_grad_norm
-        return sharded_grad_norm(grads, self._bound(list(grads)), self._group_sum,
+        return sharded_grad_norm(grads, self._bound(list(grads)), self.comm.group_sum,
                                  global_grad_norm)
-
-    def _group_sum(self, group: str, x: float) -> float:
-        return float(self.comm.all_reduce(np.array([x], np.float32), group)[0])
 
     def broadcast_flag(self, flag: bool) -> bool:
         return self.inner.broadcast_flag(flag)

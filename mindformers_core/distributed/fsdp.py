@@ -60,7 +60,6 @@ from ..core.parallel_dims import fsdp_ranks
 from ..optim.clip_grad import global_grad_norm
 from .collectives import GroupCommunicator
 from .fsdp_layout import FSDP_GROUP, fsdp_specs
-from .grad_reduce import DataParallelGradReducer
 from .model_runner import RunnerDefaults, run_layer_steps
 from .shard_params import cut_parameters
 from .shard_spec import ShardSpec, sharded_grad_norm
@@ -326,11 +325,7 @@ class FSDPGradReducer:
             size = next(tensor[n].num_shards for n in tp)
             groups[(True, False)] = ShardSpec((size,), 0, "tp", size)
         specs = [groups[(n in tp, s)] for n, s in zip(self._names or (), self._split(list(grads)))]
-
-        def group_sum(name: str, x: float) -> float:
-            return float(self.group_comm.all_reduce(np.array([x], np.float32), name)[0])
-
-        return sharded_grad_norm(grads, specs, group_sum, global_grad_norm)
+        return sharded_grad_norm(grads, specs, self.group_comm.group_sum, global_grad_norm)
 
 
 def grad_row_specs(reduction) -> Dict[str, ShardSpec]:
@@ -371,7 +366,7 @@ def apply_fsdp(cfg, reducer, model, comm: Optional[GroupCommunicator] = None,
     par = cfg.parallelism
     strategy = par.data_parallel_shard_strategy
     world = reducer.world_size
-    if world == 1 or (tensor is None and not isinstance(reducer, DataParallelGradReducer)):
+    if world == 1:
         return reducer, model
     if comm is not None:
         members = comm.ranks(group)

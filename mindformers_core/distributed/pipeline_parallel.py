@@ -179,8 +179,7 @@ class PipelineParallel:
         return self.data.optimizer_sharding(cfg)
 
     def broadcast_flag(self, flag: bool) -> bool:
-        out = self.comm.all_reduce(np.array([1.0 if flag else 0.0], np.float32), "world")
-        return bool(out[0] > 0)
+        return self.comm.any_flag(flag)
 
     def bind_parameters(self, params: Sequence) -> None:
         """The stage reduction's (pp x ep: which gradient is an expert's)."""
@@ -194,8 +193,7 @@ class PipelineParallel:
         sq = float(self.data.grad_norm(own)) ** 2
         if not math.isfinite(sq):
             sq = float("nan") if math.isnan(sq) else float("inf")
-        total = self.comm.all_reduce(np.array([sq], np.float32), "pp")
-        return float(math.sqrt(float(total[0])))
+        return math.sqrt(self.comm.group_sum("pp", sq))
 
     def combine_mtp_loss(self, mtp_loss: Optional[float]) -> Optional[float]:
         """The step's MTP loss on every stage: the last stage's (the MTP depths run there)."""

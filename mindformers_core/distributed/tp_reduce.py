@@ -68,8 +68,7 @@ class TensorParallelGradReducer:
         return self.data.mean_over_ranks(value)
 
     def broadcast_flag(self, flag: bool) -> bool:
-        total = self.comm.all_reduce(np.array([1.0 if flag else 0.0], np.float32), "world")
-        return bool(total[0] > 0)
+        return self.comm.any_flag(flag)
 
     def optimizer_sharding(self, cfg, **rows):
         """``tp_sharding.TensorParallelSharding`` over the shards of the model that
@@ -127,8 +126,4 @@ class TensorParallelGradReducer:
         if self._specs is None or len(self._specs) != len(grads):
             raise RuntimeError("TensorParallelGradReducer.grad_norm: bind_parameters("
                                "optimizer.parameters) must be called first")
-
-        def group_sum(group: str, x: float) -> float:
-            return float(self.comm.all_reduce(np.array([x], np.float32), group)[0])
-
-        return sharded_grad_norm(grads, self._specs, group_sum, global_grad_norm)
+        return sharded_grad_norm(grads, self._specs, self.comm.group_sum, global_grad_norm)
