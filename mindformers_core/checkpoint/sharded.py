@@ -72,7 +72,7 @@ from .file_io import (CheckpointData, CheckpointError, checkpoint_data, encode, 
 __all__ = ["SHARD_FORMAT", "INDEX_FORMAT", "Piece", "ZeroRows", "describe_pieces",
            "rank_file_name", "shard_files_of", "save_rank_file", "write_rank",
            "save_index",
-           "FileSharing", "load_sharded", "merge_pieces", "reshard", "RankLayout", "zero_rows_of",
+           "FileSharing", "load_sharded", "merge_pieces", "reshard", "RankLayout", "RowLayout", "zero_rows_of", "with_model_rows",
            "split_checkpoint"]
 
 SHARD_FORMAT = "mindformers_core.checkpoint_shard/1"
@@ -467,13 +467,60 @@ def reshard(data: CheckpointData, specs: Mapping[str, ShardSpec], coords: Mappin
 
 # -- a whole layout from full tensors (tools/convert_checkpoint.py) ------------------------------
 @dataclass(frozen=True)
+class RowLayout:
+    """tp x FSDP (``optim_grads_params`` with tp inside): the trained parameters stored as
+    ``num_shards`` dim-0 row blocks of each rank's tensor (its tp slice), block
+    ``coords[group] % num_shards`` on a rank (``distributed/fsdp_layout.py``: a tensor whose
+    rows do not divide stays whole), as ``model.set_row_shards`` records them. ``names``: the
+    parameters so stored (None: those with optimizer state in the checkpoint, every one when
+    it has none)."""
+    num_shards: int
+    group: str = "dp"
+    names: Optional[Sequence[str]] = None
+
+    def rows_of(self, tensors: Mapping[str, np.ndarray], coords: Mapping[str, int]
+                ) -> Dict[str, Tuple[int, int, int]]:
+        """name -> (start, stop, rows) of the parameters of one rank's ``tensors`` stored as
+        rows (``model.row_shards()``'s form)."""
+        from ..distributed.fsdp_layout import fsdp_specs, row_block
+        held = {param_of(k) for k in tensors if k.startswith("model.")}
+        trained = {param_of(k) for k in tensors if k.startswith("optim.")} & held
+        names = held & set(self.names) if self.names is not None else (trained or held)
+        specs = fsdp_specs([(n, np.shape(tensors[f"model.{n}"])) for n in sorted(names)],
+                           self.num_shards, self.group)
+        index = int(coords.get(self.group, 0)) % self.num_shards
+        return {n: row_block(s, index) for n, s in specs.items()}
+
+
+@dataclass(frozen=True)
 class RankLayout:
     """What one rank of a target layout holds: its index along each group, the parameters it
-    holds (None: all; a pipeline stage: its own) and the ZeRO-1 shards of its optimizer state
-    over ``coords["dp"]`` (1: none)."""
+    holds (None: all; a pipeline stage: its own), the ZeRO-1 shards of its optimizer state
+    over ``coords["dp"]`` (1: none) and, under tp x FSDP, the rows its weights keep
+    (:class:`RowLayout`)."""
     coords: Mapping[str, int]
     names: Optional[Sequence[str]] = None
     zero_shards: int = 1
+    rows: Optional[RowLayout] = None
+
+
+def with_model_rows(zero: Optional[ZeroRows], tensors, rows) -> Optional[ZeroRows]:
+    """``zero`` plus the rows of the parameters the model stores as dp rows of their tp slice
+    (tp x FSDP, ``model.row_shards()``): their ``model.*`` tensor and every optimizer entry
+    of theirs that the optimizer did not already describe hold those rows. The shard index
+    is the optimizer's ZeRO-1 index (the same dp rank) or, without optimizer rows, the
+    model's own."""
+    if not rows:
+        return zero
+    out = dict(zero.rows) if zero is not None else {}
+    for key in tensors:
+        name = param_of(key)
+        if name in rows and key not in out:
+            out[key] = tuple(rows[name])
+    if zero is not None:
+        return ZeroRows(out, zero.num_shards, zero.shard_index, zero.replica, zero.replicas)
+    start, stop, total = next(iter(rows.values()))
+    return ZeroRows(out, total // (stop - start), start // (stop - start), 0)
 
 
 def zero_rows_of(tensors: Mapping[str, np.ndarray], num_shards: int, dp_index: int,
@@ -503,6 +550,9 @@ def split_checkpoint(data: CheckpointData, directory: str, index_name: str,
         if lay.zero_shards > 1:
             zero = zero_rows_of(local, lay.zero_shards, int(lay.coords.get("dp", 0)),
                                 int(sizes.get("dp", 1)))
+        if lay.rows is not None:   # tp x FSDP: the weights' rows on top of their tp slices
+            zero = with_model_rows(zero, local, lay.rows.rows_of(local, lay.coords))
+        if zero is not None:
             local = {k: (v[zero.rows[k][0]:zero.rows[k][1]] if k in zero.rows else v)
                      for k, v in local.items()}
         write_rank(directory, index_name, data.step, rank, world, local, specs, lay.coords,

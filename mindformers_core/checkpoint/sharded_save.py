@@ -30,13 +30,13 @@ import os
 from dataclasses import replace
 from typing import Optional, Protocol, Tuple, runtime_checkable
 
-from ..distributed.shard_spec import ShardedModel, ShardSpec, model_rows, model_specs, param_of
+from ..distributed.shard_spec import ShardedModel, model_rows, model_specs, param_of
 from .store import checkpoint_name, prune_checkpoints
 from .balanced_load import file_sharing
 from .file_io import CheckpointData, CheckpointError
-from .sharded import ZeroRows, reshard, save_index, write_rank
+from .sharded import ZeroRows, reshard, save_index, with_model_rows, write_rank
 
-__all__ = ["RowShardedOptimizer", "uses_sharded_checkpoint", "save_sharded", "with_model_rows",
+__all__ = ["RowShardedOptimizer", "uses_sharded_checkpoint", "save_sharded",
            "settle_rank_file", "load_options", "reshard_for_model"]
 
 
@@ -95,25 +95,6 @@ def save_sharded(trainer, write_hook=None) -> Optional[str]:
                       protect=ck.keep_steps, lineage=trainer.lineage)
     trainer.log(f"saved checkpoint {path}")
     return path
-
-
-def with_model_rows(zero: Optional[ZeroRows], tensors, rows) -> Optional[ZeroRows]:
-    """``zero`` plus the rows of the parameters the model stores as dp rows of their tp slice
-    (tp x FSDP, ``model.row_shards()``): their ``model.*`` tensor and every optimizer entry
-    of theirs that the optimizer did not already describe hold those rows. The shard index
-    is the optimizer's ZeRO-1 index (the same dp rank) or, without optimizer rows, the
-    model's own."""
-    if not rows:
-        return zero
-    out = dict(zero.rows) if zero is not None else {}
-    for key in tensors:
-        name = param_of(key)
-        if name in rows and key not in out:
-            out[key] = tuple(rows[name])
-    if zero is not None:
-        return ZeroRows(out, zero.num_shards, zero.shard_index, zero.replica, zero.replicas)
-    start, stop, total = next(iter(rows.values()))
-    return ZeroRows(out, total // (stop - start), start // (stop - start), 0)
 
 
 def settle_rank_file(written: Optional[str], error: Optional[CheckpointError], failed: bool,

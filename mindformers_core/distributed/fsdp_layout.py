@@ -14,7 +14,7 @@ from typing import Dict, Iterable, Tuple
 
 from .shard_spec import ShardSpec
 
-__all__ = ["FSDP_GROUP", "fsdp_specs"]
+__all__ = ["FSDP_GROUP", "fsdp_specs", "row_block"]
 
 FSDP_GROUP = "dp"
 
@@ -32,3 +32,10 @@ def fsdp_specs(named_shapes: Iterable[Tuple[str, Tuple[int, ...]]], num_shards: 
             out[name] = ShardSpec(shape, 0, group, num_shards)
     return out
 
+
+
+def row_block(spec: ShardSpec, index: int) -> Tuple[int, int, int]:
+    """``(start, stop, rows)`` of block ``index`` of a dim-0 ``spec`` (``fsdp_specs``): what a
+    rank of the group holds of the tensor (tp x FSDP: of its tp slice) and the tensor's rows."""
+    rows = spec.full_shape[0] // spec.num_shards
+    return index * rows, (index + 1) * rows, spec.full_shape[0]

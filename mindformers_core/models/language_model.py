@@ -19,6 +19,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, mint, nn, ops
 
+from ..distributed.fsdp_layout import row_block
 from ..distributed.model_runner import ModelRunner
 from ..distributed.shard_spec import collect_shard_specs
 from . import compiled, qk_clip, yarn
@@ -503,8 +504,7 @@ class GPTModel(nn.Cell):
         ``distributed/fsdp_layout.py``) now hold block ``index`` of their rows (tp x FSDP):
         checkpoints read :meth:`row_shards` on top of :meth:`shard_specs`."""
         for name, spec in specs.items():
-            rows = spec.full_shape[0] // spec.num_shards
-            self._row_shards[name] = (index * rows, (index + 1) * rows, spec.full_shape[0])
+            self._row_shards[name] = row_block(spec, index)
 
     def row_shards(self) -> Dict[str, tuple]:
         """name -> (start, stop, rows of the tp slice) of the parameters stored as dp rows of

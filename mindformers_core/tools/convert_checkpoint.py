@@ -18,9 +18,13 @@ writes the sharded checkpoint (``checkpoint/sharded.py``) of the layout in
                                              # rank's index along every group ...
      "coords": [{"tp": 0}, {"tp": 1}],       # ... or give them per rank
      "specs": {"layers.0.w": {"full_shape": [64, 32], "split_dim": 0, "group": "tp",
-                              "num_shards": 2}},
+                              "num_shards": 2}},  # optional "blocks": [48, 8, 8],
+                                             # the q | k | v rows of a fused weight
      "names": [[...], [...]],                # optional: the parameters each rank holds (pp)
      "zero_shards": 1,                       # optional: ZeRO-1 shards of the optimizer state
+     "fsdp_rows": {"num_shards": 2},         # optional: tp x FSDP, the weights kept as dp
+                                             # rows of each tp slice ("group": "dp" or
+                                             # "dp_cp"; "names": which, default the trained)
      "remove_redundancy": false}             # optional: true writes each piece once
                                              # (checkpoint.remove_redundancy)
 
@@ -41,7 +45,7 @@ from typing import List, Optional
 
 import numpy as np
 
-__all__ = ["parse_layout", "layout_remove_redundancy", "merge", "split", "main",
+__all__ = ["parse_layout", "parse_fsdp_rows", "layout_remove_redundancy", "merge", "split", "main",
            "OutputRefused"]
 
 
@@ -94,12 +98,35 @@ def parse_layout(spec: dict):
     for name, s in spec.get("specs", {}).items():
         try:
             specs[name] = ShardSpec(tuple(s["full_shape"]), s.get("split_dim"), s.get("group"),
-                                    int(s.get("num_shards", 1)))
+                                    int(s.get("num_shards", 1)), s.get("blocks"))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"layout: specs.{name}: {exc}") from None
     zero = int(spec.get("zero_shards", 1))
-    return specs, [RankLayout(dict(c), names[r] if names else None, zero)
+    rows = parse_fsdp_rows(spec.get("fsdp_rows"))
+    return specs, [RankLayout(dict(c), names[r] if names else None, zero, rows)
                    for r, c in enumerate(coords)]
+
+
+def parse_fsdp_rows(value):
+    """The layout's ``fsdp_rows`` (``checkpoint.sharded.RowLayout``; None when absent)."""
+    from ..checkpoint.sharded import RowLayout
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"num_shards", "group", "names"}:
+        raise ValueError("layout: 'fsdp_rows' must be an object with 'num_shards' and "
+                         f"optional 'group', 'names', got {value!r}")
+    shards = value.get("num_shards")
+    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
+        raise ValueError(f"layout: fsdp_rows.num_shards must be a positive integer, "
+                         f"got {shards!r}")
+    group = value.get("group", "dp")
+    if group not in ("dp", "dp_cp"):
+        raise ValueError(f"layout: fsdp_rows.group must be 'dp' or 'dp_cp', got {group!r}")
+    names = value.get("names")
+    if names is not None and (not isinstance(names, list)
+                              or not all(isinstance(n, str) for n in names)):
+        raise ValueError("layout: fsdp_rows.names must be a list of parameter names")
+    return RowLayout(shards, group, None if names is None else tuple(names))
 
 
 def layout_remove_redundancy(spec: dict) -> bool:

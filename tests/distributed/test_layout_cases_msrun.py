@@ -89,6 +89,41 @@ def cp_rows_stored(name, case_dir):
             assert p["shape"][0] * 4 == p["full_shape"][0], (name, f, key, p)
 
 
+def split_rebuilds(name, case_dir):
+    """``tools/convert_checkpoint.py`` writes tp x FSDP checkpoints: the step-4 checkpoint,
+    merged to one file and split again with the layout of the run (its tp pieces, ZeRO-1
+    over dp 2, ``fsdp_rows``), gives every rank file's tensors and pieces, bit for bit."""
+    from safetensors.numpy import load_file
+    from mindformers_core.checkpoint.file_io import read_header
+    from mindformers_core.checkpoint.sharded import rank_file_name
+    from mindformers_core.tools.convert_checkpoint import merge, split
+    index = "mindformers_core_step00000004.safetensors"
+    ckpt, out = os.path.join(case_dir, "checkpoint"), os.path.join(case_dir, "split_again")
+
+    def pieces(path):
+        meta = read_header(path, os.path.getsize(path))["__metadata__"]
+        return {k: v for k, v in __import__("json").loads(meta["pieces"]).items()}
+
+    files = [os.path.join(ckpt, rank_file_name(index, r, 4)) for r in range(4)]
+    specs = {k[len("model."):]: p for k, p in pieces(files[0]).items()
+             if k.startswith("model.") and p["group"] == "tp"}
+    layout = {"world": 4, "mesh": {"tp": 2}, "zero_shards": 2, "fsdp_rows": {"num_shards": 2},
+              "specs": {n: {"full_shape": p["full_shape"], "split_dim": p["split_dim"],
+                            "group": "tp", "num_shards": p["num_shards"],
+                            **({"blocks": p["blocks"]} if p.get("blocks") else {})}
+                        for n, p in specs.items()}}
+    merged = merge(os.path.join(ckpt, index), os.path.join(out, "merged.safetensors"))
+    split(merged, layout, out)
+    for rank, original in enumerate(files):
+        again = os.path.join(out, rank_file_name(index, rank, 4))
+        want, got = load_file(original), load_file(again)
+        assert sorted(got) == sorted(want), (name, rank, set(got) ^ set(want))
+        for key, value in want.items():
+            assert got[key].shape == value.shape and (got[key] == value).all(), \
+                (name, rank, key, got[key].shape, value.shape)
+        assert pieces(again) == pieces(original), (name, rank)
+
+
 #: name -> check(case name, N-worker rows, 1-process rows)
 CHECKS = {"finite_mtp_loss": finite_mtp_loss, "qk_clip_active": qk_clip_active,
           "moe_layers_whole": moe_layers_whole}
@@ -112,7 +147,8 @@ def one_process_resumes(case, case_dir, want):
 
 #: name -> check(case, the case's run directory, 1-process rows)
 DIR_CHECKS = {"rows_stored": lambda case, d, want: rows_stored(case.name, d),
-              "cp_rows_stored": lambda case, d, want: cp_rows_stored(case.name, d)}
+              "cp_rows_stored": lambda case, d, want: cp_rows_stored(case.name, d),
+              "split_rebuilds": lambda case, d, want: split_rebuilds(case.name, d)}
 
 
 @pytest.mark.multiproc

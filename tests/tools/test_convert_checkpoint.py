@@ -39,6 +39,8 @@ def fmt(path):
     {"world": 4, "mesh": {"tp": 2}, "specs": SPECS, "zero_shards": 2},
     {"world": 4, "mesh": {"tp": 2}, "specs": SPECS, "zero_shards": 2,
      "remove_redundancy": True},
+    {"world": 4, "mesh": {"tp": 2}, "specs": SPECS, "zero_shards": 2,
+     "fsdp_rows": {"num_shards": 2}},
 ])
 def test_split_then_merge_is_the_original(tmp_path, single, capsys, layout):
     lay = tmp_path / "layout.json"
@@ -88,7 +90,16 @@ def test_bad_layouts_exit_2_naming_the_field(tmp_path, single, capsys):
              ({"world": 3, "mesh": {"tp": 2}},
               "world_size(3) must be divisible by tensor_parallel(2)"),
              ({"world": 2, "remove_redundancy": "yes"},
-              "layout: 'remove_redundancy' must be true or false, got 'yes'")]
+              "layout: 'remove_redundancy' must be true or false, got 'yes'"),
+             ({"world": 2, "fsdp_rows": 2},
+              "layout: 'fsdp_rows' must be an object with 'num_shards' and optional 'group', "
+              "'names', got 2"),
+             ({"world": 2, "fsdp_rows": {"num_shards": 0}},
+              "layout: fsdp_rows.num_shards must be a positive integer, got 0"),
+             ({"world": 2, "fsdp_rows": {"num_shards": 2, "group": "tp"}},
+              "layout: fsdp_rows.group must be 'dp' or 'dp_cp', got 'tp'"),
+             ({"world": 2, "fsdp_rows": {"num_shards": 2, "names": "x"}},
+              "layout: fsdp_rows.names must be a list of parameter names")]
     for layout, message in cases:
         lay = tmp_path / "layout.json"
         lay.write_text(json.dumps(layout))
@@ -113,3 +124,43 @@ def test_parse_layout_coords_from_the_mesh():
     specs, ranks = parse_layout({"world": 4, "mesh": {"tp": 2}, "specs": SPECS})
     assert [(r.coords["tp"], r.coords["dp"]) for r in ranks] == [(0, 0), (1, 0), (0, 1), (1, 1)]
     assert specs["layers.0.linear_proj.weight"].split_dim == 1
+
+
+def test_split_keeps_the_tp_x_fsdp_rows_of_each_tp_slice(tmp_path, single):
+    """``fsdp_rows`` (tp2 x FSDP dp2, optim_grads_params): rank (tp, dp) keeps block dp of
+    the rows of its tp slice of every weight whose slice has an even number of rows, in its
+    model tensor and its optimizer entries: the slices of the whole tensor, indexed by hand."""
+    lay = tmp_path / "layout.json"
+    lay.write_text(json.dumps({"world": 4, "mesh": {"tp": 2}, "specs": SPECS, "zero_shards": 2,
+                               "fsdp_rows": {"num_shards": 2}}))
+    assert main(["split", "--input", single, "--layout", str(lay),
+                 "--output", str(tmp_path / "s")]) == 0
+    full = load_checkpoint(single).tensors
+    for rank in range(4):
+        tp, dp = rank % 2, rank // 2   # tp fastest
+        got = load_file(str(tmp_path / "s" / rank_file_name("ck_step00000007.safetensors",
+                                                              rank, 4)))
+        for prefix in ("model.", "optim.adam_m.", "optim.adam_v."):
+            proj = full[prefix + "layers.0.linear_proj.weight"]   # (4, 6), columns over tp
+            assert np.array_equal(got[prefix + "layers.0.linear_proj.weight"],
+                                  proj[2 * dp:2 * dp + 2, 3 * tp:3 * tp + 3]), (rank, prefix)
+            qkv = full[prefix + "layers.0.linear_qkv.weight"]   # (12, 4), rows over tp
+            assert np.array_equal(got[prefix + "layers.0.linear_qkv.weight"],
+                                  qkv[6 * tp + 3 * dp:6 * tp + 3 * dp + 3]), (rank, prefix)
+            emb = full[prefix + "embedding.word_embeddings.weight"]   # (8, 4), replicated
+            assert np.array_equal(got[prefix + "embedding.word_embeddings.weight"],
+                                  emb[4 * dp:4 * dp + 4]), (rank, prefix)
+
+
+def test_fsdp_rows_names_choose_the_weights_kept_as_rows(tmp_path, single):
+    lay = tmp_path / "layout.json"
+    lay.write_text(json.dumps({"world": 4, "mesh": {"tp": 2}, "specs": SPECS,
+                               "fsdp_rows": {"num_shards": 2,
+                                             "names": ["layers.0.linear_qkv.weight"]}}))
+    assert main(["split", "--input", single, "--layout", str(lay),
+                 "--output", str(tmp_path / "s")]) == 0
+    got = load_file(str(tmp_path / "s" / rank_file_name("ck_step00000007.safetensors", 2, 4)))
+    full = load_checkpoint(single).tensors
+    assert got["model.layers.0.linear_qkv.weight"].shape == (3, 4)
+    assert np.array_equal(got["model.embedding.word_embeddings.weight"],
+                          full["model.embedding.word_embeddings.weight"])

@@ -482,7 +482,7 @@ def test_tp_fsdp_rows_on_top_of_the_tp_pieces_merge_bit_identically(tmp_path,
     split in two dimensions); ``with_model_rows`` describes the model and optimizer entries
     the optimizer did not (with or without its own ZeRO rows), and the rank files merge to
     the whole tensors, bit for bit."""
-    from mindformers_core.checkpoint.sharded_save import with_model_rows
+    from mindformers_core.checkpoint.sharded import with_model_rows
     data, mesh = full_data(), make_mesh(4, tp=2)
     sizes = axis_sizes([mesh.coords(r) for r in range(4)])
     for rank in range(4):
@@ -508,7 +508,7 @@ def test_tp_fsdp_rows_on_top_of_the_tp_pieces_merge_bit_identically(tmp_path,
 
 
 def test_without_model_rows_the_optimizer_rows_are_unchanged():
-    from mindformers_core.checkpoint.sharded_save import with_model_rows
+    from mindformers_core.checkpoint.sharded import with_model_rows
     zero = ZeroRows({"optim.adam_m.x": (0, 2, 4)}, 2, 0, 1)
     assert with_model_rows(zero, {"model.x": np.zeros(4)}, {}) is zero
     assert with_model_rows(None, {"model.x": np.zeros(4)}, {}) is None
