@@ -42,11 +42,11 @@ from .compat.disabled_sections import LoraConfig, RecomputeCommConfig, SwapConfi
 from .optimizer import OptimizerConfig
 from .compat.megatron_loader import check_loader_vs_model
 from .expert_layout import ExpertPlan, check_expert_parallel, expert_plan
-from .layout import check_layout
+from .layout import check_layout, parallel_steps
 from .parallelism import ParallelismConfig
 from .profiler import ProfilerConfig
 from .recompute import RecomputeConfig
-from .shard_strategy import sharded_parameter_problem
+from .shard_strategy import gradient_division_problem, sharded_parameter_problem
 from .context_parallel_rules import check_context_parallel
 from .tensor_parallel_rules import check_tensor_parallel
 from .schema import Section, type_hints, type_name, unknown_key_error
@@ -331,6 +331,9 @@ class RunConfig(Section):
         problem = sharded_parameter_problem(   # what optim_grads_params does not run with
             dims.shard_strategy, fsdp_ranks(dims.dp, dims.dp_shard, dims.cp), self.training.jit,
             "jit" in self.training.explicit_keys, self.model.num_nextn_predict_layers)
+        if problem is None:   # what dividing the reduced gradients does not run with
+            problem = gradient_division_problem(
+                par.disable_gradient_division, parallel_steps(dims), dims.ep, dims.describe())
         if problem is not None:
             raise ConfigError(*problem)
         return dims

@@ -34,13 +34,18 @@ Refused combinations (each message names the field):
   with a ``training.jit`` other than ``none`` written in the config (the per-layer gathers are
   PyNative Cells), or with multi-token prediction (its depths read the shared embedding
   outside the gathered units).
+* ``disable_gradient_division: False`` where the FSDP reduction (``distributed/fsdp.py``, the
+  one that divides) is not the run's data-parallel reduction (:func:`gradient_division_problem`):
+  tensor, pipeline or context parallel without a gradient-sharding strategy, and expert
+  parallel (its expert gradients are summed over ``edp`` undivided).
 """
 from __future__ import annotations
 
 from typing import Optional, Tuple
 
 __all__ = ["SHARD_STRATEGIES", "GRAD_SHARDING", "PARAM_SHARDING", "check_shard_strategy",
-           "shards_grads", "shards_params", "optimizer_shard_count", "sharded_parameter_problem"]
+           "shards_grads", "shards_params", "optimizer_shard_count", "sharded_parameter_problem",
+           "gradient_division_problem"]
 
 SHARD_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 GRAD_SHARDING = ("optim_grads", "optim_grads_params")
@@ -96,3 +101,22 @@ def sharded_parameter_problem(strategy: str, shards: int, jit: str, jit_written:
                 f"multi-token prediction is not implemented with {path}: optim_grads_params; "
                 f"set it to 0 or use optim_grads")
     return None
+
+
+def gradient_division_problem(disable_gradient_division: bool, steps, expert_parallel: int,
+                              layout: str) -> Optional[Tuple[str, str]]:
+    """``(field, message)`` when ``disable_gradient_division: False`` would not divide every
+    gradient of the run whose builders are ``steps`` (``config.layout.parallel_steps``; empty on
+    one process, where dp is 1 and dividing changes nothing), or None. Only the FSDP reduction
+    divides, and expert parallel sums its expert gradients over ``edp`` undivided."""
+    if disable_gradient_division or not steps:
+        return None
+    if "fsdp" in steps and expert_parallel == 1:
+        return None
+    why = ("its expert gradients are summed over edp undivided" if expert_parallel > 1 else
+           "only the data_parallel_shard_strategy reduction divides, and this layout's "
+           "reduction is the tensor/pipeline/context-parallel one (use optim_grads or "
+           "optim_grads_params)")
+    return ("parallelism.disable_gradient_division",
+            f"False (divide the reduced gradients by data_parallel) is not implemented with "
+            f"{layout}: {why}; set it to True (upstream's default)")

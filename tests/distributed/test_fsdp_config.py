@@ -127,6 +127,49 @@ def test_the_config_refuses_what_sharded_parameters_cannot_run(monkeypatch, extr
     assert tiny_cfg(dict(extra, parallelism={"data_parallel_shard_strategy": "optim_grads"}))
 
 
+@pytest.mark.parametrize("world,par,divides", [
+    (2, {}, True),                                                      # dp 2 (ZeRO-1)
+    (2, {"data_parallel_shard_strategy": "optim_grads_params"}, True),
+    (4, {"tensor_parallel": 2, "sequence_parallel": True}, False),
+    (4, {"tensor_parallel": 2, "sequence_parallel": True,
+         "data_parallel_shard_strategy": "optim_grads"}, True),
+    (4, {"pipeline_parallel": 2}, False),
+    (4, {"context_parallel": 2}, False),
+])
+def test_gradient_division_runs_only_where_the_fsdp_reduction_divides(monkeypatch, world, par,
+                                                                      divides):
+    """``disable_gradient_division: False``: accepted where the run's data-parallel reduction
+    is the FSDP one (distributed/fsdp.py divides), refused at the config naming the field
+    elsewhere (before, tp / pp / cp runs summed without dividing, silently)."""
+    workers(monkeypatch, world)
+    extra = {"parallelism": {"data_parallel_shard_strategy": "optim",
+                             "disable_gradient_division": False, **par},
+             "model": {"num_layers": 2}}
+    if divides:
+        assert tiny_cfg(extra).parallelism.disable_gradient_division is False
+        return
+    with pytest.raises(ConfigError, match=r"^parallelism\.disable_gradient_division: False "
+                                          r"\(divide the reduced gradients by data_parallel\) is "
+                                          rf"not implemented with world {world} = .*only the "
+                                          r"data_parallel_shard_strategy reduction divides.*set "
+                                          r"it to True \(upstream's default\)$"):
+        tiny_cfg(extra)
+    extra["parallelism"]["disable_gradient_division"] = True
+    assert tiny_cfg(extra).parallelism.disable_gradient_division is True
+
+
+def test_gradient_division_is_refused_under_expert_parallel():
+    from mindformers_core.config.shard_strategy import gradient_division_problem
+    field, msg = gradient_division_problem(False, ["fsdp", "expert"], 2, "LAYOUT")
+    assert field == "parallelism.disable_gradient_division"
+    assert msg == ("False (divide the reduced gradients by data_parallel) is not implemented "
+                   "with LAYOUT: its expert gradients are summed over edp undivided; set it "
+                   "to True (upstream's default)")
+    assert gradient_division_problem(True, ["tensor"], 1, "LAYOUT") is None
+    assert gradient_division_problem(False, [], 1, "LAYOUT") is None   # one process
+    assert gradient_division_problem(False, ["fsdp"], 1, "LAYOUT") is None
+
+
 def test_apply_fsdp_is_the_identity_on_one_process():
     from mindformers_core.distributed.comm import Communicator
     from mindformers_core.distributed.fsdp import apply_fsdp
