@@ -17,6 +17,7 @@ The global batch stays the config's.
 """
 from __future__ import annotations
 
+import math
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -32,7 +33,8 @@ from ..core.memory_plan import (SHARD_STRATEGIES, Layout, MemoryPlan, ParamCount
                                 settings_from_config)
 from ..core.parallel_dims import make_mesh
 from ..core.pipeline_split import StageSplit, pipeline_stages
-from ..distributed.pipeline_schedule import FORWARD, schedule, virtual_stage
+from ..distributed.pipeline_schedule import (FORWARD, check_schedule_args, schedule,
+                                             virtual_stage)
 
 __all__ = ["Candidate", "Evaluated", "enumerate_candidates", "evaluate", "search",
            "schedule_bubble", "layers_per_stage_lists", "candidate_overrides", "RECOMPUTE_YAML"]
@@ -82,7 +84,7 @@ class Evaluated:
     candidate: Candidate
     memory: MemoryPlan
     memory_bytes: int          # planner total + the process baseline
-    cost: StepCost
+    cost: Optional[StepCost]   # None: not timed (it does not fit and no one asked)
     checked: bool = False      # the candidate config loaded (phase 2)
 
     def to_json(self) -> dict:
@@ -160,6 +162,13 @@ def enumerate_candidates(cfg, world: int, vary: Iterable[str] = (),
 FORWARD_COST, BACKWARD_COST = 1.0, 2.0
 
 
+def check_schedule(pp: int, vpp: int, num_micro: int, name: str = "1f1b") -> None:
+    """ValueError when distributed/pipeline_schedule.py's ``schedule`` refuses the pipeline
+    (what :func:`schedule_bubble` would raise, without the replay)."""
+    if pp > 1:
+        check_schedule_args(pp, num_micro, vpp, name)
+
+
 @lru_cache(maxsize=None)
 def schedule_bubble(pp: int, vpp: int, num_micro: int, name: str = "1f1b") -> float:
     """Idle fraction of a stage under the schedule the pipeline runs (distributed/
@@ -203,11 +212,13 @@ def _settings(cfg, layout: Layout, cand: Candidate, num_micro: int, backend: str
 
 
 def evaluate(cfg, cand: Candidate, world: int, profile: DeviceProfile, *,
-             counts: Optional[ParamCounts] = None, backend: Optional[str] = None) \
-        -> Optional[Evaluated]:
+             counts: Optional[ParamCounts] = None, backend: Optional[str] = None,
+             time_above: Optional[float] = None) -> Optional[Evaluated]:
     """Memory and time of ``cand`` on ``cfg`` (None when make_mesh, check_layout, the split or
     the schedule refuse it); ``counts`` / ``backend``: ``param_counts(cfg.model)`` and
-    ``plan_backend(cfg.context)`` when the caller has them (one search, many candidates)."""
+    ``plan_backend(cfg.context)`` when the caller has them (one search, many candidates);
+    ``time_above``: a memory (bytes) above which the step is not timed (``cost`` None: the
+    schedule replay and the cost model are most of an evaluation)."""
     counts = param_counts(cfg.model) if counts is None else counts
     backend = plan_backend(cfg.context) if backend is None else backend
     gb = cfg.training.global_batch_size
@@ -222,8 +233,7 @@ def evaluate(cfg, cand: Candidate, world: int, profile: DeviceProfile, *,
         split = StageSplit.build(cfg.model.num_layers, cand.pp, cand.vpp,
                                  None if cand.layers_per_stage is None
                                  else list(cand.layers_per_stage))
-        bubble = schedule_bubble(cand.pp, cand.vpp, num_micro,
-                                 cfg.parallelism.pipeline_parallel_schedule)
+        check_schedule(cand.pp, cand.vpp, num_micro, cfg.parallelism.pipeline_parallel_schedule)
     except (ConfigError, ValueError):
         return None
     layout = Layout.from_dims(dims)
@@ -233,8 +243,13 @@ def evaluate(cfg, cand: Candidate, world: int, profile: DeviceProfile, *,
         memory = estimate_memory(cfg, layout, settings, split=split, counts=counts)
     except ValueError:
         return None
+    total = int(memory.total + profile.baseline_bytes)
+    if time_above is not None and total > time_above:
+        return Evaluated(cand, memory, total, None)
+    bubble = schedule_bubble(cand.pp, cand.vpp, num_micro,
+                             cfg.parallelism.pipeline_parallel_schedule)
     cost = step_cost(cfg.model, counts, layout, split, settings, profile, bubble, gb)
-    return Evaluated(cand, memory, int(memory.total + profile.baseline_bytes), cost)
+    return Evaluated(cand, memory, total, cost)
 
 
 def candidate_overrides(cand: Candidate) -> List[str]:
@@ -277,19 +292,23 @@ def config_check(source, overrides: List[str], cand: Candidate, world: int):
 
 
 def search(cfg, world: int, profile: DeviceProfile, limit: float, *, source=None,
-           overrides: Iterable[str] = (), vary: Iterable[str] = (), top: int = 10) \
-        -> Tuple[List[Evaluated], Dict[str, object]]:
+           overrides: Iterable[str] = (), vary: Iterable[str] = (), top: int = 10,
+           time_unfit: bool = True) -> Tuple[List[Evaluated], Dict[str, object]]:
     """(the ``top`` fitting layouts, best first; facts for the explanation: ``accepted`` count,
     ``smallest`` (least memory of all accepted), ``faster_unfit`` (the fastest that does not
-    fit, when faster than the best))."""
+    fit, when faster than the best; only with ``time_unfit``: without it the layouts that do
+    not fit are not timed, the same fitting layouts in less time))."""
     seen, evaluated = set(), []
     counts, backend = param_counts(cfg.model), plan_backend(cfg.context)
+    time_above = None if time_unfit else limit
     for c in enumerate_candidates(cfg, world, vary, profile.devices_per_node):
-        e = evaluate(cfg, c, world, profile, counts=counts, backend=backend)
+        e = evaluate(cfg, c, world, profile, counts=counts, backend=backend,
+                     time_above=time_above)
         if e is not None and e.candidate not in seen:
             seen.add(e.candidate)
             evaluated.append(e)
-    evaluated.sort(key=lambda e: (e.cost.step_s, e.memory_bytes))
+    evaluated.sort(key=lambda e: (math.inf if e.cost is None else e.cost.step_s,
+                                  e.memory_bytes))
     facts: Dict[str, object] = {"accepted": len(evaluated),
                                 "smallest": min(evaluated, key=lambda e: e.memory_bytes,
                                                 default=None)}

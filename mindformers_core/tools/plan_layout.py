@@ -94,13 +94,13 @@ def advise(cfg, world: int, profile: DeviceProfile, limit: float, *, source=None
 def _what_would_fit(cfg, world, profile, limit, vary) -> List[str]:
     hints = []
     for factor in (2, 4, 8, 16):
-        if search(cfg, world * factor, profile, limit, vary=vary, top=1)[0]:
+        if search(cfg, world * factor, profile, limit, vary=vary, top=1, time_unfit=False)[0]:
             hints.append(f"more devices (--world {world * factor})")
             break
-    if "recompute" not in vary and search(cfg, world, profile, limit,
+    if "recompute" not in vary and search(cfg, world, profile, limit, time_unfit=False,
                                           vary=set(vary) | {"recompute"}, top=1)[0]:
         hints.append("recompute (--vary recompute)")
-    if "micro_batch" not in vary and search(cfg, world, profile, limit,
+    if "micro_batch" not in vary and search(cfg, world, profile, limit, time_unfit=False,
                                             vary=set(vary) | {"micro_batch"}, top=1)[0]:
         hints.append("a smaller micro-batch (--vary micro_batch)")
     return hints
@@ -163,7 +163,7 @@ def fitting_summary(cfg, world: int, limit: float, top: int = 3, *, source=None,
     profile = get_profile(BACKEND_PROFILE[plan_backend(cfg.context)])
     vary = VARY if world <= VARY_ALL_UP_TO else ("recompute",)
     layouts, _ = search(cfg, world, profile, limit, source=source, overrides=overrides,
-                        vary=vary, top=top)
+                        vary=vary, top=top, time_unfit=False)
     if not layouts:
         return (f"these fit: none on {world} devices (python -m "
                 f"mindformers_core.tools.plan_layout says what would)")

@@ -116,6 +116,30 @@ def test_config_rules_refuse_what_check_layout_lets_through():
     assert found and all(e.candidate.tp <= 4 for e in found)
 
 
+def test_untimed_unfit_layouts_give_the_same_fitting_layouts():
+    """``time_unfit=False`` (--check's "these fit" and the advisor's hints): the layouts that
+    do not fit are not timed, and the fitting ones, their order and costs are the full
+    search's; an interleaved schedule the pipeline refuses is still refused."""
+    cfg = load_config(GPT, overrides=BIG + ["training.global_batch_size=16"])
+    profile = get_profile("cpu")
+    everything, _ = search(cfg, 8, profile, 2.0 ** 62, vary=("recompute",), top=10 ** 6)
+    limit = sorted(e.memory_bytes for e in everything)[len(everything) // 2]
+    full, facts = search(cfg, 8, profile, limit, vary=("recompute",), top=10 ** 6)
+    lazy, _ = search(cfg, 8, profile, limit, vary=("recompute",), top=10 ** 6,
+                     time_unfit=False)
+    assert 0 < len(full) < len(everything) and "faster_unfit" in facts
+    assert [(e.candidate, e.memory_bytes, e.cost) for e in lazy] == \
+        [(e.candidate, e.memory_bytes, e.cost) for e in full]
+    big = Candidate(1, 1, 2, 1, 1, 4, "optim", False, None, "none", 1)
+    assert evaluate(cfg, big, 8, profile, time_above=0).cost is None
+    assert evaluate(cfg, big, 8, profile).cost is not None
+    odd = Candidate(1, 1, 2, 2, 1, 4, "optim", False, None, "none", 1)   # 4 micro: fine
+    assert evaluate(cfg, odd, 8, profile, time_above=0) is not None
+    bad = load_config(GPT, overrides=BIG + ["training.global_batch_size=12"])   # 3 micro
+    assert evaluate(bad, odd, 8, profile, time_above=0) is None
+    assert evaluate(bad, odd, 8, profile) is None
+
+
 def test_bubble_is_the_simulated_schedule():
     # 1F1B: (pp - 1) / (M + pp - 1); interleaved: (pp - 1) / (vpp M + pp - 1)
     assert schedule_bubble(4, 1, 8) == pytest.approx(3 / 11)
