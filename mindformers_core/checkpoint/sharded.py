@@ -72,7 +72,8 @@ from .file_io import (CheckpointData, CheckpointError, checkpoint_data, encode, 
 __all__ = ["SHARD_FORMAT", "INDEX_FORMAT", "Piece", "ZeroRows", "describe_pieces",
            "rank_file_name", "shard_files_of", "save_rank_file", "write_rank",
            "save_index",
-           "FileSharing", "load_sharded", "merge_pieces", "reshard", "RankLayout", "RowLayout", "zero_rows_of", "with_model_rows",
+           "FileSharing", "load_sharded", "merge_pieces", "reshard", "RankLayout", "RowLayout",
+           "zero_rows_of", "with_model_rows",
            "split_checkpoint"]
 
 SHARD_FORMAT = "mindformers_core.checkpoint_shard/1"
