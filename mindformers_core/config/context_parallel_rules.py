@@ -15,8 +15,12 @@ Against the model (``check_context_parallel``, RunConfig):
   ``tensor_parallel`` under cp x tp, divisible by the ulysses degree (``context_parallel`` for
   ulysses, ``ulysses_degree_in_cp`` for hybrid): the all-to-all swaps the sequence split for a
   split of whole heads (of a tp rank's local heads);
-* ``training.jit: none`` (what an unwritten ``training.jit`` means under cp) and no recompute:
-  the cp attention's collectives run in PyNative.
+* ``training.jit: none`` (what an unwritten ``training.jit`` means under cp): the cp
+  attention's collectives run in PyNative. Recompute runs (``recompute:``, full or select):
+  a recomputed layer or attention reruns its cp core, ring passes or all-to-alls included, in
+  the backward, on every cp rank in the same order. ``core_attention`` recomputes ulysses'
+  inner core; the ring's own backward already recomputes its blocks from q, k, v and the
+  saved log-sum-exp (``distributed/ring_attention.py``), so it keeps no S x S scores either.
 """
 from __future__ import annotations
 
@@ -85,9 +89,6 @@ def check_context_parallel(cfg) -> None:
                               f"{par.context_parallel_method!r}): the all-to-all gives each "
                               f"rank whole heads" + layout)
     if cfg.model_jit_mode() != "none":   # unwritten, it is none under cp (model_jit_mode)
-        raise ConfigError("training.jit", f"must be none with context parallelism (or left "
-                                          f"out): the ring's and the all-to-all's collectives "
-                                          f"run in PyNative" + layout)
-    if cfg.recompute_layers() or cfg.recompute_modules():
-        raise ConfigError("recompute.mode", "recompute is not implemented with context "
-                                            "parallelism; turn recompute off" + layout)
+        raise ConfigError("training.jit", "must be none with context parallelism (or left "
+                                          "out): the ring's and the all-to-all's collectives "
+                                          "run in PyNative" + layout)

@@ -42,6 +42,7 @@ from mindspore import Tensor, ops
 
 from ..distributed import cp_layout
 from ..distributed.context_parallel import context_parallel_attention
+from .transformer_layer import RecomputedCore
 
 __all__ = ["SequenceChunks", "apply_context_parallel", "whole_sequences"]
 
@@ -88,9 +89,14 @@ def apply_context_parallel(model, comm, method: str, ulysses_degree: int = 1):
     for attn in model.attention_blocks():
         inner = attn.core_attention
         own.append((attn, inner))
-        if id(inner) not in cores:
-            cores[id(inner)] = context_parallel_attention(comm, method, inner, ulysses_degree)
-        attn.core_attention = cores[id(inner)]
+        # recompute's core_attention (RecomputedCore): the whole cp core is recomputed, its
+        # ring passes or all-to-alls rerun in the backward, around the plain inner core
+        recomputed = isinstance(inner, RecomputedCore)
+        plain = inner.fn if recomputed else inner
+        if id(plain) not in cores:
+            cores[id(plain)] = context_parallel_attention(comm, method, plain, ulysses_degree)
+        attn.core_attention = RecomputedCore(cores[id(plain)]) if recomputed \
+            else cores[id(plain)]
 
     def sequence_counts(counts):
         return ops.stop_gradient(comm.all_reduce(ops.stop_gradient(counts), "cp"))

@@ -140,6 +140,16 @@ LAYOUTS = [
     TrainerCase("cp2_fsdp_grads_gpt", 2, MARKOV, CP_COMMON + CP_SAVE,
                 layout=CP2 + ("parallelism.data_parallel_shard_strategy=optim_grads",),
                 steps=6),
+    # recompute under cp (issue 32), against one process without it: the recomputed layers
+    # (MLA, MoE, QK-Clip active) rerun the ring passes in the backward; selective recompute's
+    # core_attention reruns the ulysses all-to-alls around the inner core
+    TrainerCase("cp2_recompute_full_dsv3", 2, DSV3, CP_COMMON + DSV3_QK,
+                layout=CP2 + ("recompute.mode=full",), metrics=DSV3_METRICS, steps=4,
+                checks=("qk_clip_active",)),
+    TrainerCase("cp2_recompute_core_ulysses_gpt", 2, MARKOV, CP_COMMON + CP_SAVE,
+                layout=CP2 + ("parallelism.context_parallel_method=ulysses",
+                              "recompute.mode=select", "recompute.select_module="
+                              "{'layers.*.self_attention.core_attention': [0, 1]}"), steps=6),
     # dp2 x cp2 with ep2: ep folds over cp x dp (core/parallel_dims.py), so the ep group is
     # the cp group; per-sequence counts and the aux loss over whole sequences
     TrainerCase("cp2_ep2_dsv3", 4, DSV3, CP_COMMON + DSV3_QK,

@@ -32,6 +32,10 @@ def world(monkeypatch):
                  "parallelism.ulysses_degree_in_cp=2"]),
     (4, DSV3, CP2 + ["parallelism.context_parallel_method=ulysses"]),
     (2, DSV3, CP2 + ["parallelism.context_parallel_async=True"]),
+    # recompute reruns the cp core in the backward (config/context_parallel_rules.py)
+    (2, MARKOV, CP2 + ["recompute.mode=full"]),
+    (2, DSV3, CP2 + ["parallelism.context_parallel_method=ulysses", "recompute.mode=select",
+                     "recompute.select_module={'layers.*.self_attention.core_attention': [0]}"]),
 ])
 def test_cp_layouts_are_accepted_with_the_context_builder(world, n, config, sets):
     world(n)
@@ -101,8 +105,9 @@ REFUSED = [
                                             r"'hybrid'\]"),
     (2, MARKOV, CP2 + ["training.jit=layer"], "training.jit", r"must be none with context "
                                                               r"parallelism"),
-    (2, MARKOV, CP2 + ["recompute.mode=full"], "recompute.mode", r"not implemented with "
-                                                                      r"context parallelism"),
+    # recompute runs under cp (accepted above), the tensor-parallel rule still holds under tp
+    (4, MARKOV, CP2 + TP2 + ["recompute.mode=full"], "recompute.mode",
+     r"recompute is not implemented with parallelism.tensor_parallel > 1 \(2\)"),
     # under cp x tp the all-to-all splits a tp rank's 4 / 2 = 2 local heads
     (8, MARKOV, ["parallelism.context_parallel=4", "parallelism.context_parallel_method=ulysses",
                  "parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true"],

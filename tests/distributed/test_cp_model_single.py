@@ -76,3 +76,51 @@ def test_whole_sequences_decodes_the_uncut_model_and_restores_the_cut():
     assert [attn.core_attention for attn in model.attention_blocks()] == cut
     with pytest.raises(NotImplementedError, match="logits of a context-parallel model"):
         model.logits(Tensor(np.array([prompt], np.int32)))
+
+
+@pytest.mark.parametrize("method", ["colossal", "ulysses"])
+def test_recomputed_core_attention_wraps_the_cp_core_and_keeps_the_gradients(method):
+    """``recompute: select`` of ``core_attention`` under cp (config/context_parallel_rules.py):
+    the cut gives each selected block a recomputed Cell around the one cp core (its ring
+    passes or all-to-alls rerun in the backward), ``whole_sequences`` restores the recomputed
+    plain core, and the loss and gradients equal the cut model's without recompute (one cp
+    rank here; the msrun runs against one process: layout_cases.py's cp recompute cases)."""
+    from mindformers_core.config.model import ModelConfig
+    from mindformers_core.core.parallel_dims import make_mesh
+    from mindformers_core.distributed.collectives import GroupCommunicator
+    from mindformers_core.models import build_model
+    from mindformers_core.models.transformer_layer import RecomputedCore
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    cfg = ModelConfig.from_dict(dict(model_type="gpt", vocab_size=32, hidden_size=16,
+                                     num_layers=2, num_attention_heads=4, ffn_hidden_size=24,
+                                     seq_length=8, initializer_range=0.2), "model")
+    comm = GroupCommunicator(make_mesh(1), 0, "cpu")
+    plain = build_model(cfg, seed=1, jit="none").apply_context_parallel(comm, method)
+    rec = build_model(cfg, seed=1, jit="none")
+    rec.set_recompute([], {0: ("self_attention.core_attention",),
+                           1: ("self_attention.core_attention",)})
+    own = [attn.core_attention for attn in rec.attention_blocks()]
+    rec = rec.apply_context_parallel(comm, method)
+    cores = [attn.core_attention for attn in rec.attention_blocks()]
+    assert all(isinstance(c, RecomputedCore) for c in cores + own)
+    assert cores[0].fn is cores[1].fn and type(cores[0].fn) is type(
+        plain.attention_blocks()[0].core_attention)
+    with rec.whole_sequences():
+        assert [attn.core_attention for attn in rec.attention_blocks()] == own
+    assert [attn.core_attention for attn in rec.attention_blocks()] == cores
+    rng = np.random.RandomState(3)
+    ids = Tensor(rng.randint(0, 32, (2, 8)).astype(np.int32))
+    labels = Tensor(rng.randint(0, 32, (2, 8)).astype(np.int32))
+    mask = Tensor((rng.rand(2, 8) > 0.3).astype(np.float32))
+
+    def loss_and_grads(model):
+        def fn(a, b, c):
+            loss, n, aux = model(a, b, c)
+            return loss / n + aux
+        value, grads = ms.value_and_grad(fn, None, model.trainable_params())(ids, labels, mask)
+        return float(value.asnumpy()), [g.asnumpy() for g in grads]
+
+    (v0, g0), (v1, g1) = loss_and_grads(plain), loss_and_grads(rec)
+    assert v1 == v0
+    for a, b in zip(g0, g1):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-8)
