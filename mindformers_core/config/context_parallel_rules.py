@@ -20,7 +20,9 @@ Against the model (``check_context_parallel``, RunConfig):
   a recomputed layer or attention reruns its cp core, ring passes or all-to-alls included, in
   the backward, on every cp rank in the same order. ``core_attention`` recomputes ulysses'
   inner core; the ring's own backward already recomputes its blocks from q, k, v and the
-  saved log-sum-exp (``distributed/ring_attention.py``), so it keeps no S x S scores either.
+  saved log-sum-exp (``distributed/ring_attention.py``), so it keeps no S x S scores either;
+* no ``model.moe_expert_capacity_factor`` (dropless MoE): each cp rank routes its chunks'
+  tokens, so a capacity would drop other pairs than one process does.
 """
 from __future__ import annotations
 
@@ -92,3 +94,14 @@ def check_context_parallel(cfg) -> None:
         raise ConfigError("training.jit", "must be none with context parallelism (or left "
                                           "out): the ring's and the all-to-all's collectives "
                                           "run in PyNative" + layout)
+    capacity = model.moe_expert_capacity_factor
+    if capacity is not None:
+        # each cp rank routes the tokens of its two chunks (models/cp_model.py), so a capacity
+        # drops pairs per chunk, not per micro-batch as one process does (measured at cp2: the
+        # loss and grad_norm leave one process's from step 1); tensor_parallel_rules.py refuses
+        # tp x ep for the same reason
+        raise ConfigError("model.moe_expert_capacity_factor",
+                          f"is {capacity}, but context parallel runs dropless only: each cp "
+                          f"rank routes its chunks' tokens, so a capacity would drop pairs per "
+                          f"chunk, not per micro-batch as one process does; unset it or set "
+                          f"parallelism.context_parallel: 1" + layout)

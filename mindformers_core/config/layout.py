@@ -27,13 +27,13 @@ until they are):
     context parallel       x data parallel with ZeRO-1 (optim); colossal, ulysses, hybrid
                            (docs/context_parallel.md)
     cp x tp                tp (+sp) inside each cp rank; gradients over dp x cp (dp_cp)
-    cp x ep                ep folded over cp x dp (core/parallel_dims.py), ZeRO-1 over dp x cp
+    cp x ep                ep folded over cp x dp (core/parallel_dims.py), ZeRO-1 over dp x cp;
+                           also x tp (cp x tp x ep: ep folded over tp x cp x dp)
     cp x FSDP              optim_grads / optim_grads_params over dp x cp (the ``dp_cp`` group,
                            torchtitan's dp_shard_cp), also with tp inside (its slices' rows)
 
 The refusals in words: ``expert_parallel`` with FSDP and tp, pp or cp; ``context_parallel``
-with ``pipeline_parallel``, with ``no_shard``, or with both ``tensor_parallel`` and
-``expert_parallel`` (cp x tp x ep).
+with ``pipeline_parallel`` or with ``no_shard``.
 """
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ LAYOUT_TABLE = (
                 "with ZeRO-1 (no_shard / optim)"),
     ("context parallel", "cp x dp with ZeRO-1 (optim): colossal, ulysses, hybrid"),
     ("cp x tp", "cp x tp (+sp) x dp with ZeRO-1 (optim) over dp x cp"),
-    ("cp x ep", "cp x ep (ep divides dp, folded over cp x dp) with ZeRO-1 (optim)"),
+    ("cp x ep", "cp x ep (folded over cp x dp), also x tp (folded over tp x cp x dp), with "
+                "ZeRO-1 (optim)"),
     ("cp x FSDP", "cp x dp with optim_grads / optim_grads_params over dp x cp, also x tp "
                   "(dp x cp rows of each tp slice)"),
 )
@@ -106,17 +107,12 @@ def check_layout(dims: ParallelDims) -> None:
 
 
 def _check_context(dims: ParallelDims) -> None:
-    """cp runs with data parallel, ZeRO-1 or FSDP (over dp x cp), and with tp or ep (each
-    composition refused names its field)."""
+    """cp runs with data parallel, ZeRO-1 or FSDP (over dp x cp), and with tp and / or ep
+    (each composition refused names its field)."""
     if dims.pp > 1:
         raise _not_yet("pipeline_parallel", f"pipeline_parallel({dims.pp}) with "
                        f"parallelism.context_parallel({dims.cp})", "cp x pp",
                        "parallelism.pipeline_parallel: 1 or context_parallel: 1")
-    if dims.tp > 1 and dims.ep > 1:
-        raise _not_yet("expert_parallel", f"expert_parallel({dims.ep}) with "
-                       f"parallelism.context_parallel({dims.cp}) and tensor_parallel({dims.tp})",
-                       "cp x tp x ep", "parallelism.expert_parallel: 1 (cp x tp runs), "
-                       "tensor_parallel: 1 (cp x ep runs) or context_parallel: 1")
     if dims.shard_strategy == "no_shard":
         raise _refuse("data_parallel_shard_strategy",
                       f"'no_shard' with parallelism.context_parallel({dims.cp}) is not "
@@ -131,8 +127,7 @@ def _check_context(dims: ParallelDims) -> None:
 
 
 def _cp_runs(dims: ParallelDims) -> bool:
-    return (dims.pp == 1 and (dims.tp == 1 or dims.ep == 1)
-            and dims.shard_strategy != "no_shard"
+    return (dims.pp == 1 and dims.shard_strategy != "no_shard"
             and not (_shards_grads(dims) and dims.ep > 1))
 
 

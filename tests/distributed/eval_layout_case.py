@@ -110,6 +110,10 @@ LAYOUTS = {
     # tp2 x ep2 (sequence parallel): ep folds over the tp group at world 4; in its step 3
     # one rank's experts get no token (the case that distributed/shard_params.py is about)
     "tp2ep2": EvalLayout(4, "dsv3", TP + EP, save=True),
+    # cp2 x tp2 x ep4 (dp 1): the experts folded over the tp x cp ranks; the eval runs the
+    # cp model on its chunks, the sample decodes the whole prompt on each cp rank's tp group
+    # (its tokens dispatched over the ep group it shares with the other cp rank)
+    "cp2tp2ep4": EvalLayout(4, "dsv3", CP + TP + ("parallelism.expert_parallel=4",), save=True),
     # pp2 x ep2 (DeepSeek-V3's composition): each stage's 2 dp ranks split its experts; the
     # eval and the sample run through the stages, the dispatch over each stage's ep group
     "pp2ep2": EvalLayout(4, "dsv3", PP + EP, save=True),

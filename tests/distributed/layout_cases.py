@@ -102,6 +102,15 @@ LAYOUTS = [
         "training.steps=4", "checkpoint.enable_save=true", "checkpoint.save_interleaved_steps=2"),
         layout=TP2 + FSDP_PARAMS + ("parallelism.pipeline_parallel=2",), rtol=1e-5, steps=4,
         resume_at=2, one_process_at=2),
+    # upstream's 8-card cp4 hybrid (ulysses degree 2) x tp2 x ep2 (dp 1, issue 32): the
+    # all-to-all on each tp rank's 2 local heads inside pairs of cp ranks, the ring across
+    # them; ep folded over tp x cp (the tp group), one MTP depth, QK-Clip active
+    TrainerCase("cp4_hybrid_tp2_ep2_dsv3", 8, DSV3, CP_COMMON + DSV3_QK + (
+        "model.num_nextn_predict_layers=1", "model.mtp_loss_scaling_factor=0.3"),
+        layout=("parallelism.context_parallel=4", "parallelism.context_parallel_method=hybrid",
+                "parallelism.ulysses_degree_in_cp=2", "parallelism.expert_parallel=2") + TP2,
+        metrics=UPSTREAM8_METRICS, steps=4,
+        checks=("qk_clip_active", "finite_mtp_loss", "moe_layers_whole")),
     TrainerCase("tp2_fsdp2_dsv3_deredundency", 4, DSV3, TPF_COMMON + DSV3_QK,
                 layout=TP2 + FSDP_PARAMS + ("optimizer.comm_strategy=allgather_deredundency",),
                 metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active",)),
@@ -117,9 +126,6 @@ LAYOUTS = [
                 steps=6, resume_at=4),
     TrainerCase("cp2_tp2_ulysses_gpt", 4, MARKOV, CP_COMMON + CP_SAVE,   # the same reference
                 layout=CP2 + TP2 + ("parallelism.context_parallel_method=ulysses",), steps=6),
-    # MLA under cp2 x tp2 with Muon and QK-Clip active (MAX over dp x cp, per local head)
-    TrainerCase("cp2_tp2_colossal_dsv3", 4, DSV3, CP_COMMON + DSV3_QK, layout=CP2 + TP2,
-                metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active", "moe_layers_whole")),
     # cp x FSDP: the cp ranks of a replica hold the same weights, so FSDP splits them over
     # dp x cp (the dp_cp group): dp2 x cp2 stores a quarter of each weight per rank; saves at
     # step 4, resumes there, and the merged checkpoint resumes on one process (the same
@@ -150,6 +156,13 @@ LAYOUTS = [
                 layout=CP2 + ("parallelism.context_parallel_method=ulysses",
                               "recompute.mode=select", "recompute.select_module="
                               "{'layers.*.self_attention.core_attention': [0, 1]}"), steps=6),
+    # MLA under cp2 x tp2 (colossal) x ep4 (dp 1), Muon with QK-Clip active (MAX over dp x
+    # cp, per local head): ep folds over tp x cp x dp (core/parallel_dims.py), so the ep group
+    # is all 4 ranks (its tp and cp ranks), edp 1; each cp rank's tensor x expert runner
+    # dispatches its chunks' sequence-parallel tokens
+    TrainerCase("cp2_tp2_ep4_dsv3", 4, DSV3, CP_COMMON + DSV3_QK,
+                layout=CP2 + TP2 + ("parallelism.expert_parallel=4",), metrics=DSV3_METRICS,
+                steps=4, checks=("qk_clip_active", "moe_layers_whole")),
     # dp2 x cp2 with ep2: ep folds over cp x dp (core/parallel_dims.py), so the ep group is
     # the cp group; per-sequence counts and the aux loss over whole sequences
     TrainerCase("cp2_ep2_dsv3", 4, DSV3, CP_COMMON + DSV3_QK,

@@ -55,6 +55,15 @@ TP2 = ["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true"]
      ["tensor", "context"]),
     (4, DSV3, CP2 + TP2, ["tensor", "context"]),
     (4, DSV3, CP2 + ["parallelism.expert_parallel=2"], ["context", "expert"]),
+    # cp x tp x ep: ep folded over tp x cp x dp (ep4 at world 4: the tp x cp ranks; upstream's
+    # 8-card cp2 ulysses x tp2 x ep2 and cp4 hybrid x tp2 x ep2)
+    (4, DSV3, CP2 + TP2 + ["parallelism.expert_parallel=4"], ["tensor", "context", "expert"]),
+    (8, DSV3, CP2 + TP2 + ["parallelism.expert_parallel=2",
+                           "parallelism.context_parallel_method=ulysses"],
+     ["tensor", "context", "expert"]),
+    (8, DSV3, ["parallelism.context_parallel=4", "parallelism.context_parallel_method=hybrid",
+               "parallelism.ulysses_degree_in_cp=2", "parallelism.expert_parallel=2"] + TP2,
+     ["tensor", "context", "expert"]),
     # cp x FSDP: the rows over dp x cp (world 2: the two cp ranks)
     (2, MARKOV, CP2 + ["parallelism.data_parallel_shard_strategy=optim_grads"],
      ["fsdp", "context"]),
@@ -66,7 +75,7 @@ TP2 = ["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true"]
 def test_cp_times_tp_and_cp_times_ep_are_accepted(world, n, config, sets, want):
     world(n)
     dims = load_config(config, overrides=sets).parallel_dims()
-    assert parallel_steps(dims) == want and dims.cp == 2
+    assert parallel_steps(dims) == want and dims.cp > 1
 
 
 #: (world, config, overrides, the field the error starts with, a part of its text)
@@ -113,8 +122,10 @@ REFUSED = [
                  "parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true"],
      "model.num_attention_heads", r"num_attention_heads\(4\) / tensor_parallel\(2\) = 2 must "
                                   r"be divisible by the ulysses degree 4"),
-    (8, DSV3, CP2 + TP2 + ["parallelism.expert_parallel=2"], "parallelism.expert_parallel",
-     r"\(cp x tp x ep\); set parallelism.expert_parallel: 1"),
+    # dropless only under cp (each cp rank routes its chunks' tokens)
+    (2, DSV3, CP2 + ["model.moe_expert_capacity_factor=1.0"], "model.moe_expert_capacity_factor",
+     r"is 1.0, but context parallel runs dropless only: each cp rank routes its chunks' "
+     r"tokens"),
     (4, DSV3, CP2 + ["parallelism.expert_parallel=2",
                      "parallelism.data_parallel_shard_strategy=optim_grads"],
      "parallelism.data_parallel_shard_strategy", r"\(cp x ep x FSDP\); use 'optim'"),

@@ -105,6 +105,9 @@ def test_every_point_is_accepted_with_a_builder_or_refused_naming_a_parallelism_
     (8, dict(model="deepseek_v3", cp=2, tp=2), ["tensor", "context"]),
     (4, dict(model="deepseek_v3", cp=2, ep=2), ["context", "expert"]),
     (8, dict(model="deepseek_v3", cp=2, ep=4), ["context", "expert"]),
+    # cp x tp x ep: ep folded over tp x cp x dp
+    (8, dict(model="deepseek_v3", cp=2, tp=2, ep=2), ["tensor", "context", "expert"]),
+    (8, dict(model="deepseek_v3", cp=2, tp=2, ep=4), ["tensor", "context", "expert"]),
     (4, dict(model="deepseek_v3", pp=2, ep=2), ["pipeline", "expert"]),
     (8, dict(model="deepseek_v3", pp=2, ep=4, vpp=2), ["pipeline", "expert"]),
     (16, dict(model="deepseek_v3", pp=2, ep=4, strategy="no_shard"), ["pipeline", "expert"]),
@@ -145,7 +148,6 @@ def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
     (4, dict(model="deepseek_v3", pp=2, ep=2, strategy="optim_grads"),
      "parallelism.data_parallel_shard_strategy"),
     (8, dict(model="deepseek_v3", pp=2, tp=2, ep=8), "parallelism.expert_parallel"),
-    (8, dict(model="deepseek_v3", cp=2, tp=2, ep=2), "parallelism.expert_parallel"),
     (4, dict(model="deepseek_v3", cp=2, ep=2, strategy="optim_grads"),
      "parallelism.data_parallel_shard_strategy"),
     (4, dict(model="gpt", cp=2, pp=2, global_batch=8), "parallelism.pipeline_parallel"),
@@ -178,10 +180,6 @@ CLI_POINTS = [
                                                "parallelism.sequence_parallel=true",
                                                "parallelism.expert_parallel=2",
                                                "model.moe_expert_capacity_factor=1.0"]),
-    (8, "configs/muon_deepseek_v3_tiny.yaml", ["parallelism.context_parallel=2",
-                                               "parallelism.tensor_parallel=2",
-                                               "parallelism.sequence_parallel=true",
-                                               "parallelism.expert_parallel=2"]),
     (4, "configs/muon_deepseek_v3_tiny.yaml", ["parallelism.context_parallel=2",
                                                "parallelism.expert_parallel=2",
                                                "parallelism.data_parallel_shard_strategy="
@@ -234,6 +232,13 @@ CLI_ACCEPTED = [
                                                "model.num_layers=4",
                                                "training.global_batch_size=8",
                                                "training.local_batch_size=2"]),
+    # upstream's 8-card cp4 hybrid (ulysses 2) x tp2 x ep2 (layout_cases.py)
+    (8, "configs/muon_deepseek_v3_tiny.yaml", ["parallelism.context_parallel=4",
+                                               "parallelism.context_parallel_method=hybrid",
+                                               "parallelism.ulysses_degree_in_cp=2",
+                                               "parallelism.tensor_parallel=2",
+                                               "parallelism.sequence_parallel=true",
+                                               "parallelism.expert_parallel=2"]),
     # pp x tp x ep (ppdp_case.py): ep folded over each stage's tp group, dp 1
     (4, "configs/muon_deepseek_v3_tiny.yaml", ["parallelism.pipeline_parallel=2",
                                                "parallelism.tensor_parallel=2",
