@@ -30,9 +30,11 @@ until they are):
     cp x ep                ep folded over cp x dp (core/parallel_dims.py), ZeRO-1 over dp x cp;
                            also x tp (cp x tp x ep: ep folded over tp x cp x dp)
     cp x FSDP              optim_grads / optim_grads_params over dp x cp (the ``dp_cp`` group,
-                           torchtitan's dp_shard_cp), also with tp inside (its slices' rows)
+                           torchtitan's dp_shard_cp), also with tp inside (its slices' rows);
+                           also x ep (the dense weights' rows over dp x cp, the experts whole
+                           on their ep rank, as ep x FSDP)
 
-The refusals in words: ``expert_parallel`` with FSDP and tp, pp or cp; ``context_parallel``
+The refusals in words: ``expert_parallel`` with FSDP and tp or pp; ``context_parallel``
 with ``pipeline_parallel`` or with ``no_shard``.
 """
 from __future__ import annotations
@@ -67,7 +69,7 @@ LAYOUT_TABLE = (
     ("cp x ep", "cp x ep (folded over cp x dp), also x tp (folded over tp x cp x dp), with "
                 "ZeRO-1 (optim)"),
     ("cp x FSDP", "cp x dp with optim_grads / optim_grads_params over dp x cp, also x tp "
-                  "(dp x cp rows of each tp slice)"),
+                  "(dp x cp rows of each tp slice) or x ep (the dense weights' rows)"),
 )
 
 P = "parallelism"
@@ -108,7 +110,8 @@ def check_layout(dims: ParallelDims) -> None:
 
 def _check_context(dims: ParallelDims) -> None:
     """cp runs with data parallel, ZeRO-1 or FSDP (over dp x cp), and with tp and / or ep
-    (each composition refused names its field)."""
+    (FSDP with ep: the dense weights' rows; with tp and ep the tp x ep x FSDP refusal of
+    :func:`check_layout` holds); pipeline parallel and ``no_shard`` are refused."""
     if dims.pp > 1:
         raise _not_yet("pipeline_parallel", f"pipeline_parallel({dims.pp}) with "
                        f"parallelism.context_parallel({dims.cp})", "cp x pp",
@@ -118,17 +121,10 @@ def _check_context(dims: ParallelDims) -> None:
                       f"'no_shard' with parallelism.context_parallel({dims.cp}) is not "
                       f"implemented yet; use 'optim' (ZeRO-1 over dp x cp), optim_grads / "
                       f"optim_grads_params (FSDP over dp x cp) or context_parallel: 1")
-    if _shards_grads(dims) and dims.ep > 1:
-        raise _refuse("data_parallel_shard_strategy",
-                      f"{dims.shard_strategy!r} with parallelism.context_parallel({dims.cp}) and "
-                      f"expert_parallel({dims.ep}) is not implemented yet (cp x ep x FSDP); use "
-                      f"'optim' (ZeRO-1; cp x ep runs), expert_parallel: 1 (cp x FSDP runs) or "
-                      f"context_parallel: 1")
 
 
 def _cp_runs(dims: ParallelDims) -> bool:
-    return (dims.pp == 1 and dims.shard_strategy != "no_shard"
-            and not (_shards_grads(dims) and dims.ep > 1))
+    return dims.pp == 1 and dims.shard_strategy != "no_shard"
 
 
 def parallel_steps(dims: ParallelDims) -> List[str]:

@@ -168,6 +168,13 @@ LAYOUTS = [
     TrainerCase("cp2_ep2_dsv3", 4, DSV3, CP_COMMON + DSV3_QK,
                 layout=CP2 + ("parallelism.expert_parallel=2",), metrics=DSV3_METRICS,
                 steps=4, checks=("qk_clip_active", "moe_layers_whole")),
+    # cp2 x ep2 x FSDP dp2 (issue 32): the dense weights' rows over the 4 dp x cp ranks, the
+    # experts whole on their ep rank (ep folded over cp x dp); saves at step 4 and resumes
+    # there (no moe_layers_whole: FSDP's recomputed units count the routing twice)
+    TrainerCase("cp2_ep2_fsdp4_dsv3", 4, DSV3, CP_COMMON + DSV3_QK[:1] + CP_SAVE,
+                layout=CP2 + ("parallelism.expert_parallel=2",) + FSDP_PARAMS,
+                metrics=DSV3_METRICS, steps=6, resume_at=4,
+                checks=("qk_clip_active", "cp_rows_stored")),
 ]
 
 

@@ -71,6 +71,10 @@ TP2 = ["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true"]
      ["fsdp", "context"]),
     (4, MARKOV, CP2 + TP2 + ["parallelism.data_parallel_shard_strategy=optim_grads_params"],
      ["tensor", "fsdp", "context"]),
+    # cp x ep x FSDP: the dense weights' rows over dp x cp, the experts on their ep rank
+    (4, DSV3, CP2 + ["parallelism.expert_parallel=2",
+                     "parallelism.data_parallel_shard_strategy=optim_grads"],
+     ["fsdp", "context", "expert"]),
 ])
 def test_cp_times_tp_and_cp_times_ep_are_accepted(world, n, config, sets, want):
     world(n)
@@ -126,9 +130,10 @@ REFUSED = [
     (2, DSV3, CP2 + ["model.moe_expert_capacity_factor=1.0"], "model.moe_expert_capacity_factor",
      r"is 1.0, but context parallel runs dropless only: each cp rank routes its chunks' "
      r"tokens"),
-    (4, DSV3, CP2 + ["parallelism.expert_parallel=2",
-                     "parallelism.data_parallel_shard_strategy=optim_grads"],
-     "parallelism.data_parallel_shard_strategy", r"\(cp x ep x FSDP\); use 'optim'"),
+    # cp x tp x ep x FSDP: the tp x ep x FSDP refusal
+    (8, DSV3, CP2 + TP2 + ["parallelism.expert_parallel=2",
+                           "parallelism.data_parallel_shard_strategy=optim_grads"],
+     "parallelism.data_parallel_shard_strategy", r"\(tp x ep x FSDP\); use 'optim'"),
     (2, MARKOV, CP2 + ["parallelism.data_parallel_shard_strategy=no_shard"],
      "parallelism.data_parallel_shard_strategy", r"'no_shard' with "
                                                  r"parallelism.context_parallel\(2\)"),

@@ -10,7 +10,6 @@ against numpy's max over the query rows it covers; fp16 ring cases against the f
 result (rel 5e-3), their outputs in fp16. The communicator's counters give what
 travelled; they are checked against the formulas of docs/context_parallel.md.
 """
-import json
 import os
 import sys
 

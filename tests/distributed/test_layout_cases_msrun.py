@@ -66,14 +66,16 @@ def rows_stored(name, case_dir):
         assert split and all(pieces[k]["zero_rows"] is not None for k in split), (name, f)
 
 
-def cp_rows_stored(name, case_dir):
+def cp_rows_stored(name, case_dir, ep=1):
     """cp x FSDP stored each weight as rows over dp x cp: in rank r's file of the step-4
     checkpoint every model piece of a split weight is group ``dp_cp``, one of 4 row blocks,
-    at the rank's dp_cp coordinate (ParallelDims.coords), and a matrix weight is split."""
+    at the rank's dp_cp coordinate (ParallelDims.coords), and a matrix weight is split; under
+    cp x ep x FSDP (``ep`` > 1) the routed experts are pieces of the ep group instead, the
+    rank's ep block."""
     import json
     import struct
     from mindformers_core.core.parallel_dims import make_mesh
-    mesh = make_mesh(4, cp=2)
+    mesh = make_mesh(4, cp=2, ep=ep)
     ckpt = os.path.join(case_dir, "checkpoint")
     files = sorted(f for f in os.listdir(ckpt) if "step00000004.rank" in f)
     assert len(files) == 4, (name, files)
@@ -83,7 +85,14 @@ def cp_rows_stored(name, case_dir):
             pieces = json.loads(json.loads(fh.read(n))["__metadata__"]["pieces"])
         split = {k: p for k, p in pieces.items() if k.startswith("model.") and p["group"]}
         assert "model.decoder.layers.0.mlp.linear_fc1.weight" in split, (name, f, sorted(split))
+        experts = {k: p for k, p in split.items() if p["group"] == "ep"}
+        assert bool(experts) == (ep > 1), (name, f, sorted(experts))
+        for key, p in experts.items():
+            assert p["num_shards"] == ep and p["shard_index"] == mesh.coords(rank)["ep"], \
+                (name, f, key, p)
         for key, p in split.items():
+            if key in experts:
+                continue
             assert p["group"] == "dp_cp" and p["num_shards"] == 4, (name, f, key, p)
             assert p["shard_index"] == mesh.coords(rank)["dp_cp"], (name, f, key, p)
             assert p["shape"][0] * 4 == p["full_shape"][0], (name, f, key, p)
@@ -147,7 +156,8 @@ def one_process_resumes(case, case_dir, want):
 
 #: name -> check(case, the case's run directory, 1-process rows)
 DIR_CHECKS = {"rows_stored": lambda case, d, want: rows_stored(case.name, d),
-              "cp_rows_stored": lambda case, d, want: cp_rows_stored(case.name, d),
+              "cp_rows_stored": lambda case, d, want: cp_rows_stored(
+                  case.name, d, 2 if "parallelism.expert_parallel=2" in case.layout else 1),
               "split_rebuilds": lambda case, d, want: split_rebuilds(case.name, d)}
 
 
