@@ -114,6 +114,11 @@ LAYOUTS = {
     # cp model on its chunks, the sample decodes the whole prompt on each cp rank's tp group
     # (its tokens dispatched over the ep group it shares with the other cp rank)
     "cp2tp2ep4": EvalLayout(4, "dsv3", CP + TP + ("parallelism.expert_parallel=4",), save=True),
+    # cp2 x ep2 x FSDP dp2: the dense weights' rows over the 4 dp x cp ranks, the experts
+    # whole on their ep rank; the sample gathers the rows per layer on every rank
+    "cp2ep2fsdp2": EvalLayout(4, "dsv3", CP + EP + FSDP, save=True),
+    # cp2 with full recompute (world 2): the recomputed layers rerun the ring in the backward
+    "cp2recompute": EvalLayout(2, "gpt", CP + ("recompute.mode=full",), save=True),
     # pp2 x ep2 (DeepSeek-V3's composition): each stage's 2 dp ranks split its experts; the
     # eval and the sample run through the stages, the dispatch over each stage's ep group
     "pp2ep2": EvalLayout(4, "dsv3", PP + EP, save=True),
