@@ -33,9 +33,11 @@ until they are):
                            torchtitan's dp_shard_cp), also with tp inside (its slices' rows);
                            also x ep (the dense weights' rows over dp x cp, the experts whole
                            on their ep rank, as ep x FSDP)
+    cp x pp                each stage's ranks as cp without pp (x tp, x ep, ZeRO-1 or FSDP
+                           over the stage's dp x cp); the stages pass each cp rank's chunks
 
 The refusals in words: ``expert_parallel`` with FSDP and tp or pp; ``context_parallel``
-with ``pipeline_parallel`` or with ``no_shard``.
+with ``no_shard``.
 """
 from __future__ import annotations
 
@@ -70,6 +72,8 @@ LAYOUT_TABLE = (
                 "ZeRO-1 (optim)"),
     ("cp x FSDP", "cp x dp with optim_grads / optim_grads_params over dp x cp, also x tp "
                   "(dp x cp rows of each tp slice) or x ep (the dense weights' rows)"),
+    ("cp x pp", "cp x pp x dp, also x tp and x ep, with ZeRO-1 (optim) or FSDP over each "
+                "stage's dp x cp"),
 )
 
 P = "parallelism"
@@ -109,13 +113,10 @@ def check_layout(dims: ParallelDims) -> None:
 
 
 def _check_context(dims: ParallelDims) -> None:
-    """cp runs with data parallel, ZeRO-1 or FSDP (over dp x cp), and with tp and / or ep
-    (FSDP with ep: the dense weights' rows; with tp and ep the tp x ep x FSDP refusal of
-    :func:`check_layout` holds); pipeline parallel and ``no_shard`` are refused."""
-    if dims.pp > 1:
-        raise _not_yet("pipeline_parallel", f"pipeline_parallel({dims.pp}) with "
-                       f"parallelism.context_parallel({dims.cp})", "cp x pp",
-                       "parallelism.pipeline_parallel: 1 or context_parallel: 1")
+    """cp runs with data parallel, ZeRO-1 or FSDP (over dp x cp), with tp and / or ep (FSDP
+    with ep: the dense weights' rows; with tp and ep the tp x ep x FSDP refusal of
+    :func:`check_layout` holds) and with pp (each stage's ranks as without pp; with ep and
+    FSDP the pp x ep x FSDP refusal holds); ``no_shard`` is refused."""
     if dims.shard_strategy == "no_shard":
         raise _refuse("data_parallel_shard_strategy",
                       f"'no_shard' with parallelism.context_parallel({dims.cp}) is not "
@@ -124,7 +125,7 @@ def _check_context(dims: ParallelDims) -> None:
 
 
 def _cp_runs(dims: ParallelDims) -> bool:
-    return dims.pp == 1 and dims.shard_strategy != "no_shard"
+    return dims.shard_strategy != "no_shard"
 
 
 def parallel_steps(dims: ParallelDims) -> List[str]:
@@ -137,12 +138,14 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
     if dims.world == 1:
         return []
     if dims.pp > 1:
-        if dims.cp > 1 or (_shards_grads(dims) and dims.ep > 1):
+        if (dims.cp > 1 and not _cp_runs(dims)) or (_shards_grads(dims) and dims.ep > 1):
             raise ValueError(f"no builder for pipeline parallel with {dims.describe()}")
         # each stage cut over its tp group, then its experts over its ep group, or its
-        # weights / gradients sharded over its dp group (setup.py)
+        # weights / gradients sharded over its dp (cp x pp: dp x cp) group, then its cp
+        # chunks (setup.py)
         return (["pipeline"] + (["tensor"] if dims.tp > 1 else [])
                 + (["fsdp"] if _shards_grads(dims) else [])
+                + (["context"] if dims.cp > 1 else [])
                 + (["expert"] if dims.ep > 1 else []))
     if dims.cp > 1:
         if not _cp_runs(dims):

@@ -96,19 +96,22 @@ def sharded_entries(payload: Dict[str, np.ndarray], specs: Mapping[str, ShardSpe
     return {k: v for k, v in payload.items() if _spec_of(k, v, specs) is not None}
 
 
+#: the mesh axes a group that is not one axis spans (distributed/setup.py's ``dp_cp``)
+_GROUP_AXES = {"dp_cp": ("dp", "cp")}
+
+
 def sender_entries(payload: Dict[str, np.ndarray], specs: Mapping[str, ShardSpec],
                    coords: Mapping[str, int]) -> Dict[str, np.ndarray]:
     """The entries of this stage's ``payload`` that the rank at ``coords`` sends (module
     docstring): a whole entry from the stage's first replica (every coordinate of the ranks
-    holding it 0: dp, tp), a shard over group ``g`` from the ranks whose other replicating
-    coordinates are 0 (``tp``: dp 0; ``dp``, FSDP: tp 0; ``ep``: edp 0), so each piece comes
-    once."""
+    holding it 0: dp, cp, tp), a shard over group ``g`` from the ranks whose other replicating
+    coordinates are 0 (``tp``: dp and cp 0; ``dp``, FSDP: tp (and cp) 0; ``dp_cp``, FSDP
+    under cp x pp: tp 0; ``ep``: edp 0), so each piece comes once."""
     def sends(spec: ShardSpec) -> bool:
-        if spec is None:
-            return coords["dp"] == 0 and coords["tp"] == 0
-        if spec.group == "ep":
+        if spec is not None and spec.group == "ep":
             return coords["edp"] == 0
-        return all(coords[axis] == 0 for axis in ("dp", "tp") if axis != spec.group)
+        spans = () if spec is None else _GROUP_AXES.get(spec.group, (spec.group,))
+        return all(coords.get(axis, 0) == 0 for axis in ("dp", "cp", "tp") if axis not in spans)
     return {k: v for k, v in payload.items() if sends(_spec_of(k, v, specs))}
 
 

@@ -6,7 +6,11 @@ order (core/parallel_dims.py): the ``pp`` ranks of one data-parallel index form 
 (its ``pp`` group), the ``dp`` ranks of one stage hold the same stage (its ``dp`` group).
 Under pp x tp (x ep) the world is ``pp * dp * tp``: each stage's ``tp`` ranks hold one tensor-
 parallel replica of the stage, and the stage's data-parallel reduction below is the tensor-
-(and expert-) parallel one (:meth:`set_stage_reduction`; docs/pipeline_parallel.md).
+(and expert-) parallel one (:meth:`set_stage_reduction`; docs/pipeline_parallel.md). Under
+cp x pp each stage's ``cp`` ranks hold their chunks of the same sequences (models/cp_model.py)
+and its data-parallel sums, ZeRO-1 / FSDP and MoE statistics run over its dp x cp ranks (the
+``dp_cp`` group, ``data_group``); what travels is each cp rank's chunk rows
+(docs/context_parallel.md).
 Per optimizer step:
 
 1. the stages of one pipeline read the same micro-batches (the data shard of their dp index,
@@ -73,7 +77,7 @@ def stage_split_for(cfg) -> StageSplit:
 class PipelineParallel:
     """This rank's stage: the layout's reduction and the executor of its schedule."""
 
-    def __init__(self, cfg, comm: GroupCommunicator):
+    def __init__(self, cfg, comm: GroupCommunicator, data_group: str = "dp"):
         self.cfg = cfg
         self.comm = comm
         self.mesh = comm.mesh
@@ -86,12 +90,14 @@ class PipelineParallel:
         # this pipeline: the stages of this rank's dp index (its pp group, ascending by stage)
         self.stage_ranks = {s: r for s, r in enumerate(self.comm.ranks("pp"))}
         self.dp = self.mesh.dp
-        #: this stage's dp group (its ZeRO-1 group)
-        self.dp_view = GroupView(comm, "dp")
-        #: the data-parallel sums (token count, gradients, loss) over this stage's dp group
+        #: the ranks of this stage that hold the same weights and read other tokens (its
+        #: ZeRO-1 group): ``dp``, under cp x pp ``dp_cp`` (distributed/setup.py registers it)
+        self.data_group = data_group
+        self.dp_view = GroupView(comm, data_group)
+        #: the data-parallel sums (token count, gradients, loss) over this stage's data group
         #: and its optimizer sharding: a ``GradReduction`` (distributed/setup.py), the
         #: tensor-parallel one under pp x tp, the expert-parallel one under pp x ep
-        self.data = DataParallelGradReducer(self.dp_view, data_parallel=self.dp)
+        self.data = DataParallelGradReducer(self.dp_view, data_parallel=self.dp_view.world_size)
         #: name -> ShardSpec of the parameters this rank holds a shard of (pp x tp: tp
         #: slices, pp x ep: experts; the model's ``shard_specs()`` at ``attach``)
         self.specs: Dict[str, ShardSpec] = {}
@@ -203,9 +209,11 @@ class PipelineParallel:
 
     def sync_moe_stats(self, model) -> None:
         """Every MoE layer's step statistics on every rank (a layer's are non-zero only on
-        its stage: a SUM over the pipeline group, then over dp: the global batch's loads,
-        drops and mean aux loss), so the logged MoE line is the same everywhere and each
-        stage's expert-bias update sees its layers' global loads."""
+        its stage: a SUM over the pipeline group, then over dp (cp x pp: dp x cp, whose aux
+        parts add up to the whole sequences' and whose forward counts are cp times one
+        replica's): the global batch's loads, drops and mean aux loss), so the logged MoE line
+        is the same everywhere and each stage's expert-bias update sees its layers' global
+        loads."""
         import mindspore as ms
         moes = sorted(model.moe_layers().items())
         rows = []
@@ -219,13 +227,14 @@ class PipelineParallel:
             return
         width = max(r.size for r in rows)
         table = np.stack([np.pad(r, (0, width - r.size)) for r in rows])
-        total = self.comm.all_reduce(self.comm.all_reduce(table, "pp"), "dp")
+        total = self.comm.all_reduce(self.comm.all_reduce(table, "pp"), self.data_group)
+        cp = self.mesh.cp   # cp x pp: every cp rank ran each layer's forwards once
         for (_, moe), row in zip(moes, total):
             e = moe.num_experts
             load = row[:e]
             moe.load_stats_state((ms.Tensor(load) if load.any() else None, int(row[e]),
                                   ms.Tensor(np.float32(row[e + 1])) if row[e + 3] else None,
-                                  int(row[e + 2])))
+                                  int(round(row[e + 2] / cp))))
 
     def combine_qk_stats(self, stats):
         """QK-Clip's step report over every stage (a collective: every stage calls it):
@@ -249,7 +258,7 @@ class PipelineParallel:
             key = f"model.{name}"
             if key in out and self.split.owner(name) == self.stage:
                 out[key] = self.comm.all_gather(ms.Tensor(np.ascontiguousarray(out[key])),
-                                                "dp", 0).asnumpy()
+                                                self.data_group, 0).asnumpy()
         return out
 
     def gather_checkpoint(self, tensors: Dict[str, np.ndarray], state: dict):

@@ -76,7 +76,7 @@ class ParallelRun:
             self._tensor = self.reducer = TensorParallelGradReducer(group_comm, self.data_group)
         if "pipeline" in self.steps:   # pp x tp: each stage's reduction is the tp one
             from .pipeline_parallel import PipelineParallel
-            self.pipeline = PipelineParallel(cfg, group_comm)
+            self.pipeline = PipelineParallel(cfg, group_comm, self.data_group)
             if self._tensor is not None:
                 self.pipeline.set_stage_reduction(self._tensor)
             self.reducer = self.pipeline
@@ -230,9 +230,7 @@ class ParallelRun:
         dp replicas of each pipeline's (its stages' sum), under context parallel the parts of
         the cp ranks combined (models/cp_model.py), elsewhere the mean over the data-parallel
         replicas (each routed its own micro-batches)."""
-        if self.pipeline is not None:
-            return self.pipeline.mean_over_ranks(aux)
-        if self.dims.cp > 1:
+        if self.dims.cp > 1:   # cp x pp: the pipeline's mean over its dp x cp ranks, times cp
             return self.mean_over_ranks(aux)
         return self.reducer.mean_over_ranks(aux)
 

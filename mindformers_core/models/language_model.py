@@ -262,8 +262,10 @@ class GPTModel(nn.Cell):
     def hidden_shape(self, batch: int, seq: int) -> tuple:
         """The shape of the hidden states ``embed_ids`` / ``run_layers`` hold on this rank for
         ``batch`` x ``seq`` tokens (what a pipeline stage sends): ``[B*S / tp, H]`` under
-        sequence parallelism (the runner's ``sequence_shards``)."""
-        return (batch * seq // self._runner.sequence_shards, int(self.cfg.hidden_size))
+        sequence parallelism (the runner's ``sequence_shards``), of this rank's ``S / cp``
+        tokens per sequence under context parallel (cp x pp)."""
+        local = seq if self._chunks is None else seq // self._chunks.cp
+        return (batch * local // self._runner.sequence_shards, int(self.cfg.hidden_size))
 
     def padded_length(self, seq: int) -> int:
         """The length a decoding forward of ``seq`` tokens runs at (the runner's: ``seq``, or

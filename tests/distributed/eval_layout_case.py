@@ -119,6 +119,10 @@ LAYOUTS = {
     "cp2ep2fsdp2": EvalLayout(4, "dsv3", CP + EP + FSDP, save=True),
     # cp2 with full recompute (world 2): the recomputed layers rerun the ring in the backward
     "cp2recompute": EvalLayout(2, "gpt", CP + ("recompute.mode=full",), save=True),
+    # cp2 x pp2 x ep2 (dp 1; issue 32): each stage's two cp ranks hold their chunks and
+    # split its experts (ep folded over cp); the eval passes each cp rank's chunk rows from
+    # stage to stage, the sample decodes the whole prompt through the stages on each cp rank
+    "cp2pp2ep2": EvalLayout(4, "dsv3", CP + PP + EP, save=True),
     # pp2 x ep2 (DeepSeek-V3's composition): each stage's 2 dp ranks split its experts; the
     # eval and the sample run through the stages, the dispatch over each stage's ep group
     "pp2ep2": EvalLayout(4, "dsv3", PP + EP, save=True),

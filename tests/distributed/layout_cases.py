@@ -111,6 +111,19 @@ LAYOUTS = [
                 "parallelism.ulysses_degree_in_cp=2", "parallelism.expert_parallel=2") + TP2,
         metrics=UPSTREAM8_METRICS, steps=4,
         checks=("qk_clip_active", "finite_mtp_loss", "moe_layers_whole")),
+    # cp2 x pp2 (interleave 2, ulysses) x tp2 x ep2 (dp 1, issue 32): each stage's 4 ranks
+    # are cp2 x tp2 with ep folded over them; the stages pass each cp rank's sequence-parallel
+    # chunk rows; 4 layers, one MTP depth on the last stage, QK-Clip active (MAX over the
+    # stage's dp x cp); its step-2 pipeline checkpoint resumes on one process
+    TrainerCase("cp2_pp2_vpp2_tp2_ep2_dsv3", 8, DSV3, CP_COMMON + DSV3_QK + (
+        "model.num_layers=4", "model.num_nextn_predict_layers=1",
+        "model.mtp_loss_scaling_factor=0.3") + UPSTREAM8_SAVE,
+        layout=CP2 + TP2 + ("parallelism.pipeline_parallel=2",
+                            "parallelism.pipeline_parallel_interleave_num=2",
+                            "parallelism.context_parallel_method=ulysses",
+                            "parallelism.expert_parallel=2"),
+        metrics=UPSTREAM8_METRICS, steps=4,
+        checks=("qk_clip_active", "finite_mtp_loss", "moe_layers_whole"), one_process_at=2),
     TrainerCase("tp2_fsdp2_dsv3_deredundency", 4, DSV3, TPF_COMMON + DSV3_QK,
                 layout=TP2 + FSDP_PARAMS + ("optimizer.comm_strategy=allgather_deredundency",),
                 metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active",)),
@@ -137,6 +150,12 @@ LAYOUTS = [
     TrainerCase("cp2_tp2_fsdp2_ulysses_gpt", 4, MARKOV, CP_COMMON + CP_SAVE,
                 layout=CP2 + TP2 + FSDP_PARAMS + ("parallelism.context_parallel_method=ulysses",),
                 steps=6),
+    # cp2 x pp2 x FSDP (dp 1, colossal): each stage's weights split over its two cp ranks
+    # (dp_cp), the ring inside each stage; saves at step 4 (the pipeline checkpoint gathers
+    # the rows over dp x cp) and resumes there, and on one process
+    TrainerCase("cp2_pp2_fsdp2_gpt", 4, MARKOV, CP_COMMON + CP_SAVE,
+                layout=CP2 + FSDP_PARAMS + ("parallelism.pipeline_parallel=2",), steps=6,
+                resume_at=4, one_process_at=4),
     # MLA under dp2 x cp2 with FSDP: Muon's exchange over the dp x cp rows, QK-Clip active
     # (no moe_layers_whole: the recomputed units count the routing statistics twice,
     # distributed/fsdp.py; the aux loss is compared)

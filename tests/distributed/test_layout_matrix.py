@@ -84,7 +84,7 @@ def test_every_point_is_accepted_with_a_builder_or_refused_naming_a_parallelism_
         else:
             assert "parallelism." in what, (world, point, what)
     # the matrix covers both sides broadly
-    assert seen["accepted"] > 200 and seen["refused"] > 2000, seen
+    assert seen["accepted"] > 1000 and seen["refused"] > 1500, seen
 
 
 @pytest.mark.parametrize("world,point,want", [
@@ -142,6 +142,13 @@ def test_every_point_is_accepted_with_a_builder_or_refused_naming_a_parallelism_
     (4, dict(model="gpt", cp=2, tp=2, strategy="optim_grads"), ["tensor", "fsdp", "context"]),
     (8, dict(model="deepseek_v3", cp=2, tp=2, strategy="optim_grads_params"),
      ["tensor", "fsdp", "context"]),
+    # cp x pp: each stage's ranks as cp without pp, the cp chunks after the stage's cuts
+    (4, dict(model="gpt", cp=2, pp=2, global_batch=8), ["pipeline", "context"]),
+    (8, dict(model="gpt", cp=2, pp=2, tp=2, global_batch=8), ["pipeline", "tensor", "context"]),
+    (8, dict(model="deepseek_v3", cp=2, pp=2, tp=2, ep=2, vpp=2, global_batch=8),
+     ["pipeline", "tensor", "context", "expert"]),
+    (4, dict(model="gpt", cp=2, pp=2, strategy="optim_grads_params", global_batch=8),
+     ["pipeline", "fsdp", "context"]),
 ])
 def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
     assert verdict(monkeypatch, world, **point) == ("accepted", want)
@@ -155,8 +162,9 @@ def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
     (8, dict(model="deepseek_v3", pp=2, tp=2, ep=8), "parallelism.expert_parallel"),
     (8, dict(model="deepseek_v3", cp=2, tp=2, ep=2, strategy="optim_grads"),
      "parallelism.data_parallel_shard_strategy"),
-    (4, dict(model="gpt", cp=2, pp=2, global_batch=8), "parallelism.pipeline_parallel"),
-    (8, dict(model="gpt", cp=2, pp=2, tp=2, global_batch=8), "parallelism.pipeline_parallel"),
+    # cp x pp x ep x FSDP: refused as pp x ep x FSDP
+    (8, dict(model="deepseek_v3", cp=2, pp=2, ep=2, strategy="optim_grads", global_batch=8),
+     "parallelism.data_parallel_shard_strategy"),
     (2, dict(model="gpt", cp=2, strategy="no_shard"),
      "parallelism.data_parallel_shard_strategy"),
     (2, dict(model="gpt", ep=2), "parallelism.expert_parallel"),

@@ -4,6 +4,7 @@ import pytest
 
 from mindformers_core.config import ConfigError, load_config
 from mindformers_core.config.parallelism import ParallelismConfig, resolve_dp_shard
+from mindformers_core.config.layout import parallel_steps
 
 
 def base(**sections):
@@ -78,7 +79,7 @@ def test_data_parallel_key_gives_upstream_text():
     assert "'data_parallel_shard'" in msg
 
 
-def test_context_parallel_runs_with_data_and_tensor_parallel_and_refuses_pipeline(monkeypatch):
+def test_context_parallel_runs_with_data_tensor_and_pipeline_parallel(monkeypatch):
     msrun_world(monkeypatch, 4)
     d = base(training={"steps": 10, "local_batch_size": 1, "global_batch_size": 2},
              parallelism={"context_parallel": 2})
@@ -87,11 +88,13 @@ def test_context_parallel_runs_with_data_and_tensor_parallel_and_refuses_pipelin
     d["parallelism"].update(tensor_parallel=2, sequence_parallel=True)
     dims = load_config(d).parallel_dims()
     assert (dims.cp, dims.tp, dims.dp) == (2, 2, 1)
-    d["parallelism"].update(tensor_parallel=1, pipeline_parallel=2)
-    with pytest.raises(ConfigError, match=r"^parallelism\.pipeline_parallel: pipeline_parallel"
-                                          r"\(2\) with parallelism\.context_parallel\(2\) is "
-                                          r"not implemented yet \(cp x pp\)"):
-        load_config(d)
+    d["parallelism"].update(tensor_parallel=1, sequence_parallel=False, pipeline_parallel=2)
+    dims = load_config(d).parallel_dims()
+    assert (dims.cp, dims.pp, dims.dp) == (2, 2, 1)
+    # each stage's cp chunks after its pipeline cut (config/layout.py parallel_steps)
+    assert parallel_steps(dims) == ["pipeline", "context"]
+    d["parallelism"].update(data_parallel_shard_strategy="optim_grads_params")
+    assert parallel_steps(load_config(d).parallel_dims()) == ["pipeline", "fsdp", "context"]
 
 
 def test_world_size_comes_from_msrun_in_workers_and_scheduler(monkeypatch):

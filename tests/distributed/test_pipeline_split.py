@@ -264,6 +264,31 @@ def test_each_piece_of_a_stage_is_sent_by_one_rank():
     assert sorted(ep_of.values()) == [0, 1]
 
 
+def test_under_cp_x_pp_each_piece_is_sent_once_over_the_stages_cp_ranks():
+    """cp x pp (a stage of tp 2 x cp 2): a replicated entry from (tp 0, cp 0) only, a tp
+    slice from the cp 0 ranks, FSDP rows over ``dp_cp`` (its two cp ranks) from tp 0; the
+    rows' index is the rank's dp_cp coordinate, so joining them rebuilds the weight."""
+    import numpy as np
+    from mindformers_core.core.parallel_dims import make_mesh
+    from mindformers_core.distributed.pipeline_checkpoint import join_shards, sender_entries
+    from mindformers_core.distributed.shard_spec import ShardSpec
+    specs = {"c": ShardSpec((2, 4), 1, "tp", 2), "r": ShardSpec((4, 2), 0, "dp_cp", 2)}
+    mesh = make_mesh(8, tp=2, cp=2, pp=2)
+    stage0 = [r for r in range(8) if mesh.coords(r)["pp"] == 0]
+    whole = np.arange(8, dtype=np.float32).reshape(4, 2)
+    parts = {r: sender_entries({"model.c": np.zeros((2, 2)), "model.n": np.zeros(1),
+                                "model.r": whole[2 * mesh.coords(r)["dp_cp"]:][:2]},
+                               specs, mesh.coords(r)) for r in stage0}
+    sent = {r: sorted(p) for r, p in parts.items()}
+    by = {(mesh.coords(r)["tp"], mesh.coords(r)["cp"]): sent[r] for r in stage0}
+    assert by == {(0, 0): ["model.c", "model.n", "model.r"], (1, 0): ["model.c"],
+                  (0, 1): ["model.r"], (1, 1): []}
+    rows = [r for r in stage0 if "model.r" in parts[r]]
+    _, joined = join_shards([{"model.r": parts[r]["model.r"]} for r in rows],
+                            [mesh.coords(r) for r in rows], specs)
+    np.testing.assert_array_equal(joined["model.r"], whole)
+
+
 def test_pipeline_parallel_is_the_trainers_reducer_and_keeps_only_its_stage(monkeypatch):
     """PipelineParallel satisfies the reduction protocol the run's layout calls, and attach() leaves the rank its stage's parameter bytes while
     the parameter counts still describe the whole model."""
