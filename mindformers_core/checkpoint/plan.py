@@ -19,23 +19,18 @@ from __future__ import annotations
 
 from typing import Dict, List, Mapping, Sequence, Tuple
 
+from ..core.parallel_dims import replicated_over
+
 __all__ = ["ZERO_REPLICA", "replicated_axes", "replica_member", "balanced_assignment",
            "axis_sizes", "pieces_to_write"]
 
 #: the pseudo-axis along which the ZeRO-1 replicas of one optimizer row block lie
 ZERO_REPLICA = "zero_replica"
 
-#: the axes whose ranks hold the same piece, by the group a parameter is split over; an expert
-#: piece: only its edp group, since ep folds over tp x cp x dp (core/parallel_dims.py: under
-#: tp x ep the ranks of a tp group may hold other experts)
-_REPLICATED_OVER = {None: ("tp", "cp", "dp"), "tp": ("cp", "dp"), "ep": ("edp",),
-                    "dp_shard": ("tp", "cp", "dp_replicate"), "dp_cp": ("tp",)}
-
-
 def replicated_axes(piece) -> Tuple[str, ...]:
-    """The axes along which the ranks holding ``piece`` lie (module docstring)."""
-    axes = _REPLICATED_OVER.get(piece.group, tuple(a for a in _REPLICATED_OVER[None]
-                                                   if a != piece.group))
+    """The axes along which the ranks holding ``piece`` lie (module docstring;
+    ``core.parallel_dims.replicated_over`` of its group)."""
+    axes = replicated_over(piece.group)
     if piece.zero_rows is not None:   # the ZeRO group spans dp, and cp under context parallel
         axes = tuple(a for a in axes if a not in ("dp", "cp")) + (ZERO_REPLICA,)
     return axes

@@ -38,7 +38,8 @@ from typing import Dict, List, Optional, Tuple
 
 from .expert_rules import check_expert_fold
 
-__all__ = ["AXES", "ParallelDims", "Mesh", "make_mesh", "group_name", "fsdp_ranks"]
+__all__ = ["AXES", "ParallelDims", "Mesh", "make_mesh", "group_name", "fsdp_ranks",
+           "replicated_over"]
 
 #: the axes every rank creates a group for (distributed/collectives.py), in creation order
 AXES = ("tp", "cp", "dp", "pp", "ep", "edp", "world")
@@ -50,6 +51,20 @@ def fsdp_ranks(dp: int, dp_shard: int, cp: int = 1) -> int:
     dp x cp ranks of the ``dp_cp`` group: the cp ranks of a replica hold the same weights and
     read other tokens; distributed/fsdp.py)."""
     return dp_shard * cp if dp_shard == dp else dp_shard
+
+
+#: the axes whose ranks hold the same piece, by the group a parameter is split over (None:
+#: whole); an expert piece: only its edp group, since ep folds over tp x cp x dp (under tp x ep
+#: the ranks of a tp group may hold other experts)
+_REPLICATED_OVER = {None: ("tp", "cp", "dp"), "tp": ("cp", "dp"), "ep": ("edp",),
+                    "dp_shard": ("tp", "cp", "dp_replicate"), "dp_cp": ("tp",)}
+
+
+def replicated_over(group) -> tuple:
+    """The axes along which the ranks holding the same piece of a parameter split over
+    ``group`` (None: a whole one) lie: what a checkpoint writes or sends once per replica
+    group (checkpoint/plan.py, distributed/pipeline_checkpoint.py)."""
+    return _REPLICATED_OVER.get(group, tuple(a for a in _REPLICATED_OVER[None] if a != group))
 
 
 def group_name(axis: str, ranks) -> str:

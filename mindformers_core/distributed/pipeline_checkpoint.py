@@ -29,6 +29,7 @@ from typing import Dict, Mapping, Sequence, Tuple
 
 import numpy as np
 
+from ..core.parallel_dims import replicated_over
 from .object_exchange import all_gather_objects
 from .shard_spec import ShardSpec, param_of, unshard
 
@@ -96,10 +97,6 @@ def sharded_entries(payload: Dict[str, np.ndarray], specs: Mapping[str, ShardSpe
     return {k: v for k, v in payload.items() if _spec_of(k, v, specs) is not None}
 
 
-#: the mesh axes a group that is not one axis spans (distributed/setup.py's ``dp_cp``)
-_GROUP_AXES = {"dp_cp": ("dp", "cp")}
-
-
 def sender_entries(payload: Dict[str, np.ndarray], specs: Mapping[str, ShardSpec],
                    coords: Mapping[str, int]) -> Dict[str, np.ndarray]:
     """The entries of this stage's ``payload`` that the rank at ``coords`` sends (module
@@ -107,11 +104,9 @@ def sender_entries(payload: Dict[str, np.ndarray], specs: Mapping[str, ShardSpec
     holding it 0: dp, cp, tp), a shard over group ``g`` from the ranks whose other replicating
     coordinates are 0 (``tp``: dp and cp 0; ``dp``, FSDP: tp (and cp) 0; ``dp_cp``, FSDP
     under cp x pp: tp 0; ``ep``: edp 0), so each piece comes once."""
-    def sends(spec: ShardSpec) -> bool:
-        if spec is not None and spec.group == "ep":
-            return coords["edp"] == 0
-        spans = () if spec is None else _GROUP_AXES.get(spec.group, (spec.group,))
-        return all(coords.get(axis, 0) == 0 for axis in ("dp", "cp", "tp") if axis not in spans)
+    def sends(spec: ShardSpec) -> bool:   # the first of its replicas (core/parallel_dims.py)
+        return all(coords.get(axis, 0) == 0   # an axis ``coords`` lacks has size 1
+                   for axis in replicated_over(None if spec is None else spec.group))
     return {k: v for k, v in payload.items() if sends(_spec_of(k, v, specs))}
 
 

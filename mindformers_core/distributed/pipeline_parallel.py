@@ -93,11 +93,11 @@ class PipelineParallel:
         #: the ranks of this stage that hold the same weights and read other tokens (its
         #: ZeRO-1 group): ``dp``, under cp x pp ``dp_cp`` (distributed/setup.py registers it)
         self.data_group = data_group
-        self.dp_view = GroupView(comm, data_group)
+        self.data_view = GroupView(comm, data_group)
         #: the data-parallel sums (token count, gradients, loss) over this stage's data group
         #: and its optimizer sharding: a ``GradReduction`` (distributed/setup.py), the
         #: tensor-parallel one under pp x tp, the expert-parallel one under pp x ep
-        self.data = DataParallelGradReducer(self.dp_view, data_parallel=self.dp_view.world_size)
+        self.data = DataParallelGradReducer(self.data_view, data_parallel=self.data_view.world_size)
         #: name -> ShardSpec of the parameters this rank holds a shard of (pp x tp: tp
         #: slices, pp x ep: experts; the model's ``shard_specs()`` at ``attach``)
         self.specs: Dict[str, ShardSpec] = {}
