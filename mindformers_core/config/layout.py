@@ -24,7 +24,8 @@ until they are):
     pp x ep                ep carved out of each stage's dp (DeepSeek-V3's pp x ep x ZeRO-1 dp),
                            experts' gradients over the stage's edp
     pp x tp (x ep)         tp (+sp) inside each stage, ep folded over the stage's tp x dp
-    context parallel       x data parallel with ZeRO-1 (optim); colossal, ulysses, hybrid
+    context parallel       x data parallel with ZeRO-1 (no_shard / optim); colossal, ulysses,
+                           hybrid
                            (docs/context_parallel.md)
     cp x tp                tp (+sp) inside each cp rank; gradients over dp x cp (dp_cp)
     cp x ep                ep folded over cp x dp (core/parallel_dims.py), ZeRO-1 over dp x cp;
@@ -36,8 +37,7 @@ until they are):
     cp x pp                each stage's ranks as cp without pp (x tp, x ep, ZeRO-1 or FSDP
                            over the stage's dp x cp); the stages pass each cp rank's chunks
 
-The refusals in words: ``expert_parallel`` with FSDP and tp or pp; ``context_parallel``
-with ``no_shard``.
+The refusal in words: ``expert_parallel`` with FSDP and tp or pp (with or without cp).
 """
 from __future__ import annotations
 
@@ -66,14 +66,14 @@ LAYOUT_TABLE = (
     ("pp x ep", "pp x ep (ep divides each stage's dp) with ZeRO-1 (no_shard / optim)"),
     ("pp x tp", "pp x tp (+sp) x dp, and x ep (folded over each stage's tp x dp), "
                 "with ZeRO-1 (no_shard / optim)"),
-    ("context parallel", "cp x dp with ZeRO-1 (optim): colossal, ulysses, hybrid"),
-    ("cp x tp", "cp x tp (+sp) x dp with ZeRO-1 (optim) over dp x cp"),
+    ("context parallel", "cp x dp with ZeRO-1 (no_shard / optim): colossal, ulysses, hybrid"),
+    ("cp x tp", "cp x tp (+sp) x dp with ZeRO-1 (no_shard / optim) over dp x cp"),
     ("cp x ep", "cp x ep (folded over cp x dp), also x tp (folded over tp x cp x dp), with "
-                "ZeRO-1 (optim)"),
+                "ZeRO-1 (no_shard / optim)"),
     ("cp x FSDP", "cp x dp with optim_grads / optim_grads_params over dp x cp, also x tp "
                   "(dp x cp rows of each tp slice) or x ep (the dense weights' rows)"),
-    ("cp x pp", "cp x pp x dp, also x tp and x ep, with ZeRO-1 (optim) or FSDP over each "
-                "stage's dp x cp"),
+    ("cp x pp", "cp x pp x dp, also x tp and x ep, with ZeRO-1 (no_shard / optim) or FSDP "
+                "over each stage's dp x cp"),
 )
 
 P = "parallelism"
@@ -99,8 +99,6 @@ def check_layout(dims: ParallelDims) -> None:
     """Raise ``ConfigError`` naming ``parallelism.*`` unless the layout runs (module docstring).
     The rules of one size against the model (heads, experts, layers per stage) are the
     config's own checks (config/tensor_parallel_rules.py, expert_layout.py, pipeline.py)."""
-    if dims.cp > 1:
-        _check_context(dims)
     if _shards_grads(dims) and dims.ep > 1 and (dims.tp > 1 or dims.pp > 1):
         other = "tensor_parallel" if dims.tp > 1 else "pipeline_parallel"
         kind = "tp x ep x FSDP" if dims.tp > 1 else "pp x ep x FSDP"
@@ -110,22 +108,6 @@ def check_layout(dims: ParallelDims) -> None:
                       f"({kind}); use 'optim' (ZeRO-1; the expert weights keep their whole "
                       f"state on their rank), expert_parallel: 1 or {other}: 1 (ep x FSDP runs)")
     parallel_steps(dims)   # an accepted layout has its builders
-
-
-def _check_context(dims: ParallelDims) -> None:
-    """cp runs with data parallel, ZeRO-1 or FSDP (over dp x cp), with tp and / or ep (FSDP
-    with ep: the dense weights' rows; with tp and ep the tp x ep x FSDP refusal of
-    :func:`check_layout` holds) and with pp (each stage's ranks as without pp; with ep and
-    FSDP the pp x ep x FSDP refusal holds); ``no_shard`` is refused."""
-    if dims.shard_strategy == "no_shard":
-        raise _refuse("data_parallel_shard_strategy",
-                      f"'no_shard' with parallelism.context_parallel({dims.cp}) is not "
-                      f"implemented yet; use 'optim' (ZeRO-1 over dp x cp), optim_grads / "
-                      f"optim_grads_params (FSDP over dp x cp) or context_parallel: 1")
-
-
-def _cp_runs(dims: ParallelDims) -> bool:
-    return dims.shard_strategy != "no_shard"
 
 
 def parallel_steps(dims: ParallelDims) -> List[str]:
@@ -138,7 +120,7 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
     if dims.world == 1:
         return []
     if dims.pp > 1:
-        if (dims.cp > 1 and not _cp_runs(dims)) or (_shards_grads(dims) and dims.ep > 1):
+        if _shards_grads(dims) and dims.ep > 1:
             raise ValueError(f"no builder for pipeline parallel with {dims.describe()}")
         # each stage cut over its tp group, then its experts over its ep group, or its
         # weights / gradients sharded over its dp (cp x pp: dp x cp) group, then its cp
@@ -148,8 +130,6 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
                 + (["context"] if dims.cp > 1 else [])
                 + (["expert"] if dims.ep > 1 else []))
     if dims.cp > 1:
-        if not _cp_runs(dims):
-            raise ValueError(f"no builder for {dims.describe()}")
         # the data-parallel reduction over dp x cp (without tp: every rank); FSDP over the
         # same dp x cp ranks
         return ((["tensor"] if dims.tp > 1 else [])

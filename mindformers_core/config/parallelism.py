@@ -35,6 +35,7 @@ from .compat.parallel_noop import check_parallel_noop
 from .context_parallel_rules import check_context_parallel_fields
 from .pipeline import check_pipeline_fields
 from .schema import Section
+from .shard_strategy import optimizer_shard_count
 
 __all__ = ["ParallelismConfig", "resolve_dp_shard", "DATA_PARALLEL_KEY_MESSAGE",
            "MODEL_PARALLEL_FIELDS"]
@@ -149,4 +150,11 @@ class ParallelismConfig(Section):
     def dp_shard(self, dp: int) -> Tuple[int, int]:
         """``(dp_replicate, dp_shard)`` for ``dp`` data-parallel ranks."""
         return resolve_dp_shard(self.data_parallel_shard, dp)
+
+    def optimizer_shards(self, dp: int) -> int:
+        """Ranks ZeRO-1 splits the optimizer state over, for ``dp`` data-parallel ranks:
+        ``dp_shard``, or 1 under ``no_shard`` (replicated on every rank). The one rule the
+        reductions read (distributed/grad_reduce.py, tp_reduce.py, zero.py): under tp, pp or
+        cp too, ``no_shard`` keeps the whole state on each rank."""
+        return optimizer_shard_count(self.data_parallel_shard_strategy, self.dp_shard(dp)[1])
 

@@ -187,12 +187,12 @@ class Layout:
 
     @property
     def state_shards(self) -> int:
-        """Ranks the sharded state is split over: D, or under context parallel with FSDP
-        (optim_grads / optim_grads_params over every dp rank) D x cp, the dp_cp group
-        (distributed/fsdp.py)."""
+        """Ranks the sharded state is split over: D (1 under no_shard: replicated), or under
+        context parallel with FSDP (optim_grads / optim_grads_params over every dp rank)
+        D x cp, the dp_cp group (distributed/fsdp.py)."""
         if self.shard_strategy in ("optim_grads", "optim_grads_params"):
             return fsdp_ranks(self.dp, self.dp_shard, self.cp)
-        return self.dp_shard
+        return 1 if self.shard_strategy == "no_shard" else self.dp_shard
 
     def shard(self, what: str) -> int:
         """Divisor of an item: :attr:`state_shards` when the strategy shards ``what``

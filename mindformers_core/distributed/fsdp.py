@@ -378,7 +378,7 @@ def apply_fsdp(cfg, reducer, model, comm: Optional[GroupCommunicator] = None,
     _, dp_shard = par.dp_shard(dp)
     num_shards = fsdp_ranks(dp, dp_shard, len(members) // dp)   # dp x cp under cp
     split_on = shards_grads(strategy) and num_shards > 1
-    if not split_on and par.disable_gradient_division and strategy != "no_shard":
+    if not split_on and par.disable_gradient_division:   # no_shard / optim: the base's ZeRO-1
         return reducer, model
     if comm is None:
         raise ValueError("apply_fsdp shards over the run's GroupCommunicator: pass comm "

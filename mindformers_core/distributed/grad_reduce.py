@@ -134,7 +134,7 @@ class DataParallelGradReducer:
             return None
         from .zero import ZeroSharding, optimizer_shards  # MindSpore only when a run needs it
         shards = (optimizer_shards(cfg, self.comm) if self.data_parallel is None
-                  else cfg.parallelism.dp_shard(self.data_parallel)[1])
+                  else cfg.parallelism.optimizer_shards(self.data_parallel))
         return ZeroSharding(self.comm, shards)
 
     def sync_moe_stats(self, model) -> None:

@@ -79,7 +79,7 @@ class TensorParallelGradReducer:
         if self._model is None:
             raise RuntimeError("TensorParallelGradReducer.optimizer_sharding needs the sharded "
                                "model: call bind_model(model) first")
-        _, shards = cfg.parallelism.dp_shard(self.dp_comm.world_size)
+        shards = cfg.parallelism.optimizer_shards(self.dp_comm.world_size)
         # the slices the optimizer updates: under pp x tp another stage's are released and
         # frozen (distributed/pipeline_release.py), the optimizer never sees them
         trainable = {p.name for p in self._model.trainable_params()}

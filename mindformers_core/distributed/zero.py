@@ -396,6 +396,6 @@ class ZeroSharding:
 
 
 def optimizer_shards(cfg, comm: Communicator) -> int:
-    """Optimizer-state shards of a run: ``parallelism.dp_shard`` of its data parallelism."""
-    _, shards = cfg.parallelism.dp_shard(cfg.data_parallel(comm.world_size))
-    return shards
+    """Optimizer-state shards of a run over its data parallelism
+    (``ParallelismConfig.optimizer_shards``)."""
+    return cfg.parallelism.optimizer_shards(cfg.data_parallel(comm.world_size))

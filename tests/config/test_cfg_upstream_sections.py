@@ -145,6 +145,8 @@ def test_fsdp_strategies_load_when_the_state_is_sharded(monkeypatch):
                                            "disable_gradient_division": False}, "parallelism")
         assert cfg.dp_shard(2) == (1, 2)
         assert cfg.data_parallel_shard_strategy == strategy
+        # the ZeRO-1 shards every reduction builds (tp, pp and cp included): no_shard none
+        assert cfg.optimizer_shards(2) == (1 if strategy == "no_shard" else 2)
 
 
 def test_project_default_strategy_is_zero1():

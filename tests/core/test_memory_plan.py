@@ -136,11 +136,11 @@ def test_data_parallel_shard_strategies(strategy, divided):
         assert four[key] == want, key
 
 
-@pytest.mark.parametrize("strategy,shards", [("optim", 2), ("optim_grads", 4),
-                                             ("optim_grads_params", 4)])
+@pytest.mark.parametrize("strategy,shards", [("no_shard", 1), ("optim", 2),
+                                             ("optim_grads", 4), ("optim_grads_params", 4)])
 def test_fsdp_under_context_parallel_shards_over_dp_times_cp(strategy, shards):
     """cp x FSDP splits the state over the dp x cp ranks (distributed/fsdp.py), ZeRO-1 over
-    the data_parallel_shard ranks; the plan line says over how many."""
+    the data_parallel_shard ranks, no_shard over none; the plan line says over how many."""
     cfg = tiny(model={"params_dtype": "bfloat16"})
     one = estimate_memory(cfg, Layout()).items
     lay = Layout(dp=2, cp=2, dp_shard=2, shard_strategy=strategy)

@@ -35,6 +35,7 @@ DSV3_METRICS = ("loss", "grad_norm", "max_attention_logit", "aux_loss", "qk_clip
 TPF_COMMON = ("training.global_batch_size=8", "training.local_batch_size=2",
               "lr_scheduler.learning_rate=1e-3", "model.seq_length=16", PYNATIVE)
 FSDP_PARAMS = ("parallelism.data_parallel_shard_strategy=optim_grads_params",)
+NO_SHARD = ("parallelism.data_parallel_shard_strategy=no_shard",)
 #: the 8-worker cases: global batch 8, local batch 1 (issue 30's hidden check), lr 1e-3,
 #: PyNative layers (as TPF_COMMON)
 UPSTREAM8_COMMON = ("training.global_batch_size=8", "training.local_batch_size=1",
@@ -146,6 +147,14 @@ LAYOUTS = [
     TrainerCase("cp2_fsdp4_gpt", 4, MARKOV, CP_COMMON + CP_SAVE,
                 layout=CP2 + FSDP_PARAMS, steps=6, resume_at=4, one_process_at=4,
                 checks=("cp_rows_stored",)),
+    # no_shard under cp (cp2 x dp2) and under tp (tp2 x dp2): every rank keeps the whole
+    # optimizer state of its weights (of its tp slices), no ZeRO-1 rows
+    # (ParallelismConfig.optimizer_shards); the cp case saves at step 4 and resumes there
+    # (the same reference as the cp2 x tp2 cases)
+    TrainerCase("cp2_dp2_no_shard_gpt", 4, MARKOV, CP_COMMON + CP_SAVE,
+                layout=CP2 + NO_SHARD, steps=6, resume_at=4, checks=("state_replicated",)),
+    TrainerCase("tp2_dp2_no_shard_gpt", 4, MARKOV, CP_COMMON + CP_SAVE,
+                layout=TP2 + NO_SHARD, steps=6, checks=("state_replicated",)),
     # cp2 x tp2 x FSDP (dp 1): the rows of each tp slice over the two cp ranks, ulysses
     TrainerCase("cp2_tp2_fsdp2_ulysses_gpt", 4, MARKOV, CP_COMMON + CP_SAVE,
                 layout=CP2 + TP2 + FSDP_PARAMS + ("parallelism.context_parallel_method=ulysses",),

@@ -134,9 +134,6 @@ REFUSED = [
     (8, DSV3, CP2 + TP2 + ["parallelism.expert_parallel=2",
                            "parallelism.data_parallel_shard_strategy=optim_grads"],
      "parallelism.data_parallel_shard_strategy", r"\(tp x ep x FSDP\); use 'optim'"),
-    (2, MARKOV, CP2 + ["parallelism.data_parallel_shard_strategy=no_shard"],
-     "parallelism.data_parallel_shard_strategy", r"'no_shard' with "
-                                                 r"parallelism.context_parallel\(2\)"),
 ]
 
 

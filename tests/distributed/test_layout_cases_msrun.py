@@ -98,6 +98,36 @@ def cp_rows_stored(name, case_dir, ep=1):
             assert p["shape"][0] * 4 == p["full_shape"][0], (name, f, key, p)
 
 
+def state_replicated(name, case_dir):
+    """``no_shard`` kept the optimizer state whole: the step-4 checkpoint is one file whose
+    optimizer entries have their weights' shapes (no rank files: nothing is split), or under
+    tp one file per rank whose every optimizer piece is one ZeRO shard of the shape of its
+    weight's tp slice, where ZeRO-1 (``optim``) stores rows of it over dp."""
+    import json
+    import struct
+    from safetensors.numpy import load_file
+    ckpt = os.path.join(case_dir, "checkpoint")
+    files = sorted(f for f in os.listdir(ckpt) if "step00000004.rank" in f)
+    if not files:
+        tensors = load_file(os.path.join(ckpt, "mindformers_core_step00000004.safetensors"))
+        state = [k for k in tensors if k.startswith("optim.adam_")]
+        assert state, (name, sorted(tensors)[:5])
+        for key in state:
+            weight = tensors["model." + key.split(".", 2)[2]]
+            assert tensors[key].shape == weight.shape, (name, key, tensors[key].shape)
+        return
+    assert len(files) == 4, (name, files)
+    for f in files:
+        with open(os.path.join(ckpt, f), "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            pieces = json.loads(json.loads(fh.read(n))["__metadata__"]["pieces"])
+        state = {k: p for k, p in pieces.items() if k.startswith("optim.adam_")}
+        assert state, (name, f, sorted(pieces)[:5])
+        for key, p in state.items():
+            weight = pieces["model." + key.split(".", 2)[2]]
+            assert p["zero_shards"] == 1 and p["shape"] == weight["shape"], (name, f, key, p)
+
+
 def split_rebuilds(name, case_dir):
     """``tools/convert_checkpoint.py`` writes tp x FSDP checkpoints: the step-4 checkpoint,
     merged to one file and split again with the layout of the run (its tp pieces, ZeRO-1
@@ -158,7 +188,8 @@ def one_process_resumes(case, case_dir, want):
 DIR_CHECKS = {"rows_stored": lambda case, d, want: rows_stored(case.name, d),
               "cp_rows_stored": lambda case, d, want: cp_rows_stored(
                   case.name, d, 2 if "parallelism.expert_parallel=2" in case.layout else 1),
-              "split_rebuilds": lambda case, d, want: split_rebuilds(case.name, d)}
+              "split_rebuilds": lambda case, d, want: split_rebuilds(case.name, d),
+              "state_replicated": lambda case, d, want: state_replicated(case.name, d)}
 
 
 @pytest.mark.multiproc

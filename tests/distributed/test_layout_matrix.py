@@ -149,6 +149,10 @@ def test_every_point_is_accepted_with_a_builder_or_refused_naming_a_parallelism_
      ["pipeline", "tensor", "context", "expert"]),
     (4, dict(model="gpt", cp=2, pp=2, strategy="optim_grads_params", global_batch=8),
      ["pipeline", "fsdp", "context"]),
+    # no_shard under cp: the data-parallel reduction's ZeRO-1 of one shard (replicated)
+    (2, dict(model="gpt", cp=2, strategy="no_shard"), ["context"]),
+    (8, dict(model="deepseek_v3", cp=2, tp=2, ep=2, strategy="no_shard"),
+     ["tensor", "context", "expert"]),
 ])
 def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
     assert verdict(monkeypatch, world, **point) == ("accepted", want)
@@ -164,8 +168,6 @@ def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
      "parallelism.data_parallel_shard_strategy"),
     # cp x pp x ep x FSDP: refused as pp x ep x FSDP
     (8, dict(model="deepseek_v3", cp=2, pp=2, ep=2, strategy="optim_grads", global_batch=8),
-     "parallelism.data_parallel_shard_strategy"),
-    (2, dict(model="gpt", cp=2, strategy="no_shard"),
      "parallelism.data_parallel_shard_strategy"),
     (2, dict(model="gpt", ep=2), "parallelism.expert_parallel"),
 ])

@@ -67,3 +67,21 @@ def test_shards_must_divide_the_world():
     with pytest.raises(ValueError, match=r"number of optimizer-state shards \(3\) must divide "
                                          r"the world size \(2\)"):
         ZeroSharding(Communicator(0, 2), 3)
+
+
+@pytest.mark.parametrize("data_parallel", [None, 2])   # from the world / a stage's dp group
+@pytest.mark.parametrize("strategy,shards", [("no_shard", 1), ("optim", 2)])
+def test_the_data_parallel_reduction_keeps_no_shard_state_whole(monkeypatch, data_parallel,
+                                                                strategy, shards):
+    """The ZeRO-1 the data-parallel reduction builds (alone, under cp over dp x cp, and as a
+    pipeline stage's, ``data_parallel``) reads the strategy: no_shard keeps one shard, the
+    plain class, where it used to split the state over dp_shard."""
+    from mindformers_core.config import load_config
+    from mindformers_core.distributed.grad_reduce import DataParallelGradReducer
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    monkeypatch.setenv("MS_WORKER_NUM", "2")
+    cfg = load_config("configs/markov_check.yaml", overrides=[
+        f"parallelism.data_parallel_shard_strategy={strategy}"])
+    sharding = DataParallelGradReducer(Communicator(0, 2), data_parallel=data_parallel) \
+        .optimizer_sharding(cfg)
+    assert sharding.num_shards == shards
