@@ -9,13 +9,14 @@ layout before any model is built, and the run setup (``distributed/setup.py``) b
 what it accepted (:func:`parallel_steps` names the builders, in the order
 ``distributed.setup.parallelize`` applies them).
 
-What runs today (every kind alone was tested against 1 process; the composed ones are refused
-until they are):
+What runs (each composition tested against 1 process, tests/distributed/layout_cases.py):
 
     data parallel          any dp, ZeRO-1 over data_parallel_shard, every shard strategy
     tensor parallel (+sp)  x data parallel with ZeRO-1 (strategies no_shard / optim)
     tp x FSDP              optim_grads / optim_grads_params: dp rows of each tp slice
-    ep x FSDP              the dense weights FSDP-split over dp, the experts over ep (whole)
+    ep x FSDP              the dense weights FSDP-split over dp, the experts over ep (whole);
+                           also x tp (the dp rows of each dense tp slice) and x pp (each
+                           stage's)
     expert parallel        x data parallel (ep carved out of dp), ZeRO-1 (no_shard / optim)
     tp x ep                ep folded over tp x dp (core/parallel_dims.py), ZeRO-1 over dp
     pipeline parallel      x data parallel with ZeRO-1 (no_shard / optim), 1F1B or interleaved;
@@ -25,8 +26,7 @@ until they are):
                            experts' gradients over the stage's edp
     pp x tp (x ep)         tp (+sp) inside each stage, ep folded over the stage's tp x dp
     context parallel       x data parallel with ZeRO-1 (no_shard / optim); colossal, ulysses,
-                           hybrid
-                           (docs/context_parallel.md)
+                           hybrid (docs/context_parallel.md)
     cp x tp                tp (+sp) inside each cp rank; gradients over dp x cp (dp_cp)
     cp x ep                ep folded over cp x dp (core/parallel_dims.py), ZeRO-1 over dp x cp;
                            also x tp (cp x tp x ep: ep folded over tp x cp x dp)
@@ -37,14 +37,17 @@ until they are):
     cp x pp                each stage's ranks as cp without pp (x tp, x ep, ZeRO-1 or FSDP
                            over the stage's dp x cp); the stages pass each cp rank's chunks
 
-The refusal in words: ``expert_parallel`` with FSDP and tp or pp (with or without cp).
+Every product of these axes runs, so :func:`check_layout` refuses no combination of them
+today; what is still refused is a size against the model or the world, or a setting against
+the layout (an expert capacity under tp x ep or cp, MTP under ``optim_grads_params``,
+``disable_gradient_division``), each by its own rule (config/expert_layout.py,
+context_parallel_rules.py, shard_strategy.py, tensor_parallel_rules.py, pipeline.py).
 """
 from __future__ import annotations
 
 from typing import List
 
 from ..core.parallel_dims import ParallelDims, fsdp_ranks
-from ..errors import ConfigError
 from .shard_strategy import GRAD_SHARDING
 
 __all__ = ["check_layout", "parallel_steps", "LAYOUT_TABLE"]
@@ -57,7 +60,8 @@ LAYOUT_TABLE = (
     ("tp x FSDP", "tp (+sp) x dp with optim_grads / optim_grads_params (dp rows of each tp "
                   "slice)"),
     ("ep x FSDP", "ep x dp with optim_grads / optim_grads_params on the dense weights (the "
-                  "experts split over ep, their state whole)"),
+                  "experts split over ep, their state whole), also x tp (the dp rows of each "
+                  "dense tp slice) and x pp (each stage's)"),
     ("tp x ep",
      "tp (+sp) x ep (ep divides dp, folded over tp x dp) with ZeRO-1 (no_shard / optim)"),
     ("pipeline parallel", "pp x dp with ZeRO-1 (no_shard / optim), 1F1B or interleaved 1F1B"),
@@ -71,23 +75,10 @@ LAYOUT_TABLE = (
     ("cp x ep", "cp x ep (folded over cp x dp), also x tp (folded over tp x cp x dp), with "
                 "ZeRO-1 (no_shard / optim)"),
     ("cp x FSDP", "cp x dp with optim_grads / optim_grads_params over dp x cp, also x tp "
-                  "(dp x cp rows of each tp slice) or x ep (the dense weights' rows)"),
+                  "(dp x cp rows of each tp slice) and / or x ep (the dense weights' rows)"),
     ("cp x pp", "cp x pp x dp, also x tp and x ep, with ZeRO-1 (no_shard / optim) or FSDP "
-                "over each stage's dp x cp"),
+                "over each stage's dp x cp (with ep: the dense weights')"),
 )
-
-P = "parallelism"
-
-
-def _refuse(field: str, text: str) -> ConfigError:
-    return ConfigError(f"{P}.{field}", text)
-
-
-def _not_yet(field: str, what: str, kind: str, fixes: str) -> ConfigError:
-    """The refusal of a composition that does not run yet: ``what`` (the sizes), its short
-    ``kind`` (``pp x tp``) and the settings that run (``fixes``)."""
-    return _refuse(field, f"{what} is not implemented yet ({kind}); set {fixes}")
-
 
 def _shards_grads(dims: ParallelDims) -> bool:
     """The strategy splits gradients over more than one rank (under cp: over dp x cp)."""
@@ -96,17 +87,10 @@ def _shards_grads(dims: ParallelDims) -> bool:
 
 
 def check_layout(dims: ParallelDims) -> None:
-    """Raise ``ConfigError`` naming ``parallelism.*`` unless the layout runs (module docstring).
-    The rules of one size against the model (heads, experts, layers per stage) are the
-    config's own checks (config/tensor_parallel_rules.py, expert_layout.py, pipeline.py)."""
-    if _shards_grads(dims) and dims.ep > 1 and (dims.tp > 1 or dims.pp > 1):
-        other = "tensor_parallel" if dims.tp > 1 else "pipeline_parallel"
-        kind = "tp x ep x FSDP" if dims.tp > 1 else "pp x ep x FSDP"
-        raise _refuse("data_parallel_shard_strategy",
-                      f"{dims.shard_strategy!r} with parallelism.expert_parallel({dims.ep}) and "
-                      f"{other}({dims.tp if dims.tp > 1 else dims.pp}) is not implemented yet "
-                      f"({kind}); use 'optim' (ZeRO-1; the expert weights keep their whole "
-                      f"state on their rank), expert_parallel: 1 or {other}: 1 (ep x FSDP runs)")
+    """Raise ``ConfigError`` naming ``parallelism.*`` unless the layout runs (module docstring:
+    every product of the axes runs today, so a composition that stops running is refused
+    here). The rules of one size against the model (heads, experts, layers per stage) are
+    the config's own checks (config/tensor_parallel_rules.py, expert_layout.py, pipeline.py)."""
     parallel_steps(dims)   # an accepted layout has its builders
 
 
@@ -120,8 +104,6 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
     if dims.world == 1:
         return []
     if dims.pp > 1:
-        if _shards_grads(dims) and dims.ep > 1:
-            raise ValueError(f"no builder for pipeline parallel with {dims.describe()}")
         # each stage cut over its tp group, then its experts over its ep group, or its
         # weights / gradients sharded over its dp (cp x pp: dp x cp) group, then its cp
         # chunks (setup.py)
@@ -135,8 +117,6 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
         return ((["tensor"] if dims.tp > 1 else [])
                 + (["fsdp"] if _shards_grads(dims) else []) + ["context"]
                 + (["expert"] if dims.ep > 1 else []))
-    if _shards_grads(dims) and dims.ep > 1 and dims.tp > 1:
-        raise ValueError(f"no builder for {dims.describe()}")
     # tp x FSDP: the rows are those of each tp slice, over its dp group (distributed/fsdp.py)
     steps = ["tensor"] if dims.tp > 1 else []
     if dims.tp == 1 or _shards_grads(dims):

@@ -310,30 +310,39 @@ class FSDPGradReducer:
             out = [None if g is None else g * inv for g in out]
         return out, loss_sum, n_tokens
 
+    def norm_specs(self) -> Dict[str, ShardSpec]:
+        """The layout each gradient's norm is counted under (``shard_spec.sharded_grad_norm``;
+        a name not here is replicated): a gradient left as rows over ``group``; under tp x
+        FSDP a tp slice over tp (an expert, under tp x ep x FSDP, over ep: the model's own
+        layouts), its dp rows over tp and dp (``TP_DP_GROUP``: the ranks of this rank's
+        pipeline stage, cp and the folded ep included)."""
+        tensor = {n: s for n, s in (self.tensor_specs or {}).items()
+                  if s.is_sharded and s.num_shards > 1}
+        rows = set(self.specs) if shards_grads(self.strategy) else set()
+        out = {n: s for n, s in tensor.items() if n not in rows}
+        if rows:
+            both = len(self.group_comm.ranks(TP_DP_GROUP)) if tensor else 1
+            split = ShardSpec((self.num_shards,), 0, self.group, self.num_shards)
+            across = ShardSpec((both,), 0, TP_DP_GROUP, both)
+            out.update({n: across if n in tensor else split for n in rows})
+        return out
+
     def grad_norm(self, grads: Sequence) -> float:
-        """Global L2 norm of reduced gradients, split ones counted over their group
-        (``shard_spec.sharded_grad_norm``); the same value on every rank. Under tp x FSDP a
-        tp slice counts over tp, its dp rows over tp and dp (``TP_DP_GROUP``: the ranks of
-        this rank's pipeline stage, cp included; ep is 1, config/layout.py)."""
-        tensor = self.tensor_specs or {}
-        tp = {n for n, s in tensor.items() if s.is_sharded and s.num_shards > 1}
-        both = len(self.group_comm.ranks(TP_DP_GROUP)) if tp and self.specs else 1
-        groups = {(False, True): ShardSpec((self.num_shards,), 0, self.group, self.num_shards),
-                  (True, True): ShardSpec((both,), 0, TP_DP_GROUP, both),
-                  (False, False): None}
-        if tp:
-            size = next(tensor[n].num_shards for n in tp)
-            groups[(True, False)] = ShardSpec((size,), 0, "tp", size)
-        specs = [groups[(n in tp, s)] for n, s in zip(self._names or (), self._split(list(grads)))]
-        return sharded_grad_norm(grads, specs, self.group_comm.group_sum, global_grad_norm)
+        """Global L2 norm of reduced gradients, each counted over the group of its
+        :meth:`norm_specs` layout; the same value on every rank."""
+        self._split(list(grads))   # the optimizer's order is bound
+        specs = self.norm_specs()
+        return sharded_grad_norm(grads, [specs.get(n) for n in self._names],
+                                 self.group_comm.group_sum, global_grad_norm)
 
 
 def grad_row_specs(reduction) -> Dict[str, ShardSpec]:
-    """The dp-row layouts of the gradients that ``reduction`` (:func:`apply_fsdp`'s result)
-    leaves as rows: {} unless it is an FSDP reduction whose strategy shards gradients (the
-    expert-parallel norm counts them over dp, distributed/ep_reduce.py)."""
+    """The norm layouts (:meth:`FSDPGradReducer.norm_specs`) of the gradients that
+    ``reduction`` (:func:`apply_fsdp`'s result) leaves as rows, and of the tp slices beside
+    them: {} unless it is an FSDP reduction whose strategy shards gradients (the
+    expert-parallel norm counts them so, distributed/ep_reduce.py)."""
     if isinstance(reduction, FSDPGradReducer) and shards_grads(reduction.strategy):
-        return dict(reduction.specs)
+        return reduction.norm_specs()
     return {}
 
 

@@ -140,7 +140,7 @@ class ParallelRun:
             from .ep_reduce import ExpertParallelReducer
             # every layout of the gradients (tp, ep and FSDP-row splits): the norm counts
             # each over its group
-            specs = {**rows, **model.shard_specs()}
+            specs = {**model.shard_specs(), **rows}   # a tp slice's dp rows: over tp x dp
             if self.pipeline is not None:   # pp x ep: the stage's reduction over its dp group
                 self.pipeline.set_stage_reduction(ExpertParallelReducer(
                     self.pipeline.data, self.group_comm, specs))

@@ -332,7 +332,8 @@ class TensorParallelRunner(RunnerDefaults):
     def _routed_split(self, moe, x, b: int, io: _Boundaries):
         """(routed output of this rank's tokens [T/tp, H], the micro-batch's aux loss) with
         the routed experts split over ep (module docstring, tensor x expert parallel)."""
-        w_router = self.grad_sum(moe.router.weight)       # this rank's tokens: a tp share
+        # this rank's tokens: a tp share; under tp x ep x FSDP its dp rows gathered (_read)
+        w_router = self.grad_sum(self._read(moe.router.weight))
         scores, idx, gate_w = moe.route(x, w_router)
         out, _, dropped = moe.dispatch(x, gate_w, idx, self._w(moe.experts.weight1),
                                        self._w(moe.experts.weight2))

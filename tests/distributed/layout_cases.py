@@ -73,6 +73,22 @@ LAYOUTS = [
     TrainerCase("ep2_fsdp4_dsv3", 4, DSV3, TPF_COMMON + DSV3_QK[:1] + ("training.steps=6",)
                 + CP_SAVE, layout=("parallelism.expert_parallel=2",) + FSDP_PARAMS,
                 metrics=DSV3_METRICS, steps=6, resume_at=4, checks=("qk_clip_active",)),
+    # tp2 x ep2 x FSDP dp2 (ep folded over tp x dp): the experts cut first (whole on their
+    # ep rank), FSDP then stores the dp rows of every dense weight's tp slice (the router
+    # gathered where the tp ranks route their own tokens); saves at step 4, resumes there,
+    # and the merged checkpoint resumes on one process
+    TrainerCase("tp2_ep2_fsdp2_dsv3", 4, DSV3, TPF_COMMON + DSV3_QK[:1] + ("training.steps=6",)
+                + CP_SAVE, layout=TP2 + FSDP_PARAMS + ("parallelism.expert_parallel=2",
+                                                       "optimizer.comm_strategy=allgather"),
+                metrics=DSV3_METRICS, steps=6, resume_at=4, one_process_at=4,
+                checks=("qk_clip_active",)),
+    # pp2 x ep2 x FSDP dp2: each stage's experts over its ep group, its dense weights' rows
+    # over its dp group; saves at step 4, resumes there and on one process
+    TrainerCase("pp2_ep2_fsdp2_dsv3", 4, DSV3, TPF_COMMON + DSV3_QK[:1] + (
+        "training.steps=6", "model.num_layers=4") + CP_SAVE,
+        layout=("parallelism.pipeline_parallel=2", "parallelism.expert_parallel=2")
+        + FSDP_PARAMS, metrics=DSV3_METRICS, steps=6, resume_at=4, one_process_at=4,
+        checks=("qk_clip_active",)),
     TrainerCase("ep2_fsdp_grads_dsv3", 4, DSV3, TPF_COMMON + DSV3_QK,
                 layout=("parallelism.expert_parallel=2",
                         "parallelism.data_parallel_shard_strategy=optim_grads"),
@@ -105,24 +121,30 @@ LAYOUTS = [
         resume_at=2, one_process_at=2),
     # upstream's 8-card cp4 hybrid (ulysses degree 2) x tp2 x ep2 (dp 1, issue 32): the
     # all-to-all on each tp rank's 2 local heads inside pairs of cp ranks, the ring across
-    # them; ep folded over tp x cp (the tp group), one MTP depth, QK-Clip active
+    # them; ep folded over tp x cp (the tp group), one MTP depth, QK-Clip active; the dense
+    # gradients reduce-scattered to rows over the 4 cp ranks (cp x tp x ep x FSDP, optim_grads;
+    # cp x tp x ep with ZeRO-1 is cp2_tp2_ep4_dsv3)
     TrainerCase("cp4_hybrid_tp2_ep2_dsv3", 8, DSV3, CP_COMMON + DSV3_QK + (
         "model.num_nextn_predict_layers=1", "model.mtp_loss_scaling_factor=0.3"),
         layout=("parallelism.context_parallel=4", "parallelism.context_parallel_method=hybrid",
-                "parallelism.ulysses_degree_in_cp=2", "parallelism.expert_parallel=2") + TP2,
+                "parallelism.ulysses_degree_in_cp=2", "parallelism.expert_parallel=2",
+                "parallelism.data_parallel_shard_strategy=optim_grads") + TP2,
         metrics=UPSTREAM8_METRICS, steps=4,
         checks=("qk_clip_active", "finite_mtp_loss", "moe_layers_whole")),
     # cp2 x pp2 (interleave 2, ulysses) x tp2 x ep2 (dp 1, issue 32): each stage's 4 ranks
     # are cp2 x tp2 with ep folded over them; the stages pass each cp rank's sequence-parallel
     # chunk rows; 4 layers, one MTP depth on the last stage, QK-Clip active (MAX over the
-    # stage's dp x cp); its step-2 pipeline checkpoint resumes on one process
+    # stage's dp x cp); the dense gradients as rows over each stage's cp ranks (cp x pp x
+    # tp x ep x FSDP, optim_grads; with ZeRO-1: eval layout cp2pp2ep2 and upstream8_dsv3);
+    # its step-2 pipeline checkpoint resumes on one process
     TrainerCase("cp2_pp2_vpp2_tp2_ep2_dsv3", 8, DSV3, CP_COMMON + DSV3_QK + (
         "model.num_layers=4", "model.num_nextn_predict_layers=1",
         "model.mtp_loss_scaling_factor=0.3") + UPSTREAM8_SAVE,
         layout=CP2 + TP2 + ("parallelism.pipeline_parallel=2",
                             "parallelism.pipeline_parallel_interleave_num=2",
                             "parallelism.context_parallel_method=ulysses",
-                            "parallelism.expert_parallel=2"),
+                            "parallelism.expert_parallel=2",
+                            "parallelism.data_parallel_shard_strategy=optim_grads"),
         metrics=UPSTREAM8_METRICS, steps=4,
         checks=("qk_clip_active", "finite_mtp_loss", "moe_layers_whole"), one_process_at=2),
     TrainerCase("tp2_fsdp2_dsv3_deredundency", 4, DSV3, TPF_COMMON + DSV3_QK,

@@ -130,10 +130,6 @@ REFUSED = [
     (2, DSV3, CP2 + ["model.moe_expert_capacity_factor=1.0"], "model.moe_expert_capacity_factor",
      r"is 1.0, but context parallel runs dropless only: each cp rank routes its chunks' "
      r"tokens"),
-    # cp x tp x ep x FSDP: the tp x ep x FSDP refusal
-    (8, DSV3, CP2 + TP2 + ["parallelism.expert_parallel=2",
-                           "parallelism.data_parallel_shard_strategy=optim_grads"],
-     "parallelism.data_parallel_shard_strategy", r"\(tp x ep x FSDP\); use 'optim'"),
 ]
 
 

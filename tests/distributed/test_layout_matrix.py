@@ -149,6 +149,18 @@ def test_every_point_is_accepted_with_a_builder_or_refused_naming_a_parallelism_
      ["pipeline", "tensor", "context", "expert"]),
     (4, dict(model="gpt", cp=2, pp=2, strategy="optim_grads_params", global_batch=8),
      ["pipeline", "fsdp", "context"]),
+    # x ep x FSDP under tp, pp and cp: the experts cut first, the dense weights' rows over
+    # dp (dp x cp)
+    (4, dict(model="deepseek_v3", tp=2, ep=2, strategy="optim_grads_params"),
+     ["tensor", "fsdp", "expert"]),
+    (4, dict(model="deepseek_v3", pp=2, ep=2, strategy="optim_grads", global_batch=8),
+     ["pipeline", "fsdp", "expert"]),
+    (8, dict(model="deepseek_v3", cp=2, tp=2, ep=2, strategy="optim_grads"),
+     ["tensor", "fsdp", "context", "expert"]),
+    (8, dict(model="deepseek_v3", cp=2, pp=2, ep=2, strategy="optim_grads", global_batch=8),
+     ["pipeline", "fsdp", "context", "expert"]),
+    (8, dict(model="deepseek_v3", pp=2, tp=2, ep=2, vpp=2, strategy="optim_grads_params",
+             global_batch=8), ["pipeline", "tensor", "fsdp", "expert"]),
     # no_shard under cp: the data-parallel reduction's ZeRO-1 of one shard (replicated)
     (2, dict(model="gpt", cp=2, strategy="no_shard"), ["context"]),
     (8, dict(model="deepseek_v3", cp=2, tp=2, ep=2, strategy="no_shard"),
@@ -159,16 +171,7 @@ def test_runnable_points_have_their_builders(monkeypatch, world, point, want):
 
 
 @pytest.mark.parametrize("world,point,field", [
-    (4, dict(model="deepseek_v3", tp=2, ep=2, strategy="optim_grads"),
-     "parallelism.data_parallel_shard_strategy"),
-    (4, dict(model="deepseek_v3", pp=2, ep=2, strategy="optim_grads"),
-     "parallelism.data_parallel_shard_strategy"),
     (8, dict(model="deepseek_v3", pp=2, tp=2, ep=8), "parallelism.expert_parallel"),
-    (8, dict(model="deepseek_v3", cp=2, tp=2, ep=2, strategy="optim_grads"),
-     "parallelism.data_parallel_shard_strategy"),
-    # cp x pp x ep x FSDP: refused as pp x ep x FSDP
-    (8, dict(model="deepseek_v3", cp=2, pp=2, ep=2, strategy="optim_grads", global_batch=8),
-     "parallelism.data_parallel_shard_strategy"),
     (2, dict(model="gpt", ep=2), "parallelism.expert_parallel"),
 ])
 def test_refused_points_name_their_field(monkeypatch, world, point, field):
@@ -200,12 +203,6 @@ CLI_POINTS = [
                                       "parallelism.sequence_parallel=true"]),
     (2, "configs/markov_check.yaml", ["parallelism.data_parallel_shard=3"]),
     (8, "configs/muon_deepseek_v3_tiny.yaml", ["parallelism.expert_parallel=8"]),
-    # pp x ep runs (ppdp_case.py); with gradient sharding it is refused
-    (4, "configs/muon_deepseek_v3_tiny.yaml", ["parallelism.pipeline_parallel=2",
-                                               "parallelism.expert_parallel=2",
-                                               "parallelism.data_parallel_shard_strategy="
-                                               "optim_grads",
-                                               "training.global_batch_size=8"]),
 ]
 
 
@@ -265,6 +262,25 @@ CLI_ACCEPTED = [
                                       "optim_grads_params",
                                       "training.global_batch_size=8",
                                       "training.local_batch_size=2"]),
+    # pp x ep x FSDP (layout_cases.py pp2_ep2_fsdp2_dsv3)
+    (4, "configs/muon_deepseek_v3_tiny.yaml", ["parallelism.pipeline_parallel=2",
+                                               "parallelism.expert_parallel=2",
+                                               "parallelism.data_parallel_shard_strategy="
+                                               "optim_grads",
+                                               "training.global_batch_size=8"]),
+    # upstream's 8-card layout as written upstream, FSDP (its default strategy) over the
+    # shards of 2: dp_shard 2 x ep 2 x tp 2 x pp 2 x interleave 2
+    (8, "configs/muon_deepseek_v3_tiny.yaml", ["parallelism.pipeline_parallel=2",
+                                               "parallelism.pipeline_parallel_interleave_num=2",
+                                               "parallelism.tensor_parallel=2",
+                                               "parallelism.sequence_parallel=true",
+                                               "parallelism.expert_parallel=2",
+                                               "parallelism.data_parallel_shard=2",
+                                               "parallelism.data_parallel_shard_strategy="
+                                               "optim_grads_params",
+                                               "model.num_layers=4",
+                                               "training.global_batch_size=8",
+                                               "training.local_batch_size=1"]),
     # pp x FSDP (ppdp_case.py): each stage's weights split over its dp group
     (4, "configs/markov_check.yaml", ["parallelism.pipeline_parallel=2",
                                       "parallelism.data_parallel_shard_strategy="
@@ -280,19 +296,3 @@ def test_check_accepts_pipeline_times_data_parallel(world, config, sets):
     proc, elapsed = run_check(world, config, sets)
     assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-1500:]
     assert elapsed < 5.0, elapsed
-
-
-@pytest.mark.parametrize("world,point,message", [
-    (4, dict(model="deepseek_v3", pp=2, ep=2, strategy="optim_grads", global_batch=8),
-     "parallelism.data_parallel_shard_strategy: 'optim_grads' with "
-     "parallelism.expert_parallel(2) and pipeline_parallel(2) is not implemented yet "
-     "(pp x ep x FSDP); use 'optim' (ZeRO-1; the expert weights keep their whole state on "
-     "their rank), expert_parallel: 1 or pipeline_parallel: 1 (ep x FSDP runs)"),
-    (4, dict(model="deepseek_v3", tp=2, ep=2, strategy="optim_grads_params"),
-     "parallelism.data_parallel_shard_strategy: 'optim_grads_params' with "
-     "parallelism.expert_parallel(2) and tensor_parallel(2) is not implemented yet "
-     "(tp x ep x FSDP)"),
-])
-def test_fsdp_compositions_that_do_not_run_say_what_does(monkeypatch, world, point, message):
-    kind, got = verdict(monkeypatch, world, **point)
-    assert kind == "refused" and got.startswith(message), got
