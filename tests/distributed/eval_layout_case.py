@@ -107,9 +107,10 @@ LAYOUTS = {
     # cp2 x FSDP dp2: each weight's rows over the 4 dp x cp ranks; every rank decodes the
     # sample with the rows gathered per layer, and tools.generate reads the saved checkpoint
     "cp2fsdp2": EvalLayout(4, "gpt", CP + FSDP, save=True, generate=True),
-    # tp2 x ep2 (sequence parallel): ep folds over the tp group at world 4; in its step 3
-    # one rank's experts get no token (the case that distributed/shard_params.py is about)
-    "tp2ep2": EvalLayout(4, "dsv3", TP + EP, save=True),
+    # tp2 x ep2 x FSDP dp2 (sequence parallel): ep folds over the tp group at world 4, FSDP
+    # stores the dp rows of each dense tp slice (the eval and the sample gather them per
+    # layer); tp x ep with ZeRO-1 runs the user's way as cp2tp2ep4 and upstream8
+    "tp2ep2fsdp2": EvalLayout(4, "dsv3", TP + EP + FSDP, save=True),
     # cp2 x tp2 x ep4 (dp 1): the experts folded over the tp x cp ranks; the eval runs the
     # cp model on its chunks, the sample decodes the whole prompt on each cp rank's tp group
     # (its tokens dispatched over the ep group it shares with the other cp rank)
