@@ -26,16 +26,15 @@ Against the model (``check_context_parallel``, RunConfig):
 """
 from __future__ import annotations
 
+from ..core.parallel_dims import ulysses_degree as core_ulysses_degree
+
 __all__ = ["ulysses_degree", "check_context_parallel_fields", "check_context_parallel"]
 
 
 def ulysses_degree(par) -> int:
-    """The ranks of one all-to-all: cp for ulysses, ``ulysses_degree_in_cp`` for hybrid, else 1."""
-    if par.context_parallel_method == "ulysses":
-        return par.context_parallel
-    if par.context_parallel_method == "hybrid":
-        return par.ulysses_degree_in_cp or 1
-    return 1
+    """The ranks of one all-to-all of ``par`` (``core.parallel_dims.ulysses_degree``)."""
+    return core_ulysses_degree(par.context_parallel_method, par.context_parallel,
+                               par.ulysses_degree_in_cp)
 
 
 def check_context_parallel_fields(par, path: str) -> None:

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .memory_device import ASCEND_910B_BYTES, device_memory_limit, plan_backend
-from .parallel_dims import fsdp_ranks
+from .parallel_dims import fsdp_ranks, ulysses_degree
 from .memory_jit import JIT_PLAN_MODES, compiled_graph_bytes, planned_jit_mode
 from .pipeline_split import StageSplit, peak_in_flight_bound, pipeline_stages
 from .recompute import SELECT_MODES, parse_layer_selection
@@ -217,6 +217,9 @@ class ActivationSettings:
     flash_attention: bool = False
     moe_dispatch: str = "dense"       # dense (this package) | alltoall (upstream)
     jit: str = "none"                 # training.jit as modelled (core/memory_jit.py)
+    #: ranks of one cp all-to-all (core/parallel_dims.ulysses_degree): the attention core runs
+    #: heads / ulysses of seq_length / cp * ulysses tokens
+    ulysses: int = 1
 
     def __post_init__(self):
         if self.recompute not in ("none", "full", "selective"):
@@ -227,6 +230,8 @@ class ActivationSettings:
                              f"{self.moe_dispatch!r}")
         if self.jit not in JIT_PLAN_MODES:
             raise ValueError(f"jit must be one of {JIT_PLAN_MODES}, got {self.jit!r}")
+        if self.ulysses < 1:
+            raise ValueError(f"ulysses must be >= 1, got {self.ulysses}")
         if self.micro_batch < 1 or self.num_micro_batches < 1:
             raise ValueError(f"micro_batch and num_micro_batches must be >= 1, got "
                              f"{self.micro_batch}, {self.num_micro_batches}")
@@ -279,11 +284,14 @@ def settings_from_config(cfg, layout: Layout, backend: Optional[str] = None) \
                            else "none",
                            cfg.model.compute_dtype,
                            plan_backend(cfg.context) if backend is None else backend)
+    par = cfg.parallelism
+    ulysses = ulysses_degree(par.context_parallel_method, layout.cp, par.ulysses_degree_in_cp)
     return ActivationSettings(jit=jit, micro_batch=tr.local_batch_size,
                               num_micro_batches=accumulation,
                               recompute=recompute, recompute_layers=layers,
                               flash_attention=flash,
-                              moe_dispatch="alltoall" if layout.ep > 1 else "dense")
+                              moe_dispatch="alltoall" if layout.ep > 1 else "dense",
+                              ulysses=ulysses if layout.cp % ulysses == 0 else 1)
 
 
 def optimizer_state_from_config(opt_cfg, params_dtype: str) -> OptimizerState:
@@ -313,6 +321,15 @@ def _attention_core_bytes(model_cfg, b: int, s: int, heads: int, flash: bool) ->
     if flash:
         return 4 * b * heads * s
     return b * heads * s * s * (4 + (c if c != 4 else 0))
+
+
+def _core_bytes(model_cfg, layout: Layout, settings: ActivationSettings, flash: bool) -> int:
+    """:func:`_attention_core_bytes` of a rank: under ulysses (``settings.ulysses`` = u) the
+    all-to-all gives the core ``heads / u`` of ``seq_length / cp * u`` tokens."""
+    u = settings.ulysses
+    return _attention_core_bytes(model_cfg, settings.micro_batch,
+                                 max(1, model_cfg.seq_length // layout.cp) * u,
+                                 max(1, model_cfg.num_attention_heads // layout.tp // u), flash)
 
 
 def layer_activation_bytes(model_cfg, layout: Layout, settings: ActivationSettings,
@@ -348,7 +365,7 @@ def layer_activation_bytes(model_cfg, layout: Layout, settings: ActivationSettin
         # (Qwen3) keep their float32 input and output
         attn = b * s * d * cb * ((heads + 2 * groups) + 2 * heads + 2 * heads + heads)
         attn += b * s * d * (heads + groups) * 8 if m.resolved_qk_layernorm() else 0
-    attn += _attention_core_bytes(m, b, s, heads, settings.flash_attention)
+    attn += _core_bytes(m, layout, settings, settings.flash_attention)
     f = m.n_shared_experts * m.resolved_moe_intermediate_size() if moe \
         else m.resolved_ffn_hidden_size()
     mlp = b * s * max(1, f // tp) * 6 * cb if f > 0 else 0
@@ -485,10 +502,7 @@ def stage_items(model_cfg, counts: ParamCounts, layout: Layout, settings: Activa
             acts += _layer_input_bytes(model_cfg, layout, settings)
             continue
         if settings.recompute == "selective":   # the attention core is recomputed
-            full -= _attention_core_bytes(model_cfg, settings.micro_batch,
-                                          max(1, model_cfg.seq_length // layout.cp),
-                                          max(1, model_cfg.num_attention_heads // tp),
-                                          settings.flash_attention)
+            full -= _core_bytes(model_cfg, layout, settings, settings.flash_attention)
         acts += full
         moe_total += dispatch
         compiled += compiled_graph_bytes(parts, moe, settings.jit)
@@ -500,9 +514,7 @@ def stage_items(model_cfg, counts: ParamCounts, layout: Layout, settings: Activa
         items["recompute workspace"] = biggest_layer
     if n_layers and not settings.flash_attention:
         # backward of one layer holds the gradients of its probabilities and of its scores
-        items["backward workspace"] = 2 * _attention_core_bytes(
-            model_cfg, settings.micro_batch, max(1, model_cfg.seq_length // layout.cp),
-            max(1, model_cfg.num_attention_heads // tp), False)
+        items["backward workspace"] = 2 * _core_bytes(model_cfg, layout, settings, False)
     items["logits/CE workspace"] = logits_bytes(model_cfg, layout, settings) if last else 0
     if clip_grads:   # clip_by_norm scales every gradient into a new float32 tensor
         items["gradient clipping copy"] = n_rank * 4 // layout.shard("grads")

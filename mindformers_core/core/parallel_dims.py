@@ -53,6 +53,21 @@ def fsdp_ranks(dp: int, dp_shard: int, cp: int = 1) -> int:
     return dp_shard * cp if dp_shard == dp else dp_shard
 
 
+def ulysses_degree(method: str, cp: int, degree_in_cp: Optional[int] = None) -> int:
+    """The ranks of one context-parallel all-to-all (``parallelism.context_parallel_method``):
+    ``cp`` for ulysses, ``ulysses_degree_in_cp`` (default 1) for hybrid, 1 for colossal (the
+    ring alone) and without cp. Each rank's attention core then runs ``heads / degree`` heads
+    of ``seq_length / cp * degree`` tokens (distributed/context_parallel.py; the memory
+    planner's attention core, core/memory_plan.py)."""
+    if cp <= 1:
+        return 1
+    if method == "ulysses":
+        return cp
+    if method == "hybrid":
+        return int(degree_in_cp or 1)
+    return 1
+
+
 #: the axes whose ranks hold the same piece, by the group a parameter is split over (None:
 #: whole); an expert piece: only its edp group, since ep folds over tp x cp x dp (under tp x ep
 #: the ranks of a tp group may hold other experts)

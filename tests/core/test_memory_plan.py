@@ -494,3 +494,26 @@ def test_verdict_without_config_and_the_table_text():
     assert lines[-2].split()[0] == "total"
     assert lines[-1].startswith("  limit") and f"(test limit; {plan.total / 1000:.0%} used)" \
         in lines[-1]
+
+
+def test_the_ulysses_core_holds_its_heads_share_of_the_whole_sequence(monkeypatch):
+    """Under cp the core's probabilities are b x n x (s/cp)^2 (the chunks' block); under
+    ulysses of degree u the all-to-all gives it n/u heads of s/cp*u tokens, b x n/u x (s/cp*u)^2
+    (measured: bench/bench_cp_memory.py --method ulysses)."""
+    cfg = tiny()
+    st = mp.settings_from_config(cfg, Layout())
+    b, s, n = 2, 4, 2
+    lay = Layout(cp=2)
+    ring = mp.layer_activation_bytes(cfg.model, lay, st, moe=False)
+    uly = mp.layer_activation_bytes(cfg.model, lay, dataclasses.replace(st, ulysses=2),
+                                    moe=False)
+    assert uly["attention"] - ring["attention"] == \
+        b * (n // 2) * s * s * 4 - b * n * (s // 2) ** 2 * 4
+    assert uly["boundary"] == ring["boundary"] and uly["mlp"] == ring["mlp"]
+    # from the config: ulysses all-to-alls over the cp ranks, colossal not at all
+    monkeypatch.setenv("MS_WORKER_NUM", "2")
+    for method, degree in (("ulysses", 2), ("colossal", 1)):
+        cp2 = tiny(parallelism={"context_parallel": 2, "context_parallel_method": method})
+        assert mp.settings_from_config(cp2, lay).ulysses == degree
+    with pytest.raises(ValueError, match=r"^ulysses must be >= 1, got 0$"):
+        dataclasses.replace(st, ulysses=0)
