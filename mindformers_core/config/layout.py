@@ -100,25 +100,14 @@ def parallel_steps(dims: ParallelDims) -> List[str]:
     (TP/SP slices, ZeRO-1 over dp; over dp x cp with cp),
     ``fsdp`` (the shard strategy over dp: gradient / parameter shards, or nothing to do for
     ZeRO-1), ``expert`` (the EP cut), ``context`` (the cp attention and sequence chunks).
-    Raises ValueError for a layout no builder covers."""
+    Every layout has its builders today (the module docstring's table)."""
     if dims.world == 1:
         return []
-    if dims.pp > 1:
-        # each stage cut over its tp group, then its experts over its ep group, or its
-        # weights / gradients sharded over its dp (cp x pp: dp x cp) group, then its cp
-        # chunks (setup.py)
-        return (["pipeline"] + (["tensor"] if dims.tp > 1 else [])
-                + (["fsdp"] if _shards_grads(dims) else [])
-                + (["context"] if dims.cp > 1 else [])
-                + (["expert"] if dims.ep > 1 else []))
-    if dims.cp > 1:
-        # the data-parallel reduction over dp x cp (without tp: every rank); FSDP over the
-        # same dp x cp ranks
-        return ((["tensor"] if dims.tp > 1 else [])
-                + (["fsdp"] if _shards_grads(dims) else []) + ["context"]
-                + (["expert"] if dims.ep > 1 else []))
-    # tp x FSDP: the rows are those of each tp slice, over its dp group (distributed/fsdp.py)
-    steps = ["tensor"] if dims.tp > 1 else []
-    if dims.tp == 1 or _shards_grads(dims):
-        steps.append("fsdp")
-    return steps + (["expert"] if dims.ep > 1 else [])
+    # each stage's (pp) ranks cut over tp, their weights / gradients sharded over dp (dp x cp
+    # under cp: the dp_cp group; tp x FSDP: the rows of each tp slice), their cp chunks, then
+    # their experts over ep (setup.py). Plain dp keeps the fsdp step without sharding: there
+    # it also divides the gradients (disable_gradient_division: False)
+    plain = dims.tp == dims.pp == dims.cp == 1
+    return ((["pipeline"] if dims.pp > 1 else []) + (["tensor"] if dims.tp > 1 else [])
+            + (["fsdp"] if plain or _shards_grads(dims) else [])
+            + (["context"] if dims.cp > 1 else []) + (["expert"] if dims.ep > 1 else []))
