@@ -2,8 +2,8 @@
 
 Fields (upstream's): ``context_parallel_method`` (``colossal`` ring attention, ``ulysses``
 all-to-all, ``hybrid`` ulysses inside groups of ``ulysses_degree_in_cp`` ranks and the ring
-across them; docs/context_parallel.md), ``ulysses_degree_in_cp`` (hybrid only; divides
-``context_parallel``), ``context_parallel_mask_type`` (``causal`` only) and
+across them; docs/context_parallel.md), ``ulysses_degree_in_cp`` (hybrid: divides
+``context_parallel``; ulysses: unwritten or equal to it, upstream's rule; refused with colossal), ``context_parallel_mask_type`` (``causal`` only) and
 ``context_parallel_async`` (any value; it changes nothing here, a ``--check`` note:
 config/compat/parallel_noop.py ``PERFORMANCE_FLAGS``).
 
@@ -46,11 +46,20 @@ def check_context_parallel_fields(par, path: str) -> None:
                           f"must be 'causal', got {par.context_parallel_mask_type!r}: the "
                           f"load-balanced split and the ring's block masks are causal (no other "
                           f"context-parallel mask is implemented)")
-    if u is not None and method != "hybrid":
+    if u is not None and method == "ulysses" and u != cp:
+        # upstream's rule: under ulysses the all-to-all spans the whole cp group, and an
+        # unwritten degree is context_parallel (its parallel-training guide writes it equal)
+        raise ConfigError(f"{path}.ulysses_degree_in_cp",
+                          f"must equal {path}.context_parallel({cp}) with "
+                          f"context_parallel_method 'ulysses' (the all-to-all spans the whole "
+                          f"cp group), got {u}; leave it out, or use 'hybrid' for a smaller "
+                          f"ulysses group")
+    if u is not None and method == "colossal":
         raise ConfigError(f"{path}.ulysses_degree_in_cp",
                           f"is set ({u}) while {path}.context_parallel_method is {method!r}: it "
-                          f"is the ulysses group size of the 'hybrid' method only; remove it or "
-                          f"set context_parallel_method: hybrid")
+                          f"is the ulysses group size of the 'hybrid' (and 'ulysses', equal to "
+                          f"context_parallel) methods; remove it or set context_parallel_method: "
+                          f"hybrid")
     if u is not None and (u < 1 or cp % u):
         raise ConfigError(f"{path}.ulysses_degree_in_cp",
                           f"ulysses_degree_in_cp({u}) must be >= 1 and divide "

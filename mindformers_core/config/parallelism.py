@@ -1,7 +1,9 @@
 """`parallelism:` section (upstream field names; docs/data_parallel.md). Owned by the distributed package.
 
-Fields: ``tensor_parallel`` (1; above 1 needs ``sequence_parallel: true``, upstream's rule, and
-the model sizes it splits: config/tensor_parallel_rules.py), ``sequence_parallel`` (False),
+Fields: ``tensor_parallel`` (1; above 1 runs with sequence parallel, upstream's rule, and needs
+the model sizes it splits: config/tensor_parallel_rules.py), ``sequence_parallel`` (False; true
+when unwritten and ``tensor_parallel > 1``, as upstream enables it with TP; a written false with
+``tensor_parallel > 1`` is refused),
 ``context_parallel`` (1), ``pipeline_parallel`` (1; above 1 see config/pipeline.py),
 ``data_parallel_shard`` (-1 default) and ``expert_parallel`` (1; the routed experts split over
 that many data-parallel ranks, docs/expert_parallel.md; its rules against the model and the
@@ -90,8 +92,11 @@ class ParallelismConfig(Section):
     disable_gradient_division: bool = True
     reshard_after_forward_policy: str = "default"
     cpu_offload: bool = False
+    param_dtype: str = "float32"      # FSDP mixed precision (config/compat/parallel_noop.py)
+    reduce_dtype: str = "float32"
     dense_fsdp_shard_size: Optional[int] = None
     expert_parallel: int = 1          # implemented (config/expert_layout.py checks it)
+    expert_tensor_parallel: int = 1
     context_parallel_method: str = "colossal"
     context_parallel_async: bool = False
     ulysses_degree_in_cp: Optional[int] = None
@@ -127,6 +132,12 @@ class ParallelismConfig(Section):
             value = getattr(self, name)
             if value < 1:
                 raise ConfigError(f"{path}.{name}", f"must be >= 1, got {value}")
+        if self.tensor_parallel > 1 and "sequence_parallel" not in self.explicit_keys:
+            # upstream's PyNative path turns sequence parallel on with tensor parallel (its
+            # parallel-training guide: "SP is automatically enabled with TP"), so an unwritten
+            # sequence_parallel follows tensor_parallel; a written false is refused
+            # (config/tensor_parallel_rules.py check_sequence_parallel)
+            self.sequence_parallel = True
         check_parallel_noop(self, path, self._env_data_parallel())
         check_pipeline_fields(self, path)   # pipeline parallel (config/pipeline.py)
         check_context_parallel_fields(self, path)   # config/context_parallel_rules.py

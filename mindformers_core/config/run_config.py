@@ -330,7 +330,7 @@ class RunConfig(Section):
         check_layout(dims)
         problem = sharded_parameter_problem(   # what optim_grads_params does not run with
             dims.shard_strategy, fsdp_ranks(dims.dp, dims.dp_shard, dims.cp), self.training.jit,
-            "jit" in self.training.explicit_keys, self.model.num_nextn_predict_layers)
+            "jit" in self.training.explicit_keys)
         if problem is None:   # what dividing the reduced gradients does not run with
             problem = gradient_division_problem(
                 par.disable_gradient_division, parallel_steps(dims), dims.ep, dims.describe())

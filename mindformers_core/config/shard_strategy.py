@@ -15,7 +15,7 @@ Upstream's default is ``optim_grads_params``; this package keeps ``optim`` (ZeRO
 default: on one process every value is the same run, and under msrun ZeRO-1 keeps full
 parameters, so the weights are all-gathered once per step instead of once per layer in forward
 and again in backward (CPU has no native reduce-scatter and no sub-group all-gather), and every
-model feature (``training.jit`` graphs, MTP, generation) works on it.
+model feature (``training.jit`` graphs, generation) works on it.
 
 ``disable_gradient_division`` (upstream default True): the data-parallel reduction SUMs the
 gradients, which are already normalised by the global loss-token count, so the result is the
@@ -32,8 +32,7 @@ Refused combinations (each message names the field):
   gathers again in the backward;
 * ``optim_grads_params`` sharding over more than one rank (:func:`sharded_parameter_problem`)
   with a ``training.jit`` other than ``none`` written in the config (the per-layer gathers are
-  PyNative Cells), or with multi-token prediction (its depths read the shared embedding
-  outside the gathered units).
+  PyNative Cells).
 * ``disable_gradient_division: False`` where the FSDP reduction (``distributed/fsdp.py``, the
   one that divides) is not the run's data-parallel reduction (:func:`gradient_division_problem`):
   tensor, pipeline or context parallel without a gradient-sharding strategy, and expert
@@ -85,8 +84,8 @@ def check_shard_strategy(strategy: str, dp: int, dp_shard: int,
                          f"'always'")
 
 
-def sharded_parameter_problem(strategy: str, shards: int, jit: str, jit_written: bool,
-                              mtp_depths: int) -> Optional[Tuple[str, str]]:
+def sharded_parameter_problem(strategy: str, shards: int, jit: str,
+                              jit_written: bool) -> Optional[Tuple[str, str]]:
     """``(field, message)`` of what ``optim_grads_params`` over ``shards`` ranks does not run
     with (module docstring), or None; ``jit_written``: ``training.jit`` is in the config (an
     unwritten one runs as ``none``)."""
@@ -96,10 +95,6 @@ def sharded_parameter_problem(strategy: str, shards: int, jit: str, jit_written:
     if jit != "none" and jit_written:
         return ("training.jit", f"must be 'none' with {path}: optim_grads_params (its "
                                 f"per-layer gathers are PyNative Cells), got {jit!r}")
-    if mtp_depths:
-        return ("model.num_nextn_predict_layers",
-                f"multi-token prediction is not implemented with {path}: optim_grads_params; "
-                f"set it to 0 or use optim_grads")
     return None
 
 

@@ -31,8 +31,9 @@ replicated gradients, identical on every rank, so clipping and skip decisions ag
 Limits of ``optim_grads_params`` here (refused by the config, at ``--check``:
 config/shard_strategy.py ``sharded_parameter_problem``):
 ``training.jit`` runs as ``none`` (the units are PyNative Cells with collectives; another value
-written in the config is refused), no multi-token prediction (its layers read the shared
-embedding outside the units). Under context parallel the rows are split over the dp x cp ranks
+written in the config is refused). Each multi-token prediction depth is one unit (models/mtp.py
+``MTPLayer.run_with``), its head another, and its shifted tokens go through the embedding
+unit. Under context parallel the rows are split over the dp x cp ranks
 (the ``dp_cp`` group, :func:`apply_fsdp`'s ``group``). Under expert parallel
 the routed experts are cut over ep before this (distributed/setup.py) and are not split here: a
 unit passes them through. Under tensor parallel (tp x FSDP, :func:`apply_fsdp`'s ``tensor``) the
@@ -121,6 +122,15 @@ def _moe_fn(layer):
     return run
 
 
+def _mtp_fn(depth):
+    count = len(depth.weights())
+
+    def run(h, emb, *args):
+        h, max_logits, aux = depth.run_with(h, emb, args[:-count], *args[-count:])
+        return (h, max_logits) if aux is None else (h, max_logits, aux)
+    return run
+
+
 def layer_unit(layer, fn, split_names, gather: GatherShard):
     """``step(h, tables) -> (h, max_logits, aux or None)``: ``fn(h, *tables, *weights)`` (it
     returns ``(h, max_logits[, aux])``) run on ``layer.weights()`` as one :class:`FSDPUnit`
@@ -155,6 +165,13 @@ class FSDPRunner(RunnerDefaults):
                                   self._split_names, gather)
                        for layer in model.decoder_layers()]
         self._head = unit(model.head, model.output_weights())
+        # multi-token prediction: each depth one unit (the shared embedding is the embed
+        # unit's), and its head one with its final norm and the shared output layer
+        depths = [] if model.mtp is None else list(model.mtp.layers)
+        self._depths = {id(d): unit(_mtp_fn(d), d.weights()) for d in depths}
+        w_out = model.output_weights()[1]
+        self._mtp_heads = {d.final_layernorm.weight.name: unit(
+            model.head, (d.final_layernorm.weight, w_out)) for d in depths}
 
     @property
     def gathers_weights(self) -> bool:
@@ -171,6 +188,17 @@ class FSDPRunner(RunnerDefaults):
 
     def head(self, h, labels, loss_mask) -> tuple:
         return self._head(h, labels, loss_mask, *self._model.output_weights())
+
+    def mtp_depth(self, depth, h, emb, tables) -> tuple:
+        """(h^k, max_logits, aux or None) of one MTP depth, its weights gathered in its unit."""
+        out = self._depths[id(depth)](h, emb, *tables, *depth.weights())
+        return out[0], out[1], out[2] if len(out) > 2 else None
+
+    def mtp_head(self, h, labels, loss_mask, w_norm) -> tuple:
+        """A depth's (loss_sum, n_tokens): its final norm gain ``w_norm`` and the shared
+        output layer, gathered in the depth's head unit."""
+        return self._mtp_heads[w_norm.name](h, labels, loss_mask, w_norm,
+                                            self._model.output_weights()[1])
 
     def full_weights(self, weights: Sequence) -> tuple:
         """``weights`` with the split ones all-gathered over the FSDP group (a collective of

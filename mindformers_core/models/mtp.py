@@ -53,12 +53,28 @@ class MTPLayer(nn.Cell):
         self.final_layernorm = RMSNorm(hidden_size, eps, precision)
         self.precision = precision
 
-    def construct(self, h, emb, tables):
-        """(h^k [B*S, H], max_logits [N], aux or None) from h^{k-1} and e^k (both [B*S, H])."""
+    def weights(self) -> tuple:
+        """Every weight of the depth but its final norm (the head's), in ``run_with``'s order."""
+        return ((self.enorm.weight, self.hnorm.weight, self.eh_proj.weight)
+                + self.transformer_layer.weights())
+
+    def project(self, h, emb, w_enorm, w_hnorm, w_proj):
+        """The transformer layer's input: ``eh_proj([enorm(e^k); hnorm(h^{k-1})])``."""
         e, n = self.enorm, self.hnorm
-        x = ops.cat((rms_norm(emb, e.weight, e.eps, e.mean_column),
-                     rms_norm(h, n.weight, n.eps, n.mean_column)), -1)
-        return self.transformer_layer(linear(x, self.eh_proj.weight, self.precision), tables)
+        x = ops.cat((rms_norm(emb, w_enorm, e.eps, e.mean_column),
+                     rms_norm(h, w_hnorm, n.eps, n.mean_column)), -1)
+        return linear(x, w_proj, self.precision)
+
+    def run_with(self, h, emb, tables, *ws):
+        """``construct`` with ``weights()`` as arguments (fully sharded data parallel gathers
+        them, distributed/fsdp.py ``FSDPRunner``)."""
+        return self.transformer_layer.run_with(self.project(h, emb, *ws[:3]), tables, *ws[3:])
+
+    def construct(self, h, emb, tables):
+        """(h^k [B*S, H], max_logits [N], aux or None) from h^{k-1} and e^k (both [B*S, H]);
+        the layer runs as its Cell (its recompute and compiled forms)."""
+        x = self.project(h, emb, self.enorm.weight, self.hnorm.weight, self.eh_proj.weight)
+        return self.transformer_layer(x, tables)
 
 
 class MultiTokenPrediction(nn.Cell):

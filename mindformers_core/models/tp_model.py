@@ -383,10 +383,8 @@ class TensorParallelRunner(RunnerDefaults):
         """(h^k, max_logits of the local heads, aux or None) of one MTP depth on this rank's
         ``T/tp`` rows: the norms and ``eh_proj`` (replicated, a partial gradient) on the local
         rows, then the depth's transformer layer cut as a decoder layer (:meth:`_layer`)."""
-        e, n = depth.enorm, depth.hnorm
-        x = ops.cat((rms_norm(emb, self._w(e.weight), e.eps, e.mean_column),
-                     rms_norm(h, self._w(n.weight), n.eps, n.mean_column)), -1)
-        x = linear(x, self._w(depth.eh_proj.weight), depth.precision)
+        x = depth.project(h, emb, self._w(depth.enorm.weight), self._w(depth.hnorm.weight),
+                          self._w(depth.eh_proj.weight))
         return self._layer(depth.transformer_layer, x, tables)
 
     def mtp_head(self, h, labels, loss_mask, w_norm) -> tuple:

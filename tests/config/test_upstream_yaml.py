@@ -23,6 +23,10 @@ TRAIN_CONFIG_NOOPS = ["train_dataset.dataloader.config.data_path=train_text_docu
                       "callbacks=[]"]
 
 
+DS3_1B = "master_pretrain_deepseek3_1b_8p_pynative.yaml"
+DS3_1B_DATA = "train_dataset.dataloader.config.data_path=train_text_document"
+
+
 def _fields(overrides):
     return tuple(o.split("=", 1)[0] for o in overrides)
 
@@ -42,12 +46,16 @@ CASES = {
     "r1.9.0_train_config.yaml": (_fields(TRAIN_CONFIG_NOOPS), TRAIN_CONFIG_NOOPS),
     "master_f416b9f_train_config.yaml": (_fields(TRAIN_CONFIG_NOOPS), TRAIN_CONFIG_NOOPS),
     "master_11b9b76_train_config.yaml": (_fields(TRAIN_CONFIG_NOOPS), TRAIN_CONFIG_NOOPS),
+    # upstream's 8-card DeepSeek-V3 1b PyNative pretrain config (FSDP optim_grads_params, MTP,
+    # use_pad_tokens): every value loads; on one process the memory FAIL is the verdict (its
+    # Megatron data prefix, a path of upstream's machine, is reported beside it)
+    DS3_1B: (None, []),
 }
 
 #: files of full-size models (DeepSeek-V3; the train_config files' Qwen3 at upstream's default
 #: size, 12B parameters): valid, but they do not fit one CPU process, so the memory planner's
 #: FAIL is their only way to exit 1
-FULL_SIZE = ("pynative_ds3", "train_config")
+FULL_SIZE = ("pynative_ds3", "train_config", "deepseek3_1b")
 
 
 def full_size(name):
@@ -90,8 +98,11 @@ def data_dir(name):
     return str(d)
 
 
-def check(name, overrides=()):
+def check(name, overrides=(), world=None):
+    """``--check`` of the fixture on one process, or as one of ``world`` msrun workers."""
     env = {k: v for k, v in os.environ.items() if k not in ("MS_ROLE", "MS_WORKER_NUM")}
+    if world is not None:
+        env["MS_WORKER_NUM"] = str(world)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     args = [sys.executable, os.path.join(ROOT, "run_mindformer.py"), "--config",
             os.path.join(UPSTREAM, name), "--mode", "1", "--check"]
@@ -103,7 +114,7 @@ def check(name, overrides=()):
 
 def test_every_fixture_is_listed():
     assert sorted(CASES) == sorted(f for f in os.listdir(UPSTREAM) if f.endswith(".yaml"))
-    assert len(CASES) == 10
+    assert len(CASES) == 11
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -127,6 +138,20 @@ def test_upstream_file_check(name):
     # of one field), or a value the file leaves out (the Megatron loader's data_path)
     assert re.search(r"not implemented|has no counterpart|must match|must be one of|required|"
                      r"keep one of them", line), line
+
+
+def test_upstream_deepseek_v3_1b_config_checks_on_its_8_cards():
+    """At its documented world (8 workers: dp 8, FSDP optim_grads_params with MTP, sequence
+    parallel over tp 1) the file is valid and fits: exit 0, nothing FAILs, no field defaulted
+    away; the data is the harness's Megatron prefix."""
+    r = check(DS3_1B, [DS3_1B_DATA], world=8)
+    assert r.returncode == 0 and r.stdout.startswith("config OK"), r.stdout + r.stderr
+    assert "steps            : 10" in r.stdout
+    assert "0 FAIL" in r.stdout and "optim_grads_params" in r.stdout
+    # as it is, its data prefix (upstream's machine's) is the one error
+    r = check(DS3_1B, world=8)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[0].startswith(
+        "error: train_dataset.data_path: index file not found"), r.stderr
 
 
 @pytest.mark.parametrize("name", sorted(n for n, (ref, ov) in CASES.items()

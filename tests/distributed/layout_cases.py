@@ -43,6 +43,8 @@ UPSTREAM8_COMMON = ("training.global_batch_size=8", "training.local_batch_size=1
                     "optimizer.qk_clip_threshold=0.05", "training.steps=5",
                     "model.num_nextn_predict_layers=1", "model.mtp_loss_scaling_factor=0.3",
                     PYNATIVE)
+#: one multi-token prediction depth (DeepSeek-V3's, a MoE layer on the tiny model)
+MTP1 = ("model.num_nextn_predict_layers=1", "model.mtp_loss_scaling_factor=0.3")
 #: with MTP the logged aux_loss is (aux + mtp) - mtp in float32, about 1e-7 absolute noise on
 #: 4e-4 (rel 1.5e-4 measured): the aux loss reaches the compared grad_norm and later losses
 UPSTREAM8_METRICS = ("loss", "grad_norm", "max_attention_logit", "qk_clipped_heads",
@@ -64,15 +66,19 @@ LAYOUTS = [
                 layout=TP2 + ("parallelism.data_parallel_shard_strategy=optim_grads",),
                 rtol=1e-5, steps=6),
     # Muon on the two-dimensional shards, both comm strategies exact, QK-Clip active (the
-    # clip scales the local rows of the local heads)
-    TrainerCase("tp2_fsdp2_dsv3_allgather", 4, DSV3, TPF_COMMON + DSV3_QK,
+    # clip scales the local rows of the local heads); one MTP depth cut over tp, its rows
+    # gathered over dp
+    TrainerCase("tp2_fsdp2_dsv3_allgather", 4, DSV3, TPF_COMMON + DSV3_QK + MTP1,
                 layout=TP2 + FSDP_PARAMS + ("optimizer.comm_strategy=allgather",),
-                metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active", "rows_stored")),
+                metrics=UPSTREAM8_METRICS, steps=4,
+                checks=("qk_clip_active", "rows_stored", "finite_mtp_loss")),
     # ep2 x FSDP over dp 4 (edp 2): the experts cut over ep first, the dense weights split
-    # over dp 4; saves at step 4 and resumes there (dense rows, whole experts)
+    # over dp 4; one MTP depth (its own unit, its head another); saves at step 4 and
+    # resumes there (dense rows, whole experts)
     TrainerCase("ep2_fsdp4_dsv3", 4, DSV3, TPF_COMMON + DSV3_QK[:1] + ("training.steps=6",)
-                + CP_SAVE, layout=("parallelism.expert_parallel=2",) + FSDP_PARAMS,
-                metrics=DSV3_METRICS, steps=6, resume_at=4, checks=("qk_clip_active",)),
+                + CP_SAVE + MTP1, layout=("parallelism.expert_parallel=2",) + FSDP_PARAMS,
+                metrics=UPSTREAM8_METRICS, steps=6, resume_at=4,
+                checks=("qk_clip_active", "finite_mtp_loss")),
     # tp2 x ep2 x FSDP dp2 (ep folded over tp x dp): the experts cut first (whole on their
     # ep rank), FSDP then stores the dp rows of every dense weight's tp slice (the router
     # gathered where the tp ranks route their own tokens); saves at step 4, resumes there,
@@ -83,12 +89,13 @@ LAYOUTS = [
                 metrics=DSV3_METRICS, steps=6, resume_at=4, one_process_at=4,
                 checks=("qk_clip_active",)),
     # pp2 x ep2 x FSDP dp2: each stage's experts over its ep group, its dense weights' rows
-    # over its dp group; saves at step 4, resumes there and on one process
+    # over its dp group, one MTP depth on the last stage (the embedding's rows read there
+    # too); saves at step 4, resumes there and on one process
     TrainerCase("pp2_ep2_fsdp2_dsv3", 4, DSV3, TPF_COMMON + DSV3_QK[:1] + (
-        "training.steps=6", "model.num_layers=4") + CP_SAVE,
+        "training.steps=6", "model.num_layers=4") + CP_SAVE + MTP1,
         layout=("parallelism.pipeline_parallel=2", "parallelism.expert_parallel=2")
-        + FSDP_PARAMS, metrics=DSV3_METRICS, steps=6, resume_at=4, one_process_at=4,
-        checks=("qk_clip_active",)),
+        + FSDP_PARAMS, metrics=UPSTREAM8_METRICS, steps=6, resume_at=4, one_process_at=4,
+        checks=("qk_clip_active", "finite_mtp_loss")),
     TrainerCase("ep2_fsdp_grads_dsv3", 4, DSV3, TPF_COMMON + DSV3_QK,
                 layout=("parallelism.expert_parallel=2",
                         "parallelism.data_parallel_shard_strategy=optim_grads"),
@@ -150,10 +157,11 @@ LAYOUTS = [
     TrainerCase("tp2_fsdp2_dsv3_deredundency", 4, DSV3, TPF_COMMON + DSV3_QK,
                 layout=TP2 + FSDP_PARAMS + ("optimizer.comm_strategy=allgather_deredundency",),
                 metrics=DSV3_METRICS, steps=4, checks=("qk_clip_active",)),
-    # the logged mtp_loss is the global batch's (the mean over the ranks): dp 2, 4 steps
-    TrainerCase("dp2_mtp", 2, MARKOV, tuple(TRAINER_OVERRIDES + MTP_OVERRIDES),
-                metrics=("mtp_loss", "loss", "grad_norm"), rtol=1e-4, steps=4,
-                checks=("finite_mtp_loss",)),
+    # the logged mtp_loss is the global batch's (the mean over the ranks): dp 2, 4 steps,
+    # under FSDP (each depth one unit, upstream's DeepSeek-V3 1b 8-card config's layout)
+    TrainerCase("dp2_fsdp2_mtp", 2, MARKOV, tuple(TRAINER_OVERRIDES + MTP_OVERRIDES),
+                layout=FSDP_PARAMS, metrics=("mtp_loss", "loss", "grad_norm"), rtol=1e-4,
+                steps=4, checks=("finite_mtp_loss",)),
     # composed context parallel (issue 32), 4 workers, global batch 4 (2 micro-batches of 2
     # on each replica): cp2 x tp2 (+sp), gradients over dp x cp; the colossal one saves at
     # step 4 and resumes there under the same layout

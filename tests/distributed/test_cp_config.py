@@ -106,9 +106,10 @@ REFUSED = [
     (2, MARKOV, CP2 + ["parallelism.ulysses_degree_in_cp=2"],
      "parallelism.ulysses_degree_in_cp", r"is set \(2\) while "
                                          r"parallelism\.context_parallel_method is 'colossal'"),
-    (2, MARKOV, CP2 + ["parallelism.context_parallel_method=ulysses",
-                       "parallelism.ulysses_degree_in_cp=2"],
-     "parallelism.ulysses_degree_in_cp", r"'ulysses'"),
+    (4, MARKOV, ["parallelism.context_parallel=4", "parallelism.context_parallel_method=ulysses",
+                 "parallelism.ulysses_degree_in_cp=2"],
+     "parallelism.ulysses_degree_in_cp", r"must equal parallelism\.context_parallel\(4\) with "
+                                         r"context_parallel_method 'ulysses'"),
     (4, MARKOV, ["parallelism.context_parallel=4", "parallelism.context_parallel_method=hybrid"],
      "parallelism.ulysses_degree_in_cp", r"'hybrid' needs ulysses_degree_in_cp"),
     (2, MARKOV, CP2 + ["parallelism.context_parallel_mask_type=full"],

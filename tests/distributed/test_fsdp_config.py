@@ -111,9 +111,6 @@ def tiny_cfg(extra):
     ({"training": {"jit": "layer"}},
      r"^training\.jit: must be 'none' with parallelism\.data_parallel_shard_strategy: "
      r"optim_grads_params .*got 'layer'"),
-    ({"model": {"num_nextn_predict_layers": 1}},
-     r"^model\.num_nextn_predict_layers: multi-token prediction is not implemented with "
-     r"parallelism\.data_parallel_shard_strategy: optim_grads_params"),
 ])
 def test_the_config_refuses_what_sharded_parameters_cannot_run(monkeypatch, extra, msg):
     """Refused by the config (``--check``), before any model or communicator: on 2 ranks,
@@ -125,6 +122,15 @@ def test_the_config_refuses_what_sharded_parameters_cannot_run(monkeypatch, extr
     assert tiny_cfg(extra).parallelism.data_parallel_shard_strategy == "optim_grads_params"
     workers(monkeypatch, 2)
     assert tiny_cfg(dict(extra, parallelism={"data_parallel_shard_strategy": "optim_grads"}))
+
+
+def test_sharded_parameters_run_multi_token_prediction(monkeypatch):
+    """Each MTP depth is one FSDP unit (distributed/fsdp.py ``FSDPRunner``; msrun case
+    ``dp2_fsdp2_mtp`` and the DeepSeek-V3 FSDP cases of tests/distributed/layout_cases.py):
+    on 2 ranks, where the parameters are split, the config loads."""
+    workers(monkeypatch, 2)
+    cfg = tiny_cfg({"model": {"num_nextn_predict_layers": 1}})
+    assert cfg.model.num_nextn_predict_layers == 1
 
 
 @pytest.mark.parametrize("world,par,divides", [

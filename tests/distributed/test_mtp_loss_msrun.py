@@ -1,6 +1,7 @@
 """The logged ``mtp_loss`` of a data-parallel run is the global batch's (the mean over the
 ranks, ``DataParallelGradReducer.mean_over_ranks``): 2 msrun CPU workers x local batch 2 log
-the same mtp_loss, loss and grad norm as 1 process with global batch 4 (2 micro-batches)."""
+the same mtp_loss, loss and grad norm as 1 process with global batch 4 (2 micro-batches), with
+the parameters fully sharded (each MTP depth one unit, distributed/fsdp.py ``FSDPRunner``)."""
 import os
 import sys
 
@@ -26,10 +27,10 @@ def test_mean_over_ranks_on_one_rank_is_the_value():
 @pytest.mark.multiproc
 @pytest.mark.slow
 def test_two_ranks_log_the_global_mtp_loss(layout_matrix):
-    """Case ``dp2_mtp`` of the layout matrix (layout_cases.LAYOUTS): trainer_case's run with
-    MTP_OVERRIDES on 2 workers and on one process."""
-    case = layout_matrix.case("dp2_mtp")
-    got = read_metrics(layout_matrix.case_dir("dp2_mtp"))
+    """Case ``dp2_fsdp2_mtp`` of the layout matrix (layout_cases.LAYOUTS): trainer_case's run with
+    MTP_OVERRIDES on 2 workers under optim_grads_params and on one process."""
+    case = layout_matrix.case("dp2_fsdp2_mtp")
+    got = read_metrics(layout_matrix.case_dir("dp2_fsdp2_mtp"))
     want = read_metrics(layout_matrix.reference_dir(case))
     assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3, 4]
     for g, w in zip(got, want):

@@ -49,11 +49,20 @@ def test_tp2_with_sequence_parallel_is_accepted_and_planned(world2):
     assert "tensor parallel  : 2 (sequence parallel)" in plan.format()
 
 
-def test_tp_without_sequence_parallel_is_refused_with_upstream_text(world2):
+def test_tp_with_sequence_parallel_false_is_refused_with_upstream_text(world2):
     with pytest.raises(ConfigError, match=r"^parallelism\.sequence_parallel: PyNative tensor "
                                           r"parallelism requires sequence_parallel=True when "
                                           r"tensor_parallel > 1, but got tensor_parallel=2\."):
-        load_config(MARKOV, overrides=["parallelism.tensor_parallel=2"])
+        load_config(MARKOV, overrides=["parallelism.tensor_parallel=2",
+                                       "parallelism.sequence_parallel=false"])
+
+
+def test_an_unwritten_sequence_parallel_follows_tensor_parallel(world2):
+    """Upstream's parallel-training guide: "SP is automatically enabled with TP" (its
+    tensor-parallel examples write no sequence_parallel)."""
+    cfg = load_config(MARKOV, overrides=["parallelism.tensor_parallel=2"])
+    assert cfg.parallelism.sequence_parallel is True and cfg.plan().sequence_parallel
+    assert load_config(MARKOV).parallelism.sequence_parallel is False
 
 
 @pytest.mark.parametrize("override,field,text", [
@@ -146,7 +155,7 @@ def test_check_prints_the_tp_plan_per_rank():
 
 
 def test_check_exits_2_on_a_tp_rule():
-    r = check("parallelism.tensor_parallel=2")
+    r = check("parallelism.tensor_parallel=2", "parallelism.sequence_parallel=false")
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.strip().splitlines() == [
         "error: parallelism.sequence_parallel: PyNative tensor parallelism requires "

@@ -147,3 +147,24 @@ def test_config_fields():
         with pytest.raises(ConfigError) as e:
             ModelConfig.from_dict({key: value}, "model")
         assert f"model.{key}" in str(e.value)
+
+
+def test_a_depth_run_with_its_weights_as_arguments_is_its_forward():
+    """``MTPLayer.run_with`` (what an FSDP unit runs on the gathered weights) on
+    ``weights()`` equals the depth's own forward, dense and MoE."""
+    for cfg in (tiny_gpt(num_nextn_predict_layers=1), tiny_dsv3(num_nextn_predict_layers=1)):
+        model = build_model(cfg, seed=0)
+        depth = model.mtp.layers[0]
+        ids, _, _ = batch(cfg, b=2, s=6)
+        tables = model.static_tables(2, 6)
+        rng = np.random.default_rng(0)
+        h = T(rng.standard_normal((12, cfg.hidden_size)).astype(np.float32))
+        emb = model.embed_ids(T(ids))
+        want = depth(h, emb, tables)
+        got = depth.run_with(h, emb, tables, *depth.weights())
+        assert len(got) == len(want) == 3
+        for g, w in zip(got[:2], want[:2]):
+            np.testing.assert_allclose(g.asnumpy(), w.asnumpy(), rtol=1e-6, atol=1e-6)
+        assert (got[2] is None) == (want[2] is None)
+        if got[2] is not None:
+            np.testing.assert_allclose(got[2].asnumpy(), want[2].asnumpy(), rtol=1e-6)

@@ -84,6 +84,9 @@ UPSTREAM_ONLY: Dict[str, Upstream] = {
     # layout / kernel choices with identical math (the converter maps the weight layouts)
     "mla_qkv_concat": Upstream(bool, False),
     "moe_grouped_gemm": Upstream(bool, False),
+    # upstream's compressed causal mask (its context parallel requires it): a memory layout
+    # of the same causal mask (models/layers.py attention_tables builds it here)
+    "use_attn_mask_compression": Upstream(bool, False),
     # informational, or only read by a feature that is off (as upstream)
     "architectures": Upstream(Optional[str], None),
     # MoE routing: the router options are model fields (config/moe.py); this one is not
