@@ -35,7 +35,7 @@ from typing import Any, Optional, Tuple
 from ..errors import ConfigError
 from .compat.parallel_noop import check_parallel_noop
 from .context_parallel_rules import check_context_parallel_fields
-from .pipeline import check_pipeline_fields
+from .pipeline import check_pipeline_fields, stage_ranges
 from .schema import Section
 from .shard_strategy import optimizer_shard_count
 
@@ -138,6 +138,8 @@ class ParallelismConfig(Section):
             # sequence_parallel follows tensor_parallel; a written false is refused
             # (config/tensor_parallel_rules.py check_sequence_parallel)
             self.sequence_parallel = True
+        self.pipeline_parallel_layers_per_stage = stage_ranges(
+            self.pipeline_parallel_layers_per_stage)
         check_parallel_noop(self, path, self._env_data_parallel())
         check_pipeline_fields(self, path)   # pipeline parallel (config/pipeline.py)
         check_context_parallel_fields(self, path)   # config/context_parallel_rules.py

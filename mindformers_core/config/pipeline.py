@@ -7,7 +7,8 @@ that raises ValueError with upstream's message; here it becomes a ConfigError na
   implemented); with ``pipeline_parallel_interleave_num`` > 1 both run interleaved 1F1B;
 * ``pipeline_parallel_interleave_num`` >= 1, above 1 only with ``pipeline_parallel`` > 1;
 * ``pipeline_parallel_layers_per_stage``: ``auto`` (layers divisible by pp * interleave) or one
-  layer-range string per stage, tiling ``model.num_layers``;
+  layer-range string per stage, tiling ``model.num_layers`` (also as upstream's one string,
+  the stages separated by ``|``: :func:`stage_ranges`);
 * the micro-batches of a step are the accumulation count (``pipeline_parallel_microbatch_size``
   is overwritten with it, as upstream); interleaved needs a multiple of ``pipeline_parallel``;
 * which layouts pipeline parallel composes with is config/layout.py's (evaluation and the
@@ -21,7 +22,16 @@ from ..core.pipeline_split import split_layers
 from ..errors import ConfigError
 from .compat.noop import require_noop
 
-__all__ = ["check_pipeline_fields", "check_pipeline_vs_model", "check_pipeline_vs_plan"]
+__all__ = ["stage_ranges", "check_pipeline_fields", "check_pipeline_vs_model", "check_pipeline_vs_plan"]
+
+
+def stage_ranges(value):
+    """``pipeline_parallel_layers_per_stage`` as written, with upstream's one-string form
+    (``"0-3,8-11|4-7,12-15"``: the stages' layer ranges separated by ``|``) as the list of one
+    string per stage; any other value unchanged."""
+    if isinstance(value, str) and value != "auto":
+        return [part.strip() for part in value.split("|")]
+    return value
 
 
 def check_pipeline_fields(par, path: str) -> None:
@@ -41,7 +51,7 @@ def check_pipeline_fields(par, path: str) -> None:
         raise ConfigError(f"{path}.pipeline_parallel_layers_per_stage",
                           f"must be 'auto' or a list of one layer-range string per stage "
                           f"(e.g. ['0-1', '2-3'], or ['0-1,4-5', '2-3,6-7'] with "
-                          f"interleave 2), got {lps!r}")
+                          f"interleave 2, or the string '0-1,4-5|2-3,6-7'), got {lps!r}")
     if pp > 1:
         require_noop(f"{path}.pipeline_parallel_schedule", par.pipeline_parallel_schedule,
                      ("1f1b", "interleaved_1f1b"), "the GPipe schedule")

@@ -5,7 +5,7 @@ at the world size the guide gives it, load as they are: the guide's ``parallelis
 tiny DeepSeek-V3 (the guide's snippets have no model; a 10-layer one where its pipeline example
 places 10 layers and 8 where it places them evenly), with the ``model`` key the guide pairs
 with context parallel on non-EOD data (``use_attn_mask_compression``). ``--check`` runs one of
-them end to end. Its EOD-data variant (``create_compressed_eod_mask: true``: attention that does
+them end to end, and so does the task-start guide's 8-device example. Its EOD-data variant (``create_compressed_eod_mask: true``: attention that does
 not cross documents) is refused, with its field: document masking is not implemented here."""
 import copy
 import os
@@ -217,3 +217,82 @@ def test_the_guides_eod_mask_keys_are_refused_naming_the_field():
             "train_dataset.dataloader.config.create_compressed_eod_mask: True needs a "
             "compressed end-of-document attention mask, which is not implemented here")):
         load_config(cfg)
+
+
+#: upstream's task-start guide (feature/start_task.md of the same repository), its single-node
+#: 8-device FSDP example: no model, optimizer or lr_scheduler section (upstream's defaults)
+START_TASK = """
+training:
+  steps: 10
+  local_batch_size: 1
+  global_batch_size: 8
+  seed: 42
+
+parallelism:
+  data_parallel_shard: -1
+  data_parallel_shard_strategy: "optim_grads_params"
+  tensor_parallel: 1
+  context_parallel: 1
+  pipeline_parallel: 1
+  expert_parallel: 1
+
+train_dataset:
+  dataloader:
+    type: BlendedMegatronDatasetDataLoader
+    datasets_type: "GPTDataset"
+    sizes: [1000, 0, 0]
+    column_names: ["input_ids", "labels", "loss_mask", "position_ids"]
+    shuffle: false
+    config:
+      seq_length: 4096
+      split: "1, 0, 0"
+      eod: 1
+      pad: -1
+      create_attention_mask: False
+      create_compressed_eod_mask: False
+      data_path:
+        - '1'
+        - "/path/megatron_data_text_document"
+  drop_remainder: True
+  num_parallel_workers: 8
+"""
+
+
+def test_the_task_start_guides_example_checks_on_8_workers(tmp_path):
+    """As it is it stops on the model it leaves out (the default model's seq_length against its
+    4096); over a tiny GPT of that length, with the harness's Megatron prefix for its
+    machine's path, ``--check`` on 8 workers says config OK, names the defaulted optimizer and
+    lr_scheduler, and exits 0."""
+    import numpy as np
+
+    from mindformers_core.data.indexed import write_indexed
+    (tmp_path / "start.yaml").write_text(START_TASK)
+    write_indexed(str(tmp_path / "text_document"),
+                  [np.random.default_rng(0).integers(0, 64, 4096 * 2 + 1)], "uint16")
+    env = dict(os.environ, MS_ROLE="MS_WORKER", MS_WORKER_NUM="8")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+
+    def check(*sets):
+        args = [a for kv in sets for a in ("--set", kv)]
+        return subprocess.run([sys.executable, os.path.join(ROOT, "run_mindformer.py"),
+                               "--config", "start.yaml", "--mode", "1", "--check", *args],
+                              capture_output=True, text=True, cwd=str(tmp_path), env=env,
+                              timeout=120)
+    r = check()
+    assert r.returncode == 2 and "must match model.seq_length" in r.stderr, r.stderr
+    r = check("train_dataset.dataloader.config.data_path=text_document",
+              "model.model_type=gpt", "model.seq_length=4096")
+    assert r.returncode == 0 and r.stdout.startswith("config OK"), r.stdout + r.stderr
+    assert "defaulted        : optimizer, lr_scheduler" in r.stdout
+
+
+def test_upstreams_one_string_stage_ranges_are_the_list(monkeypatch):
+    """Upstream's config also writes the stages' ranges as one string, ``|`` between stages."""
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    monkeypatch.setenv("MS_WORKER_NUM", "8")
+    _, cfg = snippet_config("4.4_ranges")
+    listed = load_config(copy.deepcopy(cfg))
+    cfg["parallelism"]["pipeline_parallel_layers_per_stage"] = "0-1,4-8|2-3,9"
+    joined = load_config(cfg)
+    assert joined.parallelism.pipeline_parallel_layers_per_stage == ["0-1,4-8", "2-3,9"]
+    assert joined.parallel_dims() == listed.parallel_dims()

@@ -161,7 +161,8 @@ IMPLEMENTED = {
                                          "upstream",
     "pipeline_parallel_interleave_num": ">= 1: virtual stages per pipeline rank",
     "pipeline_parallel_layers_per_stage": "null / `auto` (an even split), or one layer-range "
-                                          "string per stage (`\"0-1, 4-8\"`)",
+                                          "string per stage (`\"0-1, 4-8\"`), or upstream's "
+                                          "one string, the stages separated by `|`",
     "sequence_parallel": "`True` / `False`; unwritten with tensor_parallel > 1 it is `True` "
                          "(upstream turns it on with tensor parallel); a written `False` with "
                          "tensor_parallel > 1 is refused",
