@@ -3,7 +3,8 @@
 Fields (upstream's): ``context_parallel_method`` (``colossal`` ring attention, ``ulysses``
 all-to-all, ``hybrid`` ulysses inside groups of ``ulysses_degree_in_cp`` ranks and the ring
 across them; docs/context_parallel.md), ``ulysses_degree_in_cp`` (hybrid: divides
-``context_parallel``; ulysses: unwritten or equal to it, upstream's rule; refused with colossal), ``context_parallel_mask_type`` (``causal`` only) and
+``context_parallel``; ulysses: unwritten or equal to it, upstream's rule; refused with
+colossal), ``context_parallel_mask_type`` (``causal`` only) and
 ``context_parallel_async`` (any value; it changes nothing here, a ``--check`` note:
 config/compat/parallel_noop.py ``PERFORMANCE_FLAGS``).
 

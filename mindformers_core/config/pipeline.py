@@ -22,7 +22,8 @@ from ..core.pipeline_split import split_layers
 from ..errors import ConfigError
 from .compat.noop import require_noop
 
-__all__ = ["stage_ranges", "check_pipeline_fields", "check_pipeline_vs_model", "check_pipeline_vs_plan"]
+__all__ = ["stage_ranges", "check_pipeline_fields", "check_pipeline_vs_model",
+           "check_pipeline_vs_plan"]
 
 
 def stage_ranges(value):

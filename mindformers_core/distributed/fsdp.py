@@ -115,10 +115,19 @@ def _dense_fn(layer):
     return run
 
 
+def _packed(h, max_logits, aux) -> tuple:
+    """A unit's outputs: a Cell returns no None, so a dense MLP's missing aux is left out."""
+    return (h, max_logits) if aux is None else (h, max_logits, aux)
+
+
+def _unpacked(out) -> tuple:
+    """(h, max_logits, aux or None) of a unit's :func:`_packed` outputs."""
+    return out[0], out[1], out[2] if len(out) > 2 else None
+
+
 def _moe_fn(layer):
     def run(h, *args):
-        h, max_logits, aux = layer.run_with(h, args[:6], *args[6:])
-        return (h, max_logits) if aux is None else (h, max_logits, aux)
+        return _packed(*layer.run_with(h, args[:6], *args[6:]))
     return run
 
 
@@ -126,8 +135,7 @@ def _mtp_fn(depth):
     count = len(depth.weights())
 
     def run(h, emb, *args):
-        h, max_logits, aux = depth.run_with(h, emb, args[:-count], *args[-count:])
-        return (h, max_logits) if aux is None else (h, max_logits, aux)
+        return _packed(*depth.run_with(h, emb, args[:-count], *args[-count:]))
     return run
 
 
@@ -140,8 +148,7 @@ def layer_unit(layer, fn, split_names, gather: GatherShard):
     run = FSDPUnit(fn, [w.name in split_names for w in weights], gather)
 
     def step(h, tables):
-        out = run(h, *tables, *layer.weights())
-        return out[0], out[1], out[2] if len(out) > 2 else None
+        return _unpacked(run(h, *tables, *layer.weights()))
     return step
 
 
@@ -191,8 +198,7 @@ class FSDPRunner(RunnerDefaults):
 
     def mtp_depth(self, depth, h, emb, tables) -> tuple:
         """(h^k, max_logits, aux or None) of one MTP depth, its weights gathered in its unit."""
-        out = self._depths[id(depth)](h, emb, *tables, *depth.weights())
-        return out[0], out[1], out[2] if len(out) > 2 else None
+        return _unpacked(self._depths[id(depth)](h, emb, *tables, *depth.weights()))
 
     def mtp_head(self, h, labels, loss_mask, w_norm) -> tuple:
         """A depth's (loss_sum, n_tokens): its final norm gain ``w_norm`` and the shared
