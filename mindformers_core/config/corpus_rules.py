@@ -6,26 +6,34 @@ document-boundary (EOD) handling. Called by ``DatasetConfig.validate``.
   ``data_path``.
 * ``eod_mask_loss``: no loss on predictions made from an end-of-document token; the id is
   ``eod_id``, else the tokenizer's (``tokenizer:``, byte-level: 0).
-* ``reset_position_ids`` / ``reset_attention_mask`` (Megatron's names) are refused: the models
-  in ``models/`` take neither position ids nor a per-sample attention mask, so they cannot
-  honour them (``data/eod.py`` computes both for a model that can).
+* ``reset_position_ids`` / ``reset_attention_mask`` (Megatron's names): positions restarting
+  after each end-of-document token, attention inside each document (``models/documents.py``;
+  the same id as ``eod_mask_loss``). The model runs one masking for every batch it sees, so an
+  ``eval_dataset`` writes the same two values (:func:`check_eval_documents`).
 """
 from __future__ import annotations
 
 from ..errors import ConfigError
 
-__all__ = ["check_corpus_fields", "BLEND_TYPES"]
+__all__ = ["check_corpus_fields", "check_eval_documents", "BLEND_TYPES", "DOCUMENT_FIELDS"]
 
 BLEND_TYPES = ("TokenFile", "IndexedDataset")
 
 
+DOCUMENT_FIELDS = ("reset_position_ids", "reset_attention_mask")
+
+
+def check_eval_documents(train, evaluation) -> None:
+    """``eval_dataset`` (``evaluation``) writes the document resets of ``train_dataset``."""
+    for name in DOCUMENT_FIELDS:
+        if getattr(evaluation, name) != getattr(train, name):
+            raise ConfigError(f"eval_dataset.{name}", (
+                f"{getattr(evaluation, name)} differs from train_dataset.{name} "
+                f"({getattr(train, name)}): the model applies one document masking to "
+                "every batch it runs"))
+
+
 def check_corpus_fields(ds, path: str) -> None:
-    for name in ("reset_position_ids", "reset_attention_mask"):
-        if getattr(ds, name):
-            raise ConfigError(f"{path}.{name}", (
-                "the models of this package cannot honour it: their attention takes no "
-                "position ids and no per-sample attention mask (one causal mask for the whole "
-                "window); use eod_mask_loss to keep the loss off document boundaries"))
     if ds.eod_id is not None and ds.eod_id < 0:
         raise ConfigError(f"{path}.eod_id", f"must be >= 0, got {ds.eod_id}")
     if ds.blend is None:

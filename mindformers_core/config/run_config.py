@@ -41,6 +41,7 @@ from .monitor import MonitorConfig, TensorBoardTarget, tensorboard_target
 from .compat.disabled_sections import LoraConfig, RecomputeCommConfig, SwapConfig
 from .optimizer import OptimizerConfig
 from .compat.megatron_loader import check_loader_vs_model
+from .corpus_rules import check_eval_documents
 from .expert_layout import ExpertPlan, check_expert_parallel, expert_plan
 from .layout import check_layout, parallel_steps
 from .parallelism import ParallelismConfig
@@ -212,6 +213,8 @@ class RunConfig(Section):
         for name in ("train_dataset", "eval_dataset"):   # config/compat/megatron_loader.py
             if getattr(self, name) is not None:
                 check_loader_vs_model(getattr(self, name), self.model.seq_length, name)
+        if self.eval_dataset is not None:   # one document masking (config/corpus_rules.py)
+            check_eval_documents(self.train_dataset, self.eval_dataset)
         self._check_recompute_vs_jit()
         self.tensorboard_target()   # logging.tensorboard vs monitor.tensorboard (config/monitor.py)
         check_pipeline_vs_model(self.parallelism, self.model)   # config/pipeline.py

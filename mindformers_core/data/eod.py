@@ -10,17 +10,31 @@ For inputs ``x`` of length ``S``:
   diagonal causal mask; the ``eod`` token belongs to the document it ends).
 
 :func:`eod_loss_mask` is what the trainer applies (``train_dataset.eod_mask_loss``).
-:func:`document_positions_and_mask` computes the other two for a model that takes position ids
-and a per-sample attention mask; the models in ``models/`` take neither (their attention uses
-one shared causal mask and positions ``0..S-1``), so the config refuses those two flags.
+:func:`document_positions_and_mask` computes the other two; :class:`Documents` says which of
+them a run asks for, and the model builds its attention tables from them
+(``models/documents.py``).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Tuple
 
 import numpy as np
 
-__all__ = ["eod_loss_mask", "document_positions_and_mask"]
+__all__ = ["Documents", "eod_loss_mask", "document_positions_and_mask"]
+
+
+@dataclass(frozen=True)
+class Documents:
+    """End-of-document id and which of the two resets are on (at least one is)."""
+
+    eod: int
+    reset_positions: bool
+    reset_mask: bool
+
+    def __post_init__(self):
+        if not (self.reset_positions or self.reset_mask):
+            raise ValueError("document masking needs reset_position_ids or reset_attention_mask")
 
 
 def eod_loss_mask(input_ids: np.ndarray, eod: int) -> np.ndarray:

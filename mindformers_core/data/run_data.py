@@ -18,10 +18,26 @@ from typing import Optional, Tuple
 
 from .blend import BlendedSource
 from .builder import TrainDataset, build_dataset, build_source, file_source
+from .eod import Documents
 from .split import split_source
 from .tokenizer import ByteTokenizer
 
-__all__ = ["build_run_datasets", "build_split_sources"]
+__all__ = ["build_run_datasets", "build_split_sources", "run_eod_id", "run_documents"]
+
+
+def run_documents(ds, tokenizer=None) -> Optional[Documents]:
+    """The document masking ``ds`` (``train_dataset``) asks for (``reset_position_ids`` /
+    ``reset_attention_mask``), or None."""
+    if not (ds.reset_position_ids or ds.reset_attention_mask):
+        return None
+    return Documents(int(run_eod_id(ds, tokenizer)), bool(ds.reset_position_ids),
+                     bool(ds.reset_attention_mask))
+
+
+def run_eod_id(ds, tokenizer=None) -> int:
+    """The end-of-document id of a dataset section: ``eod_id``, else the tokenizer's
+    (byte-level without one): what ``eod_mask_loss`` and the document resets read."""
+    return ds.eod_id if ds.eod_id is not None else (tokenizer or ByteTokenizer()).eod_id
 
 
 def build_split_sources(ds, model_cfg, data_seed: int, tokenizer=None, path="train_dataset"):
@@ -47,7 +63,7 @@ def build_run_datasets(cfg, rank: int = 0, world: int = 1,
     data_seed = seed if ds.seed is None else int(ds.seed)
     eod = None
     if ds.eod_mask_loss:
-        eod = ds.eod_id if ds.eod_id is not None else (tokenizer or ByteTokenizer()).eod_id
+        eod = run_eod_id(ds, tokenizer)
     train_source, held = build_split_sources(ds, cfg.model, data_seed, tokenizer)
     train = build_dataset(ds, cfg.model, seed, rank, world, source=train_source,
                           eod_mask_id=eod)

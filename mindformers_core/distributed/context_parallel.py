@@ -18,10 +18,16 @@ that are this rank's rows of the full sequence's.
               group the [B, N/u, S/(cp/u), D] tokens of its ring position, ring attention runs
               over the ring group on them, the inverse all-to-all follows.
 
-``mask_bias`` is ignored by every method (the masks come from the layout: causal over global
-positions). ``max_logits`` [N] on each rank, detached: colossal, the max over this rank's
-queries; ulysses, the full sequence's (the local heads' maxima gathered over the group, so
-identical on every rank); hybrid, the max over the queries of this rank's ring position
+The masks come from the layout (causal over global positions), unless ``mask_bias`` is a
+document mask: the whole ``[B, 1, S, S]`` bias in global positions (``models/documents.py``),
+told apart by its last dim (``S`` = the local length times cp). colossal cuts each block's
+part (``ring_attention``); ulysses hands it whole to ``inner`` (its tokens are then the whole
+sequence in global order); hybrid hands it to the ring over the ulysses groups, whose
+positions are global ones (``cp_layout.ulysses_order``).
+
+``max_logits`` [N] on each rank, detached: colossal, the max over this rank's queries;
+ulysses, the full sequence's (the local heads' maxima gathered over the group, so identical on
+every rank); hybrid, the max over the queries of this rank's ring position
 (its ulysses group's tokens). In every case the MAX over the cp group is the full sequence's.
 """
 from __future__ import annotations
@@ -97,8 +103,9 @@ class UlyssesAttention:
         x = ops.gather(self.to_heads(ops.concat([q, k, v], -1)), order, 2)
         qh, kh, vh = x[..., :dq], x[..., dq:dq + dk], x[..., dq + dk:]
         seq = x.shape[2]
-        ctx, max_logits = self.inner(qh, kh, vh, scale,
-                                     self._mask((b, n // self.degree, seq, seq)))
+        documents = mask_bias is not None and mask_bias.shape[-1] == local * self.cp
+        ctx, max_logits = self.inner(qh, kh, vh, scale, mask_bias if documents
+                                     else self._mask((b, n // self.degree, seq, seq)))
         ctx = self.to_seq(ops.gather(ctx, inverse, 2))
         heads = self.comm.all_gather(ops.stop_gradient(max_logits), self.group, 0)
         return ctx, ops.stop_gradient(heads)

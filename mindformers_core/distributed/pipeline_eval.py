@@ -85,7 +85,7 @@ class PipelineForward:
         the layers in PyNative, ``model.run_layers``)."""
         model = self.model
         b, s = (int(n) for n in ids.shape)
-        tables = model.static_tables(b, s)
+        tables = model.tables_for(ids)
         return self._through_stages(
             model.hidden_shape(b, s), lambda: model.embed_ids(ids),
             lambda h, layers: model.run_layers(h, tables, layers, eager=eager)[0], last)

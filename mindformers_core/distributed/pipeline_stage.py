@@ -50,8 +50,7 @@ class StageRunner:
         from mindspore import mint
         model = self.model
         ids, labels, mask = batch["input_ids"], batch["labels"], batch["loss_mask"]
-        b, s = ids.shape
-        tables = model.static_tables(b, s)
+        tables = model.tables_for(ids)
         layers = self.split.layers[v]
         last = v == self.split.num_virtual - 1
 

@@ -29,8 +29,11 @@ The dK/dV accumulators of a block travel with it, so after the ``n - 1`` shifts 
 
 Transport: :class:`RingShift`, ``GroupCommunicator.send`` / ``recv`` between ring neighbours in
 the phase order of :func:`cp_layout.ring_phases`; tensors of one dtype travel as one flat buffer.
-``mask_bias`` of the core signature is ignored: the blocks' masks come from the layout (causal
-over global positions; no padding or document masks).
+The blocks' masks come from the layout (causal over global positions), unless ``mask_bias`` is
+a document mask: the whole ``[B, 1, S, S]`` bias in global positions (``models/documents.py``,
+``cp_model.SequenceChunks.tables``), told apart by its last dim ``S = L * n``. Each visited block
+then adds its ``[c, c]`` cut (``c = L / 2``, the rows of its query chunk, the columns of its key
+chunk), causal part included; the layout still skips the blocks above the diagonal.
 """
 from __future__ import annotations
 
@@ -43,8 +46,8 @@ from mindspore import Tensor, nn, ops
 from . import cp_layout
 from .collectives import GroupCommunicator
 
-__all__ = ["RingShift", "RingAttention", "RingAttentionCore", "ring_forward", "ring_backward",
-           "diagonal_bias"]
+__all__ = ["RingShift", "RingAttention", "RingAttentionCore", "DocumentRingCore",
+           "ring_forward", "ring_backward", "diagonal_bias"]
 
 _BMM = ops.BatchMatMul()
 _BMM_TB = ops.BatchMatMul(transpose_b=True)
@@ -101,14 +104,29 @@ def _halves(x) -> list:
     return [x[:, :, :c], x[:, :, c:]]
 
 
-def _scores(qh, kh, scale: float, kind: str):
+def _scores(qh, kh, scale: float, kind: str, bias=None):
     s = _BMM_TB(qh, kh).astype(ms.float32) * scale
+    if bias is not None:
+        return s + bias
     return s + diagonal_bias(qh.shape[2]) if kind == cp_layout.CAUSAL else s
 
 
-def ring_forward(q, k, v, scale: float, shift: RingShift):
-    """(context [B, N, L, Dv], max_logits [N] (detached), lse [B, N, L, 1] float32)."""
+def _block_bias(bias, shift: RingShift, step: int, a: int, b: int, c: int):
+    """The [B, 1, c, c] cut of a whole document bias (or None) for query half ``a`` of this
+    position and key half ``b`` of the block it holds at ``step``."""
+    if bias is None:
+        return None
+    qc = int(cp_layout.rank_chunks(shift.size, shift.pos)[a]) * c
+    kc = int(cp_layout.rank_chunks(shift.size,
+                                   cp_layout.ring_source(shift.pos, step, shift.size))[b]) * c
+    return bias[:, :, qc:qc + c, kc:kc + c]
+
+
+def ring_forward(q, k, v, scale: float, shift: RingShift, bias=None):
+    """(context [B, N, L, Dv], max_logits [N] (detached), lse [B, N, L, 1] float32);
+    ``bias``: a whole document mask bias (module docstring) or None."""
     qs = _halves(q)
+    half = int(q.shape[2]) // 2
     state = [None, None]   # per query half: (m, l, acc)
     kb, vb = k, v
     for step in range(shift.size):
@@ -116,7 +134,7 @@ def ring_forward(q, k, v, scale: float, shift: RingShift):
             kb, vb = shift([kb, vb])
         ks, vs = _halves(kb), _halves(vb)
         for a, b, kind in cp_layout.ring_blocks(shift.pos, step, shift.size):
-            s = _scores(qs[a], ks[b], scale, kind)
+            s = _scores(qs[a], ks[b], scale, kind, _block_bias(bias, shift, step, a, b, half))
             blk = s.max(axis=-1, keepdims=True)
             m = blk if state[a] is None else ops.maximum(state[a][0], blk)
             p = ops.exp(s - m)
@@ -132,10 +150,11 @@ def ring_forward(q, k, v, scale: float, shift: RingShift):
     return ctx, ops.stop_gradient(ops.amax(row_max, axis=(0, 2, 3))), lse
 
 
-def ring_backward(q, k, v, ctx, lse, dctx, scale: float, shift: RingShift):
+def ring_backward(q, k, v, ctx, lse, dctx, scale: float, shift: RingShift, bias=None):
     """(dq, dk, dv) of ``ring_forward`` for the context's gradient ``dctx`` (module docstring);
     float32 inside, returned in the inputs' dtypes."""
     f32 = ms.float32
+    half = int(q.shape[2]) // 2
     dctx = dctx.astype(f32)
     d_row = (dctx * ctx.astype(f32)).sum(-1, keepdims=True)
     qs, dos, ds_, lses = _halves(q.astype(f32)), _halves(dctx), _halves(d_row), _halves(lse)
@@ -148,7 +167,8 @@ def ring_backward(q, k, v, ctx, lse, dctx, scale: float, shift: RingShift):
         ks, vs = _halves(kb.astype(f32)), _halves(vb.astype(f32))
         dks, dvs = _halves(dk), _halves(dv)
         for a, b, kind in cp_layout.ring_blocks(shift.pos, step, shift.size):
-            p = ops.exp(_scores(qs[a], ks[b], scale, kind) - lses[a])
+            p = ops.exp(_scores(qs[a], ks[b], scale, kind,
+                                _block_bias(bias, shift, step, a, b, half)) - lses[a])
             dvs[b] = dvs[b] + _BMM_TA(p, dos[a])
             ds = p * (_BMM_TB(dos[a], vs[b]) - ds_[a])
             dq[a] = dq[a] + _BMM(ds, ks[b]) * scale
@@ -174,9 +194,27 @@ class RingAttentionCore(nn.Cell):
         return ring_backward(q, k, v, ctx, lse, dout[0], self.scale, self.shift)
 
 
+class DocumentRingCore(nn.Cell):
+    """``(q, k, v, bias) -> (context, max_logits, lse)``: :class:`RingAttentionCore` under a
+    whole document mask ``bias`` (module docstring; the bias gets no gradient)."""
+
+    def __init__(self, shift: RingShift, scale: float):
+        super().__init__()
+        self.shift, self.scale = shift, float(scale)
+
+    def construct(self, q, k, v, bias):
+        return ring_forward(q, k, v, self.scale, self.shift, bias)
+
+    def bprop(self, q, k, v, bias, out, dout):
+        ctx, _, lse = out
+        return ring_backward(q, k, v, ctx, lse, dout[0], self.scale, self.shift,
+                             bias) + (ops.zeros_like(bias),)
+
+
 class RingAttention:
     """The model's core attention ``core(q, k, v, scale, mask_bias) -> (context, max_logits)``
-    as ring attention over ``group`` of ``comm`` (module docstring; ``mask_bias`` ignored).
+    as ring attention over ``group`` of ``comm`` (module docstring: ``mask_bias`` is read only
+    when it is a whole document mask).
 
     q, k [B, N, L, D], v [B, N, L, Dv]: this rank's two chunks (``cp_layout.split_sequence``
     with the group's size and this rank's position in it). max_logits [N]: over this rank's
@@ -193,7 +231,13 @@ class RingAttention:
             raise ValueError(f"ring attention: the local sequence length {q.shape[2]} is not "
                              f"even (this rank's two chunks of the load-balanced split)")
         scale = float(scale)
-        if scale not in self._cores:
-            self._cores[scale] = RingAttentionCore(self.shift, scale)
-        ctx, max_logits, _ = self._cores[scale](q, k, v)
+        documents = mask_bias is not None and mask_bias.shape[-1] == q.shape[2] * self.size
+        key = (scale, documents)
+        if key not in self._cores:
+            self._cores[key] = (DocumentRingCore if documents else RingAttentionCore)(
+                self.shift, scale)
+        if documents:
+            ctx, max_logits, _ = self._cores[key](q, k, v, ops.stop_gradient(mask_bias))
+        else:
+            ctx, max_logits, _ = self._cores[key](q, k, v)
         return ctx, max_logits

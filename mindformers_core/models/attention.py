@@ -116,7 +116,7 @@ class SelfAttention(nn.Cell):
         """(q [B, N, S, d], (k, v) [B, G, S, d]): rotated queries and keys, the values."""
         n, g, d, p = self.num_heads, self.num_groups, self.head_dim, self.precision
         cos_q, sin_q, cos_k, sin_k, rot, mask = tables
-        b, _, s, _ = mask.shape
+        b, _, s, _ = cos_q.shape   # this rank's rows (a document mask may be whole)
         w_q_norm, w_k_norm = (ws[1], ws[2]) if self.qk_layernorm else (None, None)
         # row blocks of the weight in the compute dtype (no bf16 slice-gradient kernel on CPU)
         wq, wk, wv = ops.split(p.cast(ws[0]), (n * d, g * d, g * d), axis=0)
@@ -196,7 +196,7 @@ class MLASelfAttention(nn.Cell):
         queries with rotated q_pe, the normalised latent and the rotated shared rope key."""
         n, dn, dr, p = self.num_heads, self.dn, self.dr, self.precision
         cos_q, sin_q, cos_k, sin_k, rot, mask = tables
-        b, _, s, _ = mask.shape
+        b, _, s, _ = cos_q.shape   # this rank's rows (a document mask may be whole)
         if self.q_lora_rank is None:
             w_q, q_in = ws[0], x
         else:

@@ -33,16 +33,20 @@ from .layers import batch_matmul, batch_matmul_tb, causal_attention
 DEFAULT_BLOCK_SIZE = 128
 
 
-def _query_block(qi, k, v, scale: float, block_size: int):
+def _query_block(qi, k, v, scale: float, block_size: int, bias=None):
     """(context [B, N, b, Dv], row max [B, N, b, 1]) of the query block ``qi`` whose rows are
-    the last ``b`` positions of ``k`` / ``v`` (its causal prefix), one key block at a time."""
+    the last ``b`` positions of ``k`` / ``v`` (its causal prefix), one key block at a time.
+    ``bias``: the rows of the block of a document mask bias [B, 1, b, s] (``models/documents.py``:
+    its causal part included), else the causal bias on the diagonal block."""
     s, b = k.shape[2], qi.shape[2]
     i0 = s - b
     m = l = acc = None
     for j0 in range(0, s, block_size):
         j1 = min(j0 + block_size, s)
         sc = batch_matmul_tb(qi, k[:, :, j0:j1]).astype(ms.float32) * scale
-        if j0 == i0:   # the diagonal block (blocks share their starts): causal bias
+        if bias is not None:
+            sc = sc + bias[..., j0:j1]
+        elif j0 == i0:   # the diagonal block (blocks share their starts): causal bias
             sc = sc + diagonal_bias(b)
         blk_max = sc.max(axis=-1, keepdims=True)
         m_new = blk_max if m is None else ops.maximum(m, blk_max)
@@ -67,50 +71,63 @@ class QueryBlock(nn.Cell):
         self.scale, self.block_size = scale, block_size
         self.recompute()
 
-    def construct(self, qi, k, v):
-        return _query_block(qi, k, v, self.scale, self.block_size)
+    def construct(self, qi, k, v, bias=None):
+        return _query_block(qi, k, v, self.scale, self.block_size, bias)
 
 
-def blockwise_causal_attention(q, k, v, scale: float, block_size: int = DEFAULT_BLOCK_SIZE):
+def blockwise_causal_attention(q, k, v, scale: float, block_size: int = DEFAULT_BLOCK_SIZE,
+                               mask_bias=None):
     """(context [B, N, S, Dv], max_logit_per_head [N]) of causal softmax attention, computed
-    block by block (see the module docstring). q, k: [B, N, S, D]; v: [B, N, S, Dv]."""
+    block by block (see the module docstring). q, k: [B, N, S, D]; v: [B, N, S, Dv].
+    ``mask_bias``: a document mask bias [B, 1, S, S] (``models/documents.py``), else causal."""
     s = q.shape[2]
     block = QueryBlock(scale, block_size)
     out, row_max = [], []
     for i0 in range(0, s, block_size):
         i1 = min(i0 + block_size, s)
-        ctx, m = block(q[:, :, i0:i1], k[:, :, :i1], v[:, :, :i1])
+        rows = () if mask_bias is None else (ops.stop_gradient(mask_bias[:, :, i0:i1, :i1]),)
+        ctx, m = block(q[:, :, i0:i1], k[:, :, :i1], v[:, :, :i1], *rows)
         out.append(ctx)
         row_max.append(m)
     max_logits = ops.stop_gradient(ops.amax(ops.cat(row_max, 2), axis=(0, 2, 3)))
     return ops.cat(out, 2), max_logits
 
 
-def ascend_flash_attention(q, k, v, scale: float):
+def ascend_flash_attention(q, k, v, scale: float, mask_bias=None):
     """(context, max_logit_per_head) through MindSpore's fused FlashAttentionScore (Ascend only;
     BNSD layout, causal ``sparse_mode`` 2 with the compressed 2048 x 2048 mask; v is zero-padded
-    to q's head dim when MLA's Dv differs, and the padding is cut off the output)."""
+    to q's head dim when MLA's Dv differs, and the padding is cut off the output).
+    ``mask_bias``: a document mask bias [B, 1, S, S] (``models/documents.py``), passed as the
+    full uint8 ``atten_mask`` (1: masked) of ``sparse_mode`` 0."""
     from mindspore.ops.operations.nn_ops import FlashAttentionScore
     b, n, s, d = q.shape
     dv = v.shape[-1]
     if dv != d:
         v = ops.cat((v, ops.zeros(v.shape[:-1] + (d - dv,), v.dtype)), -1)
-    mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
-    fa = FlashAttentionScore(head_num=n, scale_value=scale, input_layout="BNSD", sparse_mode=2,
-                             next_tokens=0)
+    if mask_bias is None:
+        mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
+        fa = FlashAttentionScore(head_num=n, scale_value=scale, input_layout="BNSD",
+                                 sparse_mode=2, next_tokens=0)
+    else:
+        mask = ops.stop_gradient((mask_bias < 0).astype(ms.uint8))
+        fa = FlashAttentionScore(head_num=n, scale_value=scale, input_layout="BNSD",
+                                 sparse_mode=0)
     softmax_max, _, _, ctx = fa(q, k, v, None, None, None, mask)
     max_logits = ops.stop_gradient(ops.amax(softmax_max, axis=(0, 2, 3)))
     return ctx[..., :dv], max_logits
 
 
 def attention_function(use_flash_attention: bool, device_target: str,
-                       block_size: int = DEFAULT_BLOCK_SIZE) -> Callable:
+                       block_size: int = DEFAULT_BLOCK_SIZE, documents: bool = False) -> Callable:
     """The core attention ``fn(q, k, v, scale, mask_bias) -> (context, max_logits)`` of a
-    model: the plain path (``layers.causal_attention``), or the memory-efficient one for the
-    device (fused on Ascend, blockwise elsewhere)."""
+    model: the plain path (``layers.causal_attention``, which adds ``mask_bias``), or the
+    memory-efficient one for the device (fused on Ascend, blockwise elsewhere), which reads
+    ``mask_bias`` only under document masking (``documents``: it is then a document mask,
+    ``models/documents.py``) and otherwise applies the causal mask itself."""
     if not use_flash_attention:
         return causal_attention
     if device_target == "Ascend":
-        return lambda q, k, v, scale, mask_bias: ascend_flash_attention(q, k, v, scale)
-    return lambda q, k, v, scale, mask_bias: blockwise_causal_attention(q, k, v, scale,
-                                                                        block_size)
+        return lambda q, k, v, scale, mask_bias: ascend_flash_attention(
+            q, k, v, scale, mask_bias if documents else None)
+    return lambda q, k, v, scale, mask_bias: blockwise_causal_attention(
+        q, k, v, scale, block_size, mask_bias if documents else None)

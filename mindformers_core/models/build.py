@@ -8,6 +8,7 @@ import math
 import mindspore as ms
 
 from ..config.model import ModelConfig
+from ..data.eod import Documents
 from .init import init_weights
 from .language_model import GPTModel
 from .precision import resolve_precision
@@ -47,7 +48,8 @@ def check_mup_width_mult(mup_width_mult) -> Optional[float]:
 
 
 def build_model(model_cfg: Union[ModelConfig, dict, None] = None, seed: Optional[int] = None,
-                mup_width_mult: Optional[float] = None, jit: str = "none") -> GPTModel:
+                mup_width_mult: Optional[float] = None, jit: str = "none",
+                documents: Optional[Documents] = None) -> GPTModel:
     """Build and initialise the model of a ``model:`` section (ModelConfig or dict).
 
     Weights come from numpy streams keyed by ``seed`` and the parameter name (``models.init``),
@@ -58,7 +60,8 @@ def build_model(model_cfg: Union[ModelConfig, dict, None] = None, seed: Optional
     ``optim.mup.mup_width_mult``) builds the muP model: hidden matrices initialised with std / sqrt(w)
     and logits multiplied by 1/w (readout multiplier). None or 1.0: the plain model, bit-identical.
     The optimizer side (per-group lr / eps) is ``optim.mup.get_mup_config_overrides``.
-    ``jit`` is ``training.jit`` (``models.compiled``).
+    ``jit`` is ``training.jit`` (``models.compiled``). ``documents``: document masking
+    (``models/documents.py``; the run's from ``train_dataset``), or None.
     """
     mup_width_mult = check_mup_width_mult(mup_width_mult)
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg, "model")
@@ -66,7 +69,8 @@ def build_model(model_cfg: Union[ModelConfig, dict, None] = None, seed: Optional
         seed = ms.get_seed()
         seed = 0 if seed is None else int(seed)
     precision = resolve_precision(cfg.params_dtype, cfg.compute_dtype)
-    model = GPTModel(cfg, precision, transformer_config(cfg), mup_width_mult=mup_width_mult)
+    model = GPTModel(cfg, precision, transformer_config(cfg), mup_width_mult=mup_width_mult,
+                     documents=documents)
     init_weights(model, seed, cfg.initializer_range, cfg.num_layers, mup_width_mult)
     model.set_jit(jit)
     return model

@@ -115,7 +115,7 @@ def _layer_graphs(template, moe_template=None) -> tuple:
             tables = args[:NUM_TABLES]
             ws = args[NUM_TABLES:]
             h, x, max_logits = moe_template.attention_block(h, tables, *ws[:na])
-            b, _, s, _ = tables[-1].shape
+            b, _, s, _ = tables[0].shape   # cos_q: this rank's rows (the mask may be whole)
             y, aux, idx, counts, dropped = moe_template.mlp.static_apply(
                 x.reshape(b, s, x.shape[-1]), *ws[na:])
             return h + y.reshape(x.shape), max_logits, aux, idx, counts, dropped
@@ -211,6 +211,5 @@ class Runner(RunnerDefaults):
 
     def model(self, input_ids, labels, loss_mask) -> tuple:
         """(loss_sum, n_tokens, max_logits [L, N]) of the compiled whole forward."""
-        b, s = input_ids.shape
-        return self._graph(input_ids, labels, loss_mask, self._model.static_tables(b, s),
+        return self._graph(input_ids, labels, loss_mask, self._model.tables_for(input_ids),
                            *self._model.all_weights())

@@ -67,15 +67,17 @@ class SequenceChunks:
         """This rank's part of ``x`` (the whole sequences along ``axis``)."""
         return ops.gather(x, self.index(x.shape[axis]), axis)
 
-    def tables(self, full: tuple) -> tuple:
+    def tables(self, full: tuple, whole_mask: bool = False) -> tuple:
         """``layers.attention_tables`` of the whole sequences -> this rank's: the cos/sin rows
         of its global positions; the mask bias cut to the local [S/cp, S/cp] shape (the cp
-        attention ignores it: its masks come from the layout)."""
+        attention ignores it: its causal masks come from the layout), or with ``whole_mask``
+        kept whole in global positions: a document mask (``models/documents.py``), of which
+        the cp attention cuts the blocks of the positions it holds."""
         cos_q, sin_q, cos_k, sin_k, rot, mask = full
         idx = self.index(cos_q.shape[2])
         n = idx.shape[0]
         return (ops.gather(cos_q, idx, 2), ops.gather(sin_q, idx, 2), ops.gather(cos_k, idx, 2),
-                ops.gather(sin_k, idx, 2), rot, mask[:, :, :n, :n])
+                ops.gather(sin_k, idx, 2), rot, mask if whole_mask else mask[:, :, :n, :n])
 
 
 def apply_context_parallel(model, comm, method: str, ulysses_degree: int = 1):

@@ -25,6 +25,8 @@ from ..distributed.shard_spec import collect_shard_specs
 from . import compiled, qk_clip, yarn
 from .attention import MLASelfAttention, SelfAttention
 from .blockwise_attention import attention_function
+from ..data.eod import Documents
+from .documents import document_tables
 from .layers import Embedding, Linear, attention_tables, embed, linear, rms_norm
 from .mlp import MLP
 from .moe import MoE, MoESpec
@@ -48,9 +50,11 @@ class GPTModel(nn.Cell):
     """Embedding -> decoder layers -> final RMSNorm -> output layer, with optimizer metadata."""
 
     def __init__(self, cfg, precision: Precision, transformer_config: GPTTransformerConfig,
-                 mup_width_mult: Optional[float] = None):
+                 mup_width_mult: Optional[float] = None, documents: Optional[Documents] = None):
         super().__init__()
         self.cfg = cfg
+        # document masking (models/documents.py): tables from each batch's ids, or None
+        self.documents = documents
         self.mup_width_mult = mup_width_mult
         # None (not 1.0) when there is nothing to scale, so the plain model runs no extra op
         self.readout_multiplier = (None if mup_width_mult is None or mup_width_mult == 1.0
@@ -101,8 +105,9 @@ class GPTModel(nn.Cell):
                                  self._tc.num_query_groups, p, self._tc.kv_channels,
                                  cfg.resolved_qk_layernorm(), cfg.norm_epsilon)
         attn.softmax_scale *= yarn.softmax_scale_multiplier_for(cfg)
-        attn.core_attention = attention_function(cfg.use_flash_attention,
-                                                 ms.get_context("device_target"))
+        attn.core_attention = attention_function(
+            cfg.use_flash_attention, ms.get_context("device_target"),
+            documents=self.documents is not None and self.documents.reset_mask)
         moe = cfg.model_type == "deepseek_v3" and i >= cfg.first_k_dense_replace
         if moe:
             mlp = MoE(cfg.hidden_size, MoESpec.from_model_config(cfg), p)
@@ -218,6 +223,19 @@ class GPTModel(nn.Cell):
             self._tables[key] = tables if self._chunks is None else self._chunks.tables(tables)
         return self._tables[key]
 
+    def tables_for(self, input_ids) -> tuple:
+        """The attention tables of a forward of ``input_ids`` [B, S]: :meth:`static_tables`,
+        or under document masking those of this batch's documents (``models/documents.py``;
+        context parallel: the cos/sin rows of this rank's positions, the whole mask)."""
+        b, s = input_ids.shape
+        if self.documents is None:
+            return self.static_tables(b, s)
+        tables = document_tables(input_ids.asnumpy(), self.documents, self._local_heads,
+                                 self._rope_key_heads, self._rope_dim, self.cfg.rope_theta,
+                                 self.precision, yarn.rope_tables_for(self.cfg, s,
+                                                                      self._rope_dim))
+        return tables if self._chunks is None else self._chunks.tables(tables, whole_mask=True)
+
     def position_tables(self, batch: int, seq_len: int, start: int = 0) -> tuple:
         """``layers.attention_tables`` of positions start .. start + seq_len - 1 (uncached)."""
         return attention_tables(batch, seq_len, self._local_heads,
@@ -281,9 +299,8 @@ class GPTModel(nn.Cell):
     def _last_hidden(self, input_ids):
         """(h [B*S, H] before the final norm, summed aux loss or None); records max logits.
         Under context parallel h holds this rank's tokens only (``_local``)."""
-        b, s = input_ids.shape
         h, aux, max_logits = self._runner.layers(self.embed_ids(input_ids),
-                                                 self.static_tables(b, s))
+                                                 self.tables_for(input_ids))
         self.record_max_logits(max_logits)
         return h, aux
 
@@ -415,10 +432,9 @@ class GPTModel(nn.Cell):
     def mtp_loss(self, h, input_ids, labels, loss_mask):
         """The scaled MTP loss (plus the MTP layers' MoE aux loss) of the main model's last
         hidden states h [B*S, H]; records it (``pop_mtp_losses``) and the depths' max logits."""
-        b, s = input_ids.shape
         runner = self._runner
         loss, max_logits, aux = self.mtp(
-            h, input_ids, labels, loss_mask, self.static_tables(b, s), runner.embed,
+            h, input_ids, labels, loss_mask, self.tables_for(input_ids), runner.embed,
             runner.mtp_head, None if self._chunks is None else self._chunks.take,
             runner.mtp_depth)
         self.record_max_logits(max_logits, start=self.cfg.num_layers)

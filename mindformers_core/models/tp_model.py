@@ -307,7 +307,7 @@ class TensorParallelRunner(RunnerDefaults):
             mlp = self._mlp or layer.mlp.apply
             ws = [self._w(w) for w in layer.mlp.weights()]
             return h + io.scatter(mlp(io.gather(x), *ws)), max_logits, None
-        b, _, s, _ = tables[-1].shape
+        b, _, s, _ = tables[0].shape   # cos_q: this rank's rows (the mask may be whole)
         moe = layer.mlp
         if moe.expert_parallel > 1:
             out, aux = self._routed_split(moe, x, b, io)

@@ -120,7 +120,7 @@ class TransformerLayer(nn.Cell):
         mlp = (lambda v: self.mlp.apply(v, *ws)) if ws else self.mlp
         if self.dense_mlp:
             return h + mlp(x), None
-        b, _, s, _ = tables[-1].shape
+        b, _, s, _ = tables[0].shape   # cos_q: this rank's rows (the mask may be whole)
         out, aux = mlp(x.reshape(b, s, x.shape[-1]))   # the MoE reads sequences
         return h + out.reshape(x.shape), aux
 

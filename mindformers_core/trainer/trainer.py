@@ -136,10 +136,14 @@ class Trainer:
         if cfg.optimizer.mup is not None:
             from ..optim.mup import mup_width_mult
             self.mup_width_mult = mup_width_mult(cfg.model.hidden_size, cfg.optimizer.mup)
+        from ..data.tokenizer import load_run_tokenizer
+        from ..data.run_data import run_documents
+        tokenizer = load_run_tokenizer(cfg)
         if model is None:
             from ..models import build_model
             model = build_model(cfg.model, seed=tr.seed, mup_width_mult=self.mup_width_mult,
-                                jit=cfg.model_jit_mode())
+                                jit=cfg.model_jit_mode(),
+                                documents=run_documents(cfg.train_dataset, tokenizer))
             model.set_recompute(cfg.recompute_layers(),   # recompute: (config/recompute.py)
                                 cfg.recompute_modules())
             # this rank's part of the seeded model: every builder of the layout, in the one
@@ -172,8 +176,6 @@ class Trainer:
                                estimate_checkpoint_bytes(
                                    self.parameter_sizes().values(),
                                    not self.ckpt_cfg.no_save_optim), self.ckpt_cfg.enable_save)
-        from ..data.tokenizer import load_run_tokenizer
-        tokenizer = load_run_tokenizer(cfg)
         if dataset is None:
             from ..data.run_data import build_run_datasets
             dataset, eval_dataset = build_run_datasets(cfg, self.data_rank,

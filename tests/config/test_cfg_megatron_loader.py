@@ -88,12 +88,10 @@ W = r"^d\.dataloader\.config\."
     (_loader(split="1, 0"), W + r"split: must be three weights"),
     (_loader(pad=0), W + r"pad: 0 needs dropping the loss on pad tokens, which is not "
                          r"implemented"),
-    (_loader(create_compressed_eod_mask=True), W + r"create_compressed_eod_mask: True needs a "
-                                                   r"compressed end-of-document attention mask"),
+    (_loader(create_compressed_eod_mask="yes"), W + r"create_compressed_eod_mask: expected "),
     (_loader(num_dataset_builder_threads=0), W + r"num_dataset_builder_threads: must be >= 1"),
     (_loader(seq_length=0), W + r"seq_length: must be >= 1, got 0"),
-    (_loader(reset_position_ids=True), r"^d\.reset_position_ids: the models of this package "
-                                       r"cannot honour it"),
+    (_loader(eod=-1, reset_position_ids=True), r"^d\.eod_id: must be >= 0, got -1"),
     (_loader(eod_mask_los=True), W + r"eod_mask_los: unknown key; .*did you mean "
                                      r"'eod_mask_loss'\?"),
     ({"dataloader": {**_loader()["dataloader"], "datasets_type": "BertDataset"}},
@@ -140,3 +138,17 @@ def test_batches_equal_the_native_indexed_config(tmp_path):
         np.testing.assert_array_equal(got.samples(idx)[key], value, err_msg=key)
     # the written-back upstream layout loads to the same config
     assert load_config(upstream.to_dict()).train_dataset == native.train_dataset
+
+
+def test_the_compressed_eod_mask_is_the_document_mask():
+    """``create_compressed_eod_mask: True`` (upstream's flash-attention form of the mask inside
+    each document) turns ``reset_attention_mask`` on (models/documents.py), and survives
+    the round trip through to_dict."""
+    ds = DatasetConfig.from_dict(_loader(create_compressed_eod_mask=True), "d")
+    assert ds.reset_attention_mask and not ds.reset_position_ids and ds.eod_id == 1
+    again = DatasetConfig.from_dict(ds.to_dict(), "d")
+    assert again.reset_attention_mask
+    assert again.to_dict()["dataloader"]["config"]["create_compressed_eod_mask"] is True
+    both = DatasetConfig.from_dict(_loader(reset_position_ids=True, reset_attention_mask=True),
+                                   "d")
+    assert both.reset_position_ids and both.reset_attention_mask

@@ -5,11 +5,11 @@ at the world size the guide gives it, load as they are: the guide's ``parallelis
 tiny DeepSeek-V3 (the guide's snippets have no model; a 10-layer one where its pipeline example
 places 10 layers and 8 where it places them evenly), with the ``model`` key the guide pairs
 with context parallel on non-EOD data (``use_attn_mask_compression``). ``--check`` runs one of
-them end to end, and so does the task-start guide's 8-device example. Its EOD-data variant (``create_compressed_eod_mask: true``: attention that does
-not cross documents) is refused, with its field: document masking is not implemented here."""
+them end to end, and so does the task-start guide's 8-device example. Its EOD-data variant
+(``create_compressed_eod_mask: true``: attention that does not cross documents) loads at its
+world as document masking (``models/documents.py``)."""
 import copy
 import os
-import re
 import subprocess
 import sys
 
@@ -203,20 +203,22 @@ def test_the_guides_deredundancy_example_passes_check(tmp_path):
     assert "0 FAIL" in r.stdout
 
 
-def test_the_guides_eod_mask_keys_are_refused_naming_the_field():
+def test_the_guides_eod_mask_keys_load_as_document_masking(monkeypatch):
     """Section 3.3's EOD-data keys ask for attention that does not cross documents (a
-    compressed per-document mask), which is not implemented: refused with the field and why."""
-    from mindformers_core.errors import ConfigError
-    _, cfg = snippet_config("3.5C_hybrid")
+    compressed per-document mask): at the hybrid example's world they load as
+    ``reset_attention_mask`` (models/documents.py), which the cp cores honour
+    (tests/models/test_document_masking.py, the msrun cases of cp_worker.py)."""
+    world, cfg = snippet_config("3.5C_hybrid")
     cfg["train_dataset"] = {"dataloader": {
         "type": "BlendedMegatronDatasetDataLoader", "datasets_type": "GPTDataset",
         "sizes": [64, 0, 0], "config": {
-            "seq_length": 32, "split": "1, 0, 0", "data_path": ["1", "train_text_document"],
+            "seq_length": cfg["model"]["seq_length"], "split": "1, 0, 0",
+            "data_path": ["1", "train_text_document"],
             "create_compressed_eod_mask": True, "create_attention_mask": False}}}
-    with pytest.raises(ConfigError, match=re.escape(
-            "train_dataset.dataloader.config.create_compressed_eod_mask: True needs a "
-            "compressed end-of-document attention mask, which is not implemented here")):
-        load_config(cfg)
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    monkeypatch.setenv("MS_WORKER_NUM", str(world))
+    run = load_config(cfg)
+    assert run.train_dataset.reset_attention_mask and run.parallel_dims().cp > 1
 
 
 #: upstream's task-start guide (feature/start_task.md of the same repository), its single-node

@@ -124,9 +124,13 @@ def _base(**train_dataset):
 
 def test_blend_and_eod_config_rules():
     for name in ("reset_position_ids", "reset_attention_mask"):
-        with pytest.raises(ConfigError, match=rf"^train_dataset.{name}: the models of this "
-                                              "package cannot honour it"):
-            load_config(_base(type="PydocText", **{name: True}))
+        assert getattr(load_config(_base(type="PydocText", **{name: True})).train_dataset, name)
+        cfg = _base(type="PydocText", **{name: True})
+        cfg["eval_dataset"] = {"type": "PydocText"}
+        with pytest.raises(ConfigError, match=rf"^eval_dataset\.{name}: False differs from "
+                           rf"train_dataset\.{name} \(True\): the model applies one document "
+                           "masking to every batch it runs"):
+            load_config(cfg)
     with pytest.raises(ConfigError, match=r"^train_dataset.blend: needs type TokenFile or "):
         load_config(_base(type="PydocText", blend=[[1, "a"]]))
     with pytest.raises(ConfigError, match=r"^train_dataset.data_path: not used with blend"):

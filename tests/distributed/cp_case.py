@@ -16,6 +16,7 @@ RTOL = 1e-4
 COMMON = (f"training.steps={STEPS}", "training.local_batch_size=2",
           "training.global_batch_size=4", "lr_scheduler.learning_rate=1e-3",
           "checkpoint.enable_save=false")
+DOCS = ("train_dataset.reset_attention_mask=true", "train_dataset.reset_position_ids=true")
 #: model -> (config file, its overrides): GPT; the tiny DeepSeek-V3 with Muon and QK-Clip
 #: active (threshold 1.0: below its heads' max logits); that DeepSeek-V3 with one MTP depth
 MODELS = {
@@ -24,6 +25,13 @@ MODELS = {
     "dsv3_mtp": ("configs/muon_deepseek_v3_tiny.yaml",
                  ("optimizer.qk_clip_threshold=1.0", "model.num_nextn_predict_layers=1",
                   "model.mtp_loss_scaling_factor=0.3")),
+    # document masking (models/documents.py): positions and attention restart after each
+    # end-of-document id, one of the corpus' frequent tokens (1-4 per 32-token GPT sample,
+    # about one per 16-token DeepSeek-V3 sample)
+    "gpt_docs": ("configs/markov_check.yaml", DOCS + ("train_dataset.eod_id=6",)),
+    "dsv3_mtp_docs": ("configs/muon_deepseek_v3_tiny.yaml",
+                      ("optimizer.qk_clip_threshold=1.0", "model.num_nextn_predict_layers=1",
+                       "model.mtp_loss_scaling_factor=0.3", "train_dataset.eod_id=44") + DOCS),
 }
 
 
@@ -40,6 +48,11 @@ CASES = {
     "cp2_colossal_dsv3_mtp": (2, "dsv3_mtp", cp_overrides(2, "colossal")),
     "cp4_hybrid_gpt": (4, "gpt", cp_overrides(4, "hybrid", 2)),
     "cp2_dp2_colossal_gpt": (4, "gpt", cp_overrides(2, "colossal")),
+    # document masking: each core cuts the blocks of the whole mask it holds (the parallel
+    # training guide's EOD data, section 3.3, is the hybrid example's)
+    "cp2_colossal_gpt_docs": (2, "gpt_docs", cp_overrides(2, "colossal")),
+    "cp2_ulysses_dsv3_mtp_docs": (2, "dsv3_mtp_docs", cp_overrides(2, "ulysses")),
+    "cp4_hybrid_gpt_docs": (4, "gpt_docs", cp_overrides(4, "hybrid", 2)),
 }
 #: the metrics compared per step, per model: the DeepSeek-V3's QK-Clip max logit (MAX over
 #: the cp ranks) and its aux loss (the sequence-wise aux loss over whole sequences), the MTP
@@ -48,6 +61,7 @@ METRICS = {"gpt": ("loss", "grad_norm"),
            "dsv3": ("loss", "grad_norm", "max_attention_logit", "aux_loss"),
            # its logged aux_loss is (aux + mtp) - mtp in float32: ~1e-7 absolute noise on 2e-4
            "dsv3_mtp": ("loss", "grad_norm", "max_attention_logit", "mtp_loss")}
+METRICS["gpt_docs"], METRICS["dsv3_mtp_docs"] = METRICS["gpt"], METRICS["dsv3_mtp"]
 
 
 def cases_of(workers: int):

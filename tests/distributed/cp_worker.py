@@ -5,8 +5,9 @@
 One GroupCommunicator on the cp-4 mesh (the cp group is the world) plus an extra axis ``cp2``:
 the cp groups {0, 1} {2, 3} of a cp 2 x dp 2 mesh (``GroupCommunicator.add_group``). Cases:
 ring / ulysses on cp2, ring / ulysses / hybrid (ulysses degree 2) on cp4, each for GPT-style
-(D = Dv) and MLA-style (qk head dim != v head dim) q, k, v, and the ring ones on fp16 q, k, v
-too. Every rank builds the full-sequence
+(D = Dv) and MLA-style (qk head dim != v head dim) q, k, v, GPT-style under a document mask
+(``doc``: the reference is ``causal_attention`` with that bias), and the ring ones on fp16 q,
+k, v too. Every rank builds the full-sequence
 inputs from a seed (cp2: one seed per cp group, so the two groups solve different problems),
 runs ``models/layers.causal_attention`` on them (forward, and the gradients of
 ``sum(context * W)`` w.r.t. q, k, v), then the cp core on its own tokens
@@ -33,7 +34,12 @@ B, N, S = 2, 4, 16
 SCALE = 0.35
 # head dims (qk, v) and dtype; fp16 (ring only): K/V and their float32 gradients travel as two
 # buffers, and the reference is the float32 result on the same fp16-rounded inputs
-SHAPES = {"gpt": (8, 8, "float32"), "mla": (12, 6, "float32"), "fp16": (8, 8, "float16")}
+SHAPES = {"gpt": (8, 8, "float32"), "mla": (12, 6, "float32"), "fp16": (8, 8, "float16"),
+          "doc": (8, 8, "float32")}
+#: the "doc" cases: document masking (models/documents.py), end-of-document tokens at these
+#: positions of sample 0 and 1 (sample 1's first document ends inside rank 0's second chunk
+#: of cp 2, its second spans chunk boundaries); every core gets the whole [B, 1, S, S] bias
+EODS = ((2, 9), (5, 6, 13))
 METHODS = (("cp2_ring", "cp2", "colossal", 1), ("cp2_ulysses", "cp2", "ulysses", 1),
            ("cp4_ring", "cp", "colossal", 1), ("cp4_ulysses", "cp", "ulysses", 1),
            ("cp4_hybrid", "cp", "hybrid", 2))
@@ -70,6 +76,17 @@ def run(core, q, k, v, w, mask, dtype: str = "float32"):
     (_, (ctx, max_logits)), grads = grad(*(Tensor(x.astype(dtype)) for x in (q, k, v)))
     outs = [ctx, max_logits] + list(grads)
     return [o.asnumpy().astype(np.float32) for o in outs], [str(o.dtype) for o in outs]
+
+
+def document_bias_of(eods) -> np.ndarray:
+    """The [B, 1, S, S] document mask bias of samples whose end-of-document tokens sit at
+    ``eods[b]`` (``models/documents.py``)."""
+    from mindformers_core.data.eod import document_positions_and_mask
+    from mindformers_core.models.documents import document_bias
+    ids = np.ones((B, S), np.int64)
+    for b, where in enumerate(eods):
+        ids[b, list(where)] = 0
+    return document_bias(document_positions_and_mask(ids, 0)[1])
 
 
 def main(out_dir: str) -> None:
@@ -111,10 +128,14 @@ def main(out_dir: str) -> None:
             q, k, v, w = inputs(seed, d, dv, dtype)
             bias = np.where(np.triu(np.ones((S, S), bool), 1), -np.inf, 0.0).astype(np.float32)
             full_mask = Tensor(np.ascontiguousarray(np.broadcast_to(bias, (B, N, S, S))))
+            # a zero local mask_bias: the cores must build their own causal masks
+            local_mask = Tensor(np.zeros((B, N, S // cp, S // cp), np.float32))
+            if shape == "doc":
+                bias = document_bias_of(EODS)
+                full_mask = local_mask = Tensor(bias)
             ref, _ = run(causal_attention, q, k, v, w, full_mask)
             scores = np.einsum("bnqd,bnkd->bnqk", q.astype(np.float64), k) * SCALE + bias
             loc = [cp_layout.split_sequence(x, cp, cp_rank, axis=2) for x in (q, k, v, w)]
-            local_mask = Tensor(np.zeros((B, N, S // cp, S // cp), np.float32))
             gc.stats.reset()
             t0 = time.monotonic()
             got, dtypes = run(cores[key], *loc, local_mask, dtype)

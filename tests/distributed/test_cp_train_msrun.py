@@ -5,7 +5,10 @@ same global batch, per step (``cp_case.py``: the cases as data).
   the tiny DeepSeek-V3 with Muon and QK-Clip active (threshold 1.0; its sequence-wise aux loss
   and expert-bias counts run over the cp group), and cp2 colossal on that DeepSeek-V3 with one
   MTP depth (its logged mtp_loss too);
-* 4 workers, one launch: cp4 hybrid (ulysses degree 2) on GPT, and cp2 x dp2 colossal on GPT.
+* 4 workers, one launch: cp4 hybrid (ulysses degree 2) on GPT, and cp2 x dp2 colossal on GPT;
+* under document masking (``reset_attention_mask`` and ``reset_position_ids``): cp2 colossal on
+  GPT, cp2 ulysses on the DeepSeek-V3 with its MTP depth, cp4 hybrid on GPT; the one process
+  runs the plain core on the whole mask, and its losses differ from the causal run's.
 
 Per-step loss and grad_norm (DeepSeek-V3: also the QK-Clip max logit, the aux loss and the
 MTP loss) within rel 1e-4 over 10 steps; under Muon every rank's final QK-Clip max logits
@@ -80,3 +83,10 @@ def test_cp_on_two_workers_equals_one_process(two, single, name):
 @pytest.mark.parametrize("name", cases_of(4))
 def test_cp_on_four_workers_equals_one_process(four, single, name):
     check_case(four, single, name)
+
+
+def test_document_masking_changes_the_one_process_run(single):
+    """The documents cases would pass with the mask ignored if the data held no
+    end-of-document id: the masked one-process losses differ from the causal ones."""
+    for masked, causal in (("gpt_docs", "gpt"), ("dsv3_mtp_docs", "dsv3_mtp")):
+        assert rel_err(single[masked][0]["loss"], single[causal][0]["loss"]) > 1e-3, masked

@@ -18,7 +18,10 @@ onto this project's ``type: IndexedDataset`` fields.
       eod_mask_loss, reset_position_ids, reset_attention_mask -> the fields of those names
       create_attention_mask    either: without reset_attention_mask it is the causal mask
                                the attention here applies anyway
-      create_compressed_eod_mask  False only
+      create_compressed_eod_mask  True: attention inside each document (upstream's compressed
+                               end-of-document mask for flash attention), i.e.
+                               reset_attention_mask True (models/documents.py builds the mask
+                               every attention core reads)
       eod_pad_length, num_dataset_builder_threads  int >= 1 (they do not change the data)
 """
 from __future__ import annotations
@@ -101,10 +104,8 @@ def _check_kept(config: Dict[str, Any], where: str) -> None:
     if "create_attention_mask" in config:
         convert_value(bool, config["create_attention_mask"], f"{where}.create_attention_mask")
     if "create_compressed_eod_mask" in config:
-        value = convert_value(bool, config["create_compressed_eod_mask"],
-                              f"{where}.create_compressed_eod_mask")
-        require_noop(f"{where}.create_compressed_eod_mask", value, (False,),
-                     "a compressed end-of-document attention mask")
+        convert_value(bool, config["create_compressed_eod_mask"],
+                      f"{where}.create_compressed_eod_mask")
     for key in ("eod_pad_length", "num_dataset_builder_threads"):
         if key in config:
             n = convert_value(int, config[key], f"{where}.{key}")
@@ -151,6 +152,9 @@ def split_megatron(loader: Dict[str, Any], where: str) -> Tuple[Dict[str, Any], 
             flat[field] = config[key]
             if field == "seed":
                 kept["seed_key"] = key
+    if "create_compressed_eod_mask" in config and convert_value(
+            bool, config["create_compressed_eod_mask"], f"{here}.create_compressed_eod_mask"):
+        flat["reset_attention_mask"] = True   # the compressed form of the same mask
     kept["config"] = {k: config[k] for k in _KEPT if k in config}
     return flat, kept
 
