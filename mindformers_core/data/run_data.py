@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 
 from .blend import BlendedSource
 from .builder import TrainDataset, build_dataset, build_source, file_source
-from .eod import Documents
+from ..core.documents import Documents
 from .split import split_source
 from .tokenizer import ByteTokenizer
 

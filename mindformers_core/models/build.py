@@ -8,7 +8,7 @@ import math
 import mindspore as ms
 
 from ..config.model import ModelConfig
-from ..data.eod import Documents
+from ..core.documents import Documents
 from .init import init_weights
 from .language_model import GPTModel
 from .precision import resolve_precision

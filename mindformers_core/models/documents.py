@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Tensor
 
-from ..data.eod import Documents, document_positions_and_mask
+from ..core.documents import Documents, document_positions_and_mask
 from .layers import rotary_tables, rotate_half_matrix
 
 __all__ = ["Documents", "OTHER_DOCUMENT", "document_bias", "document_tables"]

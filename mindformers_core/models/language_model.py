@@ -25,7 +25,7 @@ from ..distributed.shard_spec import collect_shard_specs
 from . import compiled, qk_clip, yarn
 from .attention import MLASelfAttention, SelfAttention
 from .blockwise_attention import attention_function
-from ..data.eod import Documents
+from ..core.documents import Documents
 from .documents import document_tables
 from .layers import Embedding, Linear, attention_tables, embed, linear, rms_norm
 from .mlp import MLP
@@ -77,7 +77,8 @@ class GPTModel(nn.Cell):
         self._rope_dim = cfg.qk_rope_head_dim if mla else transformer_config.kv_channels
         # key heads of the rotary tables: MLA shares one rope key across heads
         self._rope_key_heads = 1 if mla else transformer_config.num_query_groups
-        self._tables: Dict[tuple, tuple] = {}
+        # (batch, seq) -> tables, and "documents": the last batch's (tables_for)
+        self._tables: Dict[object, tuple] = {}
         # attention heads (and rotary key heads) this process runs: all of them, or the local
         # ones under tensor parallelism (set_parallel_runner)
         self._local_heads = cfg.num_attention_heads
@@ -230,11 +231,21 @@ class GPTModel(nn.Cell):
         b, s = input_ids.shape
         if self.documents is None:
             return self.static_tables(b, s)
-        tables = document_tables(input_ids.asnumpy(), self.documents, self._local_heads,
+        ids = input_ids.asnumpy()
+        key = (ids.shape, ids.tobytes())
+        # the last batch's, kept: the MTP depths and every virtual stage of a pipeline read
+        # the tables of the batch the decoder layers just read
+        last = self._tables.get("documents")
+        if last is not None and last[0] == key:
+            return last[1]
+        tables = document_tables(ids, self.documents, self._local_heads,
                                  self._rope_key_heads, self._rope_dim, self.cfg.rope_theta,
                                  self.precision, yarn.rope_tables_for(self.cfg, s,
                                                                       self._rope_dim))
-        return tables if self._chunks is None else self._chunks.tables(tables, whole_mask=True)
+        if self._chunks is not None:
+            tables = self._chunks.tables(tables, whole_mask=True)
+        self._tables["documents"] = (key, tables)
+        return tables
 
     def position_tables(self, batch: int, seq_len: int, start: int = 0) -> tuple:
         """``layers.attention_tables`` of positions start .. start + seq_len - 1 (uncached)."""

@@ -10,7 +10,8 @@ import pytest
 
 from mindformers_core.config import ConfigError, load_config
 from mindformers_core.data.blend import BlendedSource, blend_assignment
-from mindformers_core.data.eod import document_positions_and_mask, eod_loss_mask
+from mindformers_core.core.documents import document_positions_and_mask
+from mindformers_core.data.eod import eod_loss_mask
 from mindformers_core.data.indexed import open_indexed_tokens, read_index, write_indexed
 from mindformers_core.data.run_data import build_run_datasets
 from mindformers_core.tools import make_token_data as mtd

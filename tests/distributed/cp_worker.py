@@ -81,7 +81,7 @@ def run(core, q, k, v, w, mask, dtype: str = "float32"):
 def document_bias_of(eods) -> np.ndarray:
     """The [B, 1, S, S] document mask bias of samples whose end-of-document tokens sit at
     ``eods[b]`` (``models/documents.py``)."""
-    from mindformers_core.data.eod import document_positions_and_mask
+    from mindformers_core.core.documents import document_positions_and_mask
     from mindformers_core.models.documents import document_bias
     ids = np.ones((B, S), np.int64)
     for b, where in enumerate(eods):

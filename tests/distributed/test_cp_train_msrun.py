@@ -87,6 +87,9 @@ def test_cp_on_four_workers_equals_one_process(four, single, name):
 
 def test_document_masking_changes_the_one_process_run(single):
     """The documents cases would pass with the mask ignored if the data held no
-    end-of-document id: the masked one-process losses differ from the causal ones."""
+    end-of-document id: the masked one-process losses differ from the causal ones by more
+    than ten times the tolerance the cases are compared at (the tiny DeepSeek-V3's one
+    end-of-document token per sample moves its first loss by 4e-4, later ones by 1e-3+)."""
     for masked, causal in (("gpt_docs", "gpt"), ("dsv3_mtp_docs", "dsv3_mtp")):
-        assert rel_err(single[masked][0]["loss"], single[causal][0]["loss"]) > 1e-3, masked
+        got = [r["loss"] for r in single[masked]]
+        assert rel_err(got, [r["loss"] for r in single[causal]]) > 10 * RTOL, masked

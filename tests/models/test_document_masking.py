@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindformers_core.core.parallel_dims import Mesh
-from mindformers_core.data.eod import Documents, document_positions_and_mask
+from mindformers_core.core.documents import Documents, document_positions_and_mask
 from mindformers_core.distributed.collectives import GroupCommunicator
 from mindformers_core.distributed.context_parallel import context_parallel_attention
 from mindformers_core.models.blockwise_attention import (attention_function,
