@@ -92,7 +92,7 @@ def model_rank(model_cfg: dict, world: int, rank: int) -> dict:
         out.update(ns_flops_allgather=flops, ns_flops_deredundency=flops,
                    bytes_allgather=0.0, bytes_deredundency_cpu=0.0, bytes_deredundency_p2p=0.0)
         return out
-    layout = muon._zero_layout
+    layout = muon.layout
     param_bytes = (world - 1) * 4 * sum(e.padded_size for e in layout.entries if e.sharded)
     flops_ag = flops_dr = 0.0
     u_gather = 0.0
@@ -146,7 +146,8 @@ def worker(out_dir: str, model_name: str, steps: int) -> None:
     import numpy as np
     import mindspore as ms
     from mindformers_core.distributed.comm import init_distributed
-    from mindformers_core.distributed.grad_reduce import DataParallelGradReducer
+    from mindformers_core.distributed.grad_reduce import (DataParallelGradReducer, RouteComm,
+                                                          reduce_gradients)
     from mindformers_core.distributed.zero import optimizer_state_bytes
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.runtime.launch_blocking()
@@ -160,6 +161,7 @@ def worker(out_dir: str, model_name: str, steps: int) -> None:
         cfg = _config(model_cfg, opt_name, strategy)
         model, opt = _build(cfg, reducer.optimizer_sharding(cfg))
         params = opt.parameters
+        routes, route_comm = reducer.grad_routes(params), RouteComm(comm)
         grad_fn = ms.value_and_grad(lambda a, b, c: model(a, b, c)[0], None, list(params))
         rng = np.random.default_rng(comm.rank)
         seq, vocab = cfg.model.seq_length, cfg.model.vocab_size
@@ -168,7 +170,8 @@ def worker(out_dir: str, model_name: str, steps: int) -> None:
         for _ in range(steps):
             ids = ms.Tensor(rng.integers(0, vocab, (1, seq)).astype(np.int32))
             _, grads = grad_fn(ids, ids, ms.Tensor(np.ones((1, seq), np.float32)))
-            grads, _, _ = reducer.reduce(grads, 0.0, 1.0)
+            grads, _, _ = reduce_gradients(grads, routes, route_comm, reducer.token_group,
+                                           0.0, 1.0)
             opt.step(grads)
         res[label] = {"bytes": comm.stats.total_bytes / steps,
                       "by_op": {k: v / steps for k, v in comm.stats.bytes.items()},

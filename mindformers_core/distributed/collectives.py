@@ -191,7 +191,7 @@ class GroupCommunicator:
         return self._run("all_reduce", x, group, lambda t, r: self._sum(t, r, group))
 
     def group_sum(self, group: str, x: float) -> float:
-        """The SUM of one float over the group (``shard_spec.global_sq_norm``'s
+        """The SUM of one float over the group (``grad_route.combine_sq_norms``'s
         ``group_sum``: a norm's squares)."""
         return float(self.all_reduce(np.array([x], np.float32), group)[0])
 

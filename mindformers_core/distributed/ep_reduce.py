@@ -18,7 +18,8 @@ counts each expert shard once:
     ||g||^2 = sum_dense ||g||^2 + AllReduce_ep( sum_local experts ||g||^2 )
               [+ AllReduce_tp( sum_tp shards ||g||^2 ) under tp x ep]
 
-(``shard_spec.global_sq_norm``; ``specs`` is every layout of the model). Token counts, loss
+(``grad_route.GradRoute``: an expert's route sums over ``edp`` and counts its norm over ``ep``;
+``specs`` is every layout of the model). Token counts, loss
 sums, the stop flag and QK-Clip's MAX go through the wrapped reducer as without EP; the MoE
 loads are summed over the data-parallel ranks (the logged aux losses and dropped pairs too,
 by the run as in every layout): each rank routes with the full router, so the summed tokens
@@ -34,12 +35,13 @@ gathered, ``zero_muon``).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence
 
 import numpy as np
 
 from .collectives import GroupCommunicator
-from .shard_spec import ShardSpec, replicated, sharded_grad_norm
+from .grad_route import GradRoute, rerouted
+from .shard_spec import ShardSpec, spec_norm_group
 
 __all__ = ["ExpertParallelReducer"]
 
@@ -48,8 +50,8 @@ class ExpertParallelReducer:
     """The trainer's reducer under expert parallelism (see the module docstring): dense
     gradients through ``inner`` (the data-parallel reducer), expert gradients over ``edp``.
 
-    ``bind_parameters(params)`` (the trainer, once the optimizer exists) says which gradient
-    belongs to which parameter; gradients come aligned with those parameters."""
+    Its :meth:`grad_routes` are the wrapped reducer's, with each expert's summed over
+    ``edp`` instead."""
 
     def __init__(self, inner, comm: GroupCommunicator, specs: Dict[str, ShardSpec]):
         self.inner = inner
@@ -58,41 +60,21 @@ class ExpertParallelReducer:
         self.experts = frozenset(n for n, s in self.specs.items() if s.group == "ep")
         self.world_size = inner.world_size
         self.rank = inner.rank
-        self._specs: Optional[List[ShardSpec]] = None
-
-    # -- which gradient is which ---------------------------------------------------------------
-    def bind_parameters(self, params: Sequence) -> None:
-        self._specs = [self.specs.get(p.name) or replicated(p.shape) for p in params]
-        self.inner.bind_parameters(params)
-
-    def _bound(self, grads) -> List[ShardSpec]:
-        if self._specs is None or len(self._specs) != len(grads):
-            raise RuntimeError("ExpertParallelReducer: bind_parameters(optimizer.parameters) "
-                               "must be called before the first reduction (got "
-                               f"{len(grads)} gradients)")
-        return self._specs
+        self.token_group = inner.token_group
 
     # -- the reducer protocol ------------------------------------------------------------------
     def global_token_count(self, local_tokens: float) -> float:
         return self.inner.global_token_count(local_tokens)
 
-    def reduce(self, grads: Sequence, loss_sum: float,
-               n_tokens: float) -> Tuple[List, float, float]:
-        grads = list(grads)
-        specs = self._bound(grads)
-        expert = [i for i, s in enumerate(specs) if s.group == "ep"]
-        dense = [None if i in set(expert) else g for i, g in enumerate(grads)]
-        out, loss_sum, n_tokens = self.inner.reduce(dense, loss_sum, n_tokens)
-        for i in expert:
-            if grads[i] is not None:
-                out[i] = self.comm.all_reduce(grads[i], "edp")
-        return out, loss_sum, n_tokens
-
-    def grad_norm(self, grads: Sequence) -> float:
-        """The global L2 norm of the reduced gradients (each expert shard counted once)."""
-        from ..optim.clip_grad import global_grad_norm
-        return sharded_grad_norm(grads, self._bound(list(grads)), self.comm.group_sum,
-                                 global_grad_norm)
+    def grad_routes(self, params: Sequence) -> List[GradRoute]:
+        """The wrapped reducer's routes; an expert's gradient summed over ``edp`` only (no
+        division), every norm counted over the group of its layout in ``specs``."""
+        routes = self.inner.grad_routes(params)
+        sums = ("edp",) if len(self.comm.ranks("edp")) > 1 else ()
+        return [GradRoute(sums, norm_group=spec_norm_group(self.specs.get(p.name)))
+                if p.name in self.experts else
+                rerouted(r, norm_group=spec_norm_group(self.specs.get(p.name)))
+                for p, r in zip(params, routes)]
 
     def broadcast_flag(self, flag: bool) -> bool:
         return self.inner.broadcast_flag(flag)

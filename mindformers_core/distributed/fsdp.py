@@ -24,8 +24,10 @@ ZeRO-1 one told that those parameters and gradients are rows: it updates them in
 all-gather after the step. Muon takes the same path as ZeRO-1 (``shard_exchange.ShardedMuonExchange``
 under ``Muon._muon_update``, both comm strategies) on the full shapes.
 
-Both: the gradient norm is ``shard_spec.global_sq_norm`` over the split (group ``dp``) and the
-replicated gradients, identical on every rank, so clipping and skip decisions agree.
+Both: the reducer declares each gradient's route (``grad_route.GradRoute``: reduce-scattered
+over ``dp``, already reduced, or all-reduced as before); the norm counts a split gradient over
+its group and a replicated one once, identical on every rank, so clipping and skip decisions
+agree.
 ``disable_gradient_division: False`` divides the reduced gradients by dp (upstream's averaging).
 
 Limits of ``optim_grads_params`` here (refused by the config, at ``--check``:
@@ -50,23 +52,23 @@ statistics twice per step (core/recompute.py: the expert-bias update is unchange
 from __future__ import annotations
 
 import functools
-from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import nn
 
 from ..config.shard_strategy import optimizer_shard_count, shards_grads, shards_params
 from ..core.parallel_dims import fsdp_ranks
-from ..optim.clip_grad import global_grad_norm
 from .collectives import GroupCommunicator
 from .fsdp_layout import FSDP_GROUP, fsdp_specs
 from .model_runner import RunnerDefaults, run_layer_steps
 from .shard_params import cut_parameters
-from .shard_spec import ShardSpec, sharded_grad_norm
+from .grad_route import GradRoute, rerouted
+from .shard_spec import ShardSpec, spec_norm_group
 from .zero import ZeroSharding
 
-__all__ = ["GatherShard", "FSDPUnit", "FSDPRunner", "FSDPGradReducer", "FSDPSharding",
+__all__ = ["GatherShard", "FSDPUnit", "FSDPRunner", "FSDPGradReducer",
            "RowHoldingRunner", "layer_unit", "shard_model", "apply_fsdp", "grad_row_specs"]
 
 
@@ -224,23 +226,9 @@ def shard_model(model, specs: Dict[str, ShardSpec], index: int) -> None:
     model.set_shard_specs(specs)
 
 
-class FSDPSharding(ZeroSharding):
-    """``ZeroSharding`` of an FSDP run; records the optimizer's parameter order in the reducer
-    (its ``reduce`` and ``grad_norm`` take gradients in that order)."""
-
-    def __init__(self, reducer: "FSDPGradReducer", **kwargs):
-        super().__init__(reducer.comm, **kwargs)
-        self._reducer = reducer
-
-    def build(self, cls: type, groups, kwargs):
-        opt = super().build(cls, groups, kwargs)
-        self._reducer.bind([p.name for p in opt.parameters])
-        return opt
-
-
 class FSDPGradReducer:
     """The trainer's data-parallel reducer under a sharding strategy (module docstring):
-    ``DataParallelReducer`` by delegation to ``base`` plus ``grad_norm``."""
+    ``base``'s by delegation, with the split gradients' routes (:meth:`grad_routes`)."""
 
     def __init__(self, base, comm: GroupCommunicator, strategy: str,
                  specs: Dict[str, ShardSpec], num_shards: int,
@@ -262,7 +250,7 @@ class FSDPGradReducer:
         self.data_parallel = int(data_parallel or base.world_size)
         self.tensor_specs = None if tensor_specs is None else dict(tensor_specs)
         self.group = group
-        self._names: Optional[List[str]] = None
+        self.token_group = base.token_group
 
     # -- delegated -------------------------------------------------------------------------------
     def global_token_count(self, local_tokens: float) -> float:
@@ -283,69 +271,43 @@ class FSDPGradReducer:
     def combine_qk_stats(self, stats):
         return self.base.combine_qk_stats(stats)
 
-    def bind_parameters(self, params: Sequence) -> None:
-        """Bound by :class:`FSDPSharding` when it builds the optimizer; under tp x FSDP here
-        (the tensor-parallel sharding builds it)."""
-        if self.tensor_specs is not None:
-            self.bind([p.name for p in params])
-            self.base.bind_parameters(params)
-
     # -- the optimizer -----------------------------------------------------------------------------
     def optimizer_sharding(self, cfg):
-        """:class:`FSDPSharding`, or under tp x FSDP the tensor-parallel sharding told which
-        of its ZeRO rows the gradients and parameters already are."""
+        """``zero.ZeroSharding`` told which of its rows the gradients and parameters already
+        are, or under tp x FSDP the tensor-parallel sharding told so."""
         split = set(self.specs) if shards_grads(self.strategy) else set()
         stored = split if shards_params(self.strategy) else set()
         shapes = {n: self.specs[n].full_shape for n in stored}
         if self.tensor_specs is not None:
             return self.base.optimizer_sharding(cfg, grad_rows=split, param_rows=stored,
                                                 row_shapes=shapes)
-        return FSDPSharding(self, num_shards=optimizer_shard_count(self.strategy,
-                                                                   self.num_shards),
+        return ZeroSharding(self.comm, num_shards=optimizer_shard_count(self.strategy,
+                                                                        self.num_shards),
                             grad_rows=split, param_rows=stored, full_shapes=shapes)
 
-    def bind(self, names: Sequence[str]) -> None:
-        """The parameter names, in the order of the gradients ``reduce`` receives."""
-        self._names = list(names)
-
-    def _split(self, grads) -> List[bool]:
-        if self._names is None or len(self._names) != len(grads):
-            raise RuntimeError("FSDPGradReducer.reduce needs the optimizer's parameter order: "
-                               "build the optimizer with shard_layout=reducer."
-                               "optimizer_sharding(cfg)")
-        on = shards_grads(self.strategy)
-        return [on and n in self.specs for n in self._names]
-
     # -- gradients ---------------------------------------------------------------------------------
-    def reduce(self, grads: Sequence, loss_sum: float,
-               n_tokens: float) -> Tuple[List, float, float]:
-        """Replicated gradients and the token sums: all-reduced (``base``). Split gradients:
-        reduce-scattered to this rank's rows (``optim_grads``) or already reduced by the
-        backward (``optim_grads_params``)."""
-        grads = list(grads)
-        split = self._split(grads)
-        out, loss_sum, n_tokens = self.base.reduce(
-            [None if s else g for g, s in zip(grads, split)], loss_sum, n_tokens)
-        idx = [i for i, s in enumerate(split) if s and grads[i] is not None]
-        if shards_params(self.strategy):
-            for i in idx:
-                out[i] = grads[i]
-        elif idx:
-            s = self.num_shards
-            flat = ops.cat([grads[i].astype(ms.float32).reshape(s, -1) for i in idx], 1)
-            mine = self.group_comm.reduce_scatter(flat, self.group, 0).reshape(-1)
-            sizes = [int(np.prod(grads[i].shape)) // s for i in idx]
-            pieces = ops.split(mine, sizes) if len(sizes) > 1 else [mine]
-            for i, piece in zip(idx, pieces):
-                shape = (grads[i].shape[0] // s,) + tuple(grads[i].shape[1:])
-                out[i] = piece.reshape(shape)
-        if self.divide:
-            inv = Tensor(np.float32(1.0 / self.data_parallel))
-            out = [None if g is None else g * inv for g in out]
-        return out, loss_sum, n_tokens
+    def grad_routes(self, params: Sequence) -> List[GradRoute]:
+        """``base``'s routes for the replicated gradients and the token sums; a split gradient
+        reduce-scattered over ``group`` to this rank's rows (``optim_grads``) or already
+        reduced by the backward (``optim_grads_params``); all divided by dp under
+        ``disable_gradient_division: false``; each norm over its :meth:`norm_specs` group."""
+        routes = self.base.grad_routes(params)
+        split = shards_grads(self.strategy)
+        norms = self.norm_specs()
+        scale = 1.0 / self.data_parallel if self.divide else 1.0
+        out = []
+        for p, route in zip(params, routes):
+            norm = spec_norm_group(norms.get(p.name))
+            if split and p.name in self.specs:
+                scatter = None if shards_params(self.strategy) else self.group
+                route = GradRoute((), scatter, norm_group=norm)
+            else:
+                route = rerouted(route, norm_group=norm)
+            out.append(rerouted(route, scale=scale))
+        return out
 
     def norm_specs(self) -> Dict[str, ShardSpec]:
-        """The layout each gradient's norm is counted under (``shard_spec.sharded_grad_norm``;
+        """The layout each gradient's norm is counted under (``grad_route.GradRoute.norm_group``;
         a name not here is replicated): a gradient left as rows over ``group``; under tp x
         FSDP a tp slice over tp (an expert, under tp x ep x FSDP, over ep: the model's own
         layouts), its dp rows over tp and dp (``TP_DP_GROUP``: the ranks of this rank's
@@ -360,14 +322,6 @@ class FSDPGradReducer:
             across = ShardSpec((both,), 0, TP_DP_GROUP, both)
             out.update({n: across if n in tensor else split for n in rows})
         return out
-
-    def grad_norm(self, grads: Sequence) -> float:
-        """Global L2 norm of reduced gradients, each counted over the group of its
-        :meth:`norm_specs` layout; the same value on every rank."""
-        self._split(list(grads))   # the optimizer's order is bound
-        specs = self.norm_specs()
-        return sharded_grad_norm(grads, [specs.get(n) for n in self._names],
-                                 self.group_comm.group_sum, global_grad_norm)
 
 
 def grad_row_specs(reduction) -> Dict[str, ShardSpec]:

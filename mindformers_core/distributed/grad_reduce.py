@@ -13,20 +13,30 @@ tokens), whatever the per-rank token counts are. :meth:`reduce` therefore SUMs g
 token-loss sums and token counts over ranks: the logged loss ``loss_sum / T`` and the norm of
 the reduced gradients are global.
 
-Few, large collectives: every gradient is flattened (fp32) into buckets of at most
-``bucket_bytes`` with the loss sum and token count appended to the last one, one all-reduce
-per bucket (one in total for small models), and the result is split back into Tensors of the
-original shapes.
+The reduction itself is :func:`reduce_gradients`, the one of every layout: each parameter's
+``grad_route.GradRoute`` (declared by the layout's builders, ``GradReduction.grad_routes``)
+says which groups its gradient is summed or reduce-scattered over. Few, large collectives:
+the gradients of one route are flattened (fp32) into buckets of at most ``bucket_bytes``,
+with the loss sum and token count appended to the last bucket of the data-parallel route, one
+collective per bucket and group (one in total for a small data-parallel model), and the
+result is split back into Tensors of the original shapes. :func:`gradient_norm` is the one
+global norm, from the same routes.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .comm import Communicator
+from .grad_route import GradRoute, combine_sq_norms, norm_batches, route_batches
 
-__all__ = ["DataParallelGradReducer", "plan_buckets"]
+__all__ = ["DataParallelGradReducer", "plan_buckets", "RouteComm", "WORLD",
+           "reduce_gradients", "gradient_norm"]
+
+#: the group name of a route over the world :class:`~.comm.Communicator` (data parallel
+#: without a mesh axis of its own to name)
+WORLD = "world"
 
 DEFAULT_BUCKET_BYTES = 256 * 2 ** 20
 
@@ -56,12 +66,14 @@ class DataParallelGradReducer:
     ``optimizer_sharding`` and ``reduce_max`` (MAX over ranks).
     """
 
-    def __init__(self, comm: Communicator, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 data_parallel: Optional[int] = None):
+    def __init__(self, comm: Communicator, data_parallel: Optional[int] = None,
+                 group: str = WORLD):
         self.comm = comm
         self.world_size = comm.world_size
         self.rank = comm.rank
-        self.bucket_bytes = int(bucket_bytes)
+        #: the group ``comm`` is (``WORLD``, or the ``GroupView``'s group under tp / pp): the
+        #: gradient routes and the loss sum and token count are summed over it
+        self.token_group = group
         #: the data-parallel size ZeRO-1 reads ``parallelism.data_parallel_shard`` against:
         #: ``comm``'s size when it is one stage's dp group (distributed/pipeline_parallel.py);
         #: None derives it from the world (``zero.optimizer_shards``)
@@ -82,36 +94,12 @@ class DataParallelGradReducer:
             return float(int(total[0]) * 4096 + int(total[1]))
         return float(self.comm.all_reduce_sum(np.array([n], np.float32))[0])
 
-    def reduce(self, grads: Sequence, loss_sum: float,
-               n_tokens: float) -> Tuple[List, float, float]:
-        """``(SUM_r grads_r, SUM_r loss_sum_r, SUM_r n_tokens_r)``; ``None`` gradients stay
-        ``None`` (the same parameters have no gradient on every rank)."""
-        grads = list(grads)
-        if self.world_size == 1:
-            return grads, float(loss_sum), float(n_tokens)
-        import mindspore as ms
-        from mindspore import ops
-        live = [i for i, g in enumerate(grads) if g is not None]
-        sizes = [int(np.prod(grads[i].shape)) for i in live]
-        buckets = plan_buckets(sizes, self.bucket_bytes)
-        out = list(grads)
-        scalars = None
-        for b, bucket in enumerate(buckets):
-            idx = [live[k] for k in bucket]
-            parts = [grads[i].astype(ms.float32).reshape(-1) for i in idx]
-            if b == len(buckets) - 1:
-                parts.append(ms.Tensor(np.array([loss_sum, n_tokens], np.float32)))
-            flat = ops.cat(parts) if len(parts) > 1 else parts[0]
-            reduced = self.comm.all_reduce_sum(flat)
-            split_sizes = [int(np.prod(grads[i].shape)) for i in idx]
-            if b == len(buckets) - 1:
-                split_sizes.append(2)
-            pieces = ops.split(reduced, split_sizes) if len(split_sizes) > 1 else [reduced]
-            for i, piece in zip(idx, pieces):
-                out[i] = piece.reshape(grads[i].shape)
-            if b == len(buckets) - 1:
-                scalars = pieces[-1].asnumpy()
-        return out, float(scalars[0]), float(scalars[1])
+    # -- the gradient routes (distributed/grad_route.py) ------------------------------------
+    def grad_routes(self, params: Sequence) -> List[GradRoute]:
+        """Every gradient SUMmed over this reducer's ranks (:attr:`token_group`), whole and
+        replicated, counted once in the norm."""
+        route = GradRoute((self.token_group,)) if self.world_size > 1 else GradRoute()
+        return [route] * len(params)
 
     def mean_over_ranks(self, value: float) -> float:
         """The mean of a per-rank scalar metric over the ranks, for metrics that each rank
@@ -161,15 +149,125 @@ class DataParallelGradReducer:
         """Element-wise MAX over ranks (QK-Clip's tracked max attention logits)."""
         return self.comm.all_reduce_max(np.asarray(values))
 
-    def bind_parameters(self, params: Sequence) -> None:
-        """Nothing to learn: every gradient is whole and replicated."""
-
-    def grad_norm(self, grads: Sequence) -> float:
-        """The L2 norm of the reduced (replicated) gradients: the same on every rank."""
-        from ..optim.clip_grad import global_grad_norm
-        return float(global_grad_norm(grads))
-
     def combine_qk_stats(self, stats):
         """Every replica clipped the same heads: this rank's report is the step's."""
         return stats
 
+
+
+class RouteComm:
+    """The collectives a route names: :data:`WORLD` on the world ``Communicator``, a mesh
+    axis (or an added group) on the run's ``GroupCommunicator``."""
+
+    def __init__(self, world: Communicator, groups=None):
+        self.world, self.groups = world, groups
+        self.world_size = world.world_size
+
+    def _mesh(self, group: str):
+        if self.groups is None:
+            raise ValueError(f"a gradient route over the {group!r} group needs the run's "
+                             f"GroupCommunicator")
+        return self.groups
+
+    def all_reduce(self, x, group: str):
+        if group == WORLD:
+            return self.world.all_reduce_sum(x)
+        return self._mesh(group).all_reduce(x, group)
+
+    def reduce_scatter(self, x, group: str):
+        return self._mesh(group).reduce_scatter(x, group, 0)
+
+    def size(self, group: str) -> int:
+        return self.world_size if group == WORLD else len(self._mesh(group).ranks(group))
+
+    def group_sum(self, group: str, value: float) -> float:
+        if group == WORLD:
+            return float(self.world.all_reduce_sum(np.array([value], np.float32))[0])
+        return float(self._mesh(group).group_sum(group, value))
+
+
+def _check_routes(grads, routes, who: str) -> None:
+    if routes is None or len(routes) != len(grads):
+        raise RuntimeError(f"{who}: {len(grads)} gradients for "
+                           f"{'no' if routes is None else len(routes)} gradient routes: bind "
+                           f"the optimizer's parameters first (ParallelRun.bind_optimizer)")
+
+
+def reduce_gradients(grads: Sequence, routes: Sequence[GradRoute], comm: RouteComm,
+                     token_group: Optional[str], loss_sum: float, n_tokens: float,
+                     bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Tuple[List, float, float]:
+    """``(reduced gradients, loss sum, token count)``: every gradient through its route
+    (module docstring), the two scalars SUMmed over ``token_group`` (None: this rank's).
+    ``None`` gradients stay ``None`` (the same parameters have none on every rank)."""
+    grads = list(grads)
+    _check_routes(grads, routes, "reduce_gradients")
+    if comm.world_size == 1:
+        return grads, float(loss_sum), float(n_tokens)
+    import mindspore as ms
+    from mindspore import ops
+    out = list(grads)
+    scalars = np.array([loss_sum, n_tokens], np.float32)
+    carried = token_group is None
+    for (sum_over, scatter), idx in route_batches(routes, [g is not None for g in grads]):
+        if scatter is not None:
+            _scatter(grads, out, idx, sum_over, scatter, comm)
+            continue
+        sizes = [int(np.prod(grads[i].shape)) for i in idx]
+        buckets = plan_buckets(sizes, bucket_bytes)
+        for b, bucket in enumerate(buckets):
+            ids = [idx[k] for k in bucket]
+            parts = [grads[i].astype(ms.float32).reshape(-1) for i in ids]
+            split_sizes = [sizes[k] for k in bucket]
+            carry = not carried and sum_over == (token_group,) and b == len(buckets) - 1
+            if carry:
+                parts.append(ms.Tensor(scalars))
+                split_sizes.append(2)
+            flat = ops.cat(parts) if len(parts) > 1 else parts[0]
+            for group in sum_over:
+                flat = comm.all_reduce(flat, group)
+            pieces = ops.split(flat, split_sizes) if len(split_sizes) > 1 else [flat]
+            for i, piece in zip(ids, pieces):
+                out[i] = piece.reshape(grads[i].shape)
+            if carry:
+                scalars, carried = pieces[-1].asnumpy(), True
+    if not carried:
+        scalars = np.asarray(comm.all_reduce(scalars, token_group))
+    for i, route in enumerate(routes):
+        if route.scale != 1.0 and out[i] is not None:
+            out[i] = out[i] * ms.Tensor(np.float32(route.scale))
+    return out, float(scalars[0]), float(scalars[1])
+
+
+def _scatter(grads, out, idx, sum_over, group: str, comm: RouteComm) -> None:
+    """FSDP's ``optim_grads``: the gradients of ``idx`` reduce-scattered over ``group`` to
+    this rank's dim-0 rows, in one collective (after any ``sum_over`` sums)."""
+    import mindspore as ms
+    from mindspore import ops
+    s = comm.size(group)
+    flat = ops.cat([grads[i].astype(ms.float32).reshape(s, -1) for i in idx], 1)
+    for g in sum_over:
+        flat = comm.all_reduce(flat, g)
+    mine = comm.reduce_scatter(flat, group).reshape(-1)
+    sizes = [int(np.prod(grads[i].shape)) // s for i in idx]
+    pieces = ops.split(mine, sizes) if len(sizes) > 1 else [mine]
+    for i, piece in zip(idx, pieces):
+        out[i] = piece.reshape((grads[i].shape[0] // s,) + tuple(grads[i].shape[1:]))
+
+
+def gradient_norm(grads: Sequence, routes: Sequence[GradRoute],
+                  group_sum: Callable[[str, float], float], outer: Sequence[str] = (),
+                  bucket_norm: Optional[Callable[[Sequence], float]] = None) -> float:
+    """The global L2 norm of reduced gradients, the same on every rank: one bucketed norm
+    (``bucket_norm``, default the trainer's fp32 ``optim.clip_grad.global_grad_norm``) per
+    norm group of the routes, combined by ``grad_route.combine_sq_norms`` (``outer``: the
+    pipeline's stages)."""
+    import math
+    if bucket_norm is None:
+        from ..optim.clip_grad import global_grad_norm as bucket_norm
+    grads = list(grads)
+    _check_routes(grads, routes, "gradient_norm")
+    batches = norm_batches(routes, [g is not None for g in grads])
+    norms = [(group, float(bucket_norm([grads[i] for i in idx]))) for group, idx in batches]
+    if not outer and len(norms) <= 1 and all(g is None for g, _ in norms):
+        return norms[0][1] if norms else 0.0   # one replicated bucket: its norm as it is
+    return math.sqrt(combine_sq_norms([(g, n * n) for g, n in norms], group_sum, outer))

@@ -44,7 +44,6 @@ the expert-bias update (the released layers are skipped) run per stage.
 """
 from __future__ import annotations
 
-import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -52,6 +51,7 @@ import numpy as np
 from ..core.pipeline_split import EMBEDDING, StageSplit
 from .collectives import GroupCommunicator
 from .grad_reduce import DataParallelGradReducer
+from .grad_route import GradRoute, rerouted
 from .group_view import GroupView
 from .pipeline_schedule import Transfer, p2p_program, schedule
 from .pipeline_stage import StageExecutor, StageRunner
@@ -97,7 +97,8 @@ class PipelineParallel:
         #: the data-parallel sums (token count, gradients, loss) over this stage's data group
         #: and its optimizer sharding: a ``GradReduction`` (distributed/setup.py), the
         #: tensor-parallel one under pp x tp, the expert-parallel one under pp x ep
-        self.data = DataParallelGradReducer(self.data_view, data_parallel=self.data_view.world_size)
+        self.data = DataParallelGradReducer(self.data_view, data_parallel=self.data_view.world_size,
+                                            group=data_group)
         #: name -> ShardSpec of the parameters this rank holds a shard of (pp x tp: tp
         #: slices, pp x ep: experts; the model's ``shard_specs()`` at ``attach``)
         self.specs: Dict[str, ShardSpec] = {}
@@ -161,16 +162,23 @@ class PipelineParallel:
         summed over the dp replicas."""
         return self.data.global_token_count(local_tokens)
 
-    def reduce(self, grads: Sequence, loss_sum: float, n_tokens: float):
-        """The shared embedding table's gradient summed over its two stages, then gradients,
-        loss sum and token count summed over dp (bucketed)."""
-        grads = list(grads)
-        holders = self.split.holders(EMBEDDING)
-        if len(holders) > 1:
-            for i, p in enumerate(self._params):
-                if p.name == EMBEDDING:
-                    grads[i] = self.comm.all_reduce(grads[i], "pp")
-        return self.data.reduce(grads, loss_sum, n_tokens)
+    def grad_routes(self, params: Sequence) -> List[GradRoute]:
+        """The stage reduction's routes; the shared embedding table's gradient summed over
+        its two stages first; a parameter counted in the norm only on the stage that owns it
+        (each once; the stages' sums are added over ``pp``, :attr:`norm_outer`)."""
+        shared = len(self.split.holders(EMBEDDING)) > 1
+        return [rerouted(r, sum_over=("pp",) + r.sum_over if shared and p.name == EMBEDDING
+                         else r.sum_over,
+                         counted=r.counted and self.split.owner(p.name) == self.stage)
+                for p, r in zip(params, self.data.grad_routes(params))]
+
+    #: the stages' norms are added over the pipeline (``grad_route.combine_sq_norms``)
+    norm_outer = ("pp",)
+
+    @property
+    def token_group(self) -> str:
+        """The loss sum and token count are the stage reduction's (summed over dp)."""
+        return self.data.token_group
 
     def mean_over_ranks(self, value: float) -> float:
         """The mean over the dp replicas of a value every stage of a pipeline holds (the MTP
@@ -186,20 +194,6 @@ class PipelineParallel:
 
     def broadcast_flag(self, flag: bool) -> bool:
         return self.comm.any_flag(flag)
-
-    def bind_parameters(self, params: Sequence) -> None:
-        """The stage reduction's (pp x ep: which gradient is an expert's)."""
-        self.data.bind_parameters(params)
-
-    def grad_norm(self, grads: Sequence) -> float:
-        """sqrt of the sum over stages of this stage's squared norm (each parameter once; the
-        stage's norm is its dp reduction's: under pp x ep the experts' summed over ep)."""
-        own = [g if self.split.owner(p.name) == self.stage else None
-               for p, g in zip(self._params, grads)]
-        sq = float(self.data.grad_norm(own)) ** 2
-        if not math.isfinite(sq):
-            sq = float("nan") if math.isnan(sq) else float("inf")
-        return math.sqrt(self.comm.group_sum("pp", sq))
 
     def combine_mtp_loss(self, mtp_loss: Optional[float]) -> Optional[float]:
         """The step's MTP loss on every stage: the last stage's (the MTP depths run there)."""

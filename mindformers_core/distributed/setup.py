@@ -24,7 +24,8 @@ import numpy as np
 
 from ..core.parallel_dims import AXES, ParallelDims
 from .comm import Communicator, init_distributed
-from .grad_reduce import DataParallelGradReducer
+from .grad_reduce import DataParallelGradReducer, RouteComm, gradient_norm, reduce_gradients
+from .grad_route import GradRoute
 from .shard_spec import model_rows, model_specs, whole_shape
 
 __all__ = ["ParallelRun", "GradReduction", "setup_parallel"]
@@ -33,24 +34,24 @@ __all__ = ["ParallelRun", "GradReduction", "setup_parallel"]
 @runtime_checkable
 class GradReduction(Protocol):
     """What :class:`ParallelRun` calls on the reduction the builders leave (data parallel,
-    tensor parallel, FSDP, expert parallel or a pipeline stage): one interface for all."""
+    tensor parallel, FSDP, expert parallel or a pipeline stage): one interface for all. The
+    builders only declare each gradient's route (``grad_route.GradRoute``); the reduction and
+    the norm are :func:`~.grad_reduce.reduce_gradients` and
+    :func:`~.grad_reduce.gradient_norm`, the same for every layout."""
     world_size: int
     rank: int
+    #: the group the step's loss sum and token count are summed over
+    token_group: str
 
     def global_token_count(self, local_tokens: float) -> float: ...
 
-    def reduce(self, grads: Sequence, loss_sum: float,
-               n_tokens: float) -> Tuple[List, float, float]: ...
+    def grad_routes(self, params: Sequence) -> List[GradRoute]: ...
 
     def mean_over_ranks(self, value: float) -> float: ...
 
     def broadcast_flag(self, flag: bool) -> bool: ...
 
     def sync_moe_stats(self, model) -> None: ...
-
-    def bind_parameters(self, params: Sequence) -> None: ...
-
-    def grad_norm(self, grads: Sequence) -> float: ...
 
     def combine_qk_stats(self, stats) -> Any: ...
 
@@ -66,6 +67,10 @@ class ParallelRun:
         self.world_size, self.rank = comm.world_size, comm.rank
         self.steps: List[str] = parallel_steps(dims)
         self.group_comm = group_comm
+        #: the collectives the gradient routes name (grad_reduce.RouteComm)
+        self.route_comm = RouteComm(comm, group_comm)
+        #: each optimizer parameter's gradient route (:meth:`bind_optimizer`)
+        self.routes: Optional[List[GradRoute]] = None
         self.pipeline = None
         self._tensor = None
         #: the ranks that hold the same model shard and read other tokens (``dp``, or ``dp_cp``
@@ -185,8 +190,8 @@ class ParallelRun:
 
     def bind_optimizer(self, optimizer) -> None:
         """The optimizer's parameter order: the gradients of :meth:`reduce` and
-        :meth:`grad_norm` come aligned with it."""
-        self.reducer.bind_parameters(optimizer.parameters)
+        :meth:`grad_norm` come aligned with it; each one's route, as the builders declare."""
+        self.routes = list(self.reducer.grad_routes(optimizer.parameters))
 
     @property
     def collective_checkpoint(self) -> bool:
@@ -223,7 +228,10 @@ class ParallelRun:
         return mtp_loss
 
     def reduce(self, grads: Sequence, loss_sum: float, n_tokens: float):
-        return self.reducer.reduce(grads, loss_sum, n_tokens)
+        """``(reduced gradients, loss sum, token count)`` of the global step: every gradient
+        through its route (``grad_reduce.reduce_gradients``)."""
+        return reduce_gradients(grads, self.routes, self.route_comm, self.reducer.token_group,
+                                loss_sum, n_tokens)
 
     def step_aux(self, aux: float) -> float:
         """The logged aux loss, the global batch's: under pipeline parallel the mean over the
@@ -273,8 +281,9 @@ class ParallelRun:
     def grad_norm(self, grads: Sequence) -> float:
         """The global L2 norm of the reduced gradients (aligned with the bound optimizer's
         parameters), the same on every rank: shards counted over their group, each parameter
-        once."""
-        return float(self.reducer.grad_norm(grads))
+        once (``grad_reduce.gradient_norm``; a pipeline's stages added over ``pp``)."""
+        outer = self.pipeline.norm_outer if self.pipeline is not None else ()
+        return float(gradient_norm(grads, self.routes, self.route_comm.group_sum, outer))
 
     def combine_qk_stats(self, stats):
         """One QK-Clip report for the step (pipeline stages and tp ranks clip other heads)."""

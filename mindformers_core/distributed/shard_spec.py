@@ -34,10 +34,12 @@ from typing import (Callable, Dict, Iterable, Optional, Protocol, Sequence, Tupl
 
 import numpy as np
 
+from .grad_route import combine_sq_norms
+
 __all__ = ["ShardedCell", "ShardedModel", "RowShardedModel", "model_rows", "whole_shape",
            "model_specs", "collect_shard_specs", "ShardSpec", "replicated", "local_shape",
-           "local_indices", "local_slice", "shard", "unshard", "partial_sq_norms",
-           "global_sq_norm", "sharded_grad_norm", "param_of"]
+           "local_indices", "local_slice", "shard", "unshard", "spec_norm_group",
+           "global_sq_norm", "param_of"]
 
 
 @dataclass(frozen=True)
@@ -213,45 +215,20 @@ def unshard(spec: ShardSpec, shards: Sequence[np.ndarray]) -> np.ndarray:
     return out
 
 
-def partial_sq_norms(local: Iterable[Tuple[ShardSpec, float]]) -> Tuple[float, Dict[str, float]]:
-    """``(sum over replicated, {group: sum over that group's shards})`` of this rank's local
-    squared gradient norms."""
-    rep, by_group = 0.0, {}
-    for spec, sq in local:
-        if spec.is_sharded and spec.num_shards > 1:
-            by_group[spec.group] = by_group.get(spec.group, 0.0) + float(sq)
-        else:
-            rep += float(sq)
-    return rep, by_group
+def spec_norm_group(spec: Optional[ShardSpec]) -> Optional[str]:
+    """The group a gradient of layout ``spec`` has its squared norm summed over (its pieces
+    lie on the ranks of that group); None for a whole, replicated one (module docstring)."""
+    if spec is not None and spec.is_sharded and spec.num_shards > 1:
+        return spec.group
+    return None
 
 
 def global_sq_norm(local: Iterable[Tuple[ShardSpec, float]],
                    group_sum: Callable[[str, float], float]) -> float:
-    """The global squared gradient norm (module docstring); ``group_sum(group, x)`` is the sum of
-    ``x`` over the ranks of this rank's ``group`` (the communicator's all_reduce)."""
-    rep, by_group = partial_sq_norms(local)
-    return rep + sum(float(group_sum(g, by_group[g])) for g in sorted(by_group))
-
-
-def sharded_grad_norm(grads: Sequence, specs: Sequence[Optional[ShardSpec]],
-                      group_sum: Callable[[str, float], float],
-                      bucket_norm: Callable[[Sequence], float]) -> float:
-    """The global L2 norm of ``grads`` whose layouts are ``specs`` (a ShardSpec, or None for
-    a replicated parameter; ``None`` gradients are skipped): one bucketed norm per group
-    (``bucket_norm``: the trainer's fp32 ``global_grad_norm``), combined by
-    :func:`global_sq_norm`. The one norm of tensor parallel, expert parallel and FSDP."""
-    by_group: Dict[object, list] = {}
-    first: Dict[object, ShardSpec] = {}
-    for g, spec in zip(grads, specs):
-        if g is None:
-            continue
-        key = spec.group if spec is not None and spec.is_sharded and spec.num_shards > 1 else None
-        by_group.setdefault(key, []).append(g)
-        if key is not None:
-            first.setdefault(key, spec)
-    items = [(first.get(key) or replicated(()), float(bucket_norm(gs)) ** 2)
-             for key, gs in by_group.items()]
-    return float(np.sqrt(global_sq_norm(items, group_sum)))
+    """The global squared gradient norm (module docstring) from this rank's ``(layout,
+    local squared norm)`` pairs; ``group_sum(group, x)`` is the sum of ``x`` over the ranks of
+    this rank's ``group`` (``grad_route.combine_sq_norms``, the one combination)."""
+    return combine_sq_norms([(spec_norm_group(s), sq) for s, sq in local], group_sum)
 
 
 def param_of(key: str) -> Optional[str]:

@@ -18,7 +18,8 @@ data-parallel index hold the shards of one model replica and read the same micro
 * the MAX of the QK-Clip max logits runs over dp only (tp ranks hold other heads;
   ``tp_sharding.LocalHeadLogits``), and the step's QK-Clip report (:meth:`combine_qk_stats`)
   sums the clipped heads over tp and takes the largest logit;
-* the global gradient norm (``grad_norm_fn``) follows ``shard_spec.global_sq_norm``::
+* the gradient routes (:meth:`grad_routes`, ``grad_route.GradRoute``): every gradient summed
+  over dp; a tp slice's squared norm summed over tp (``grad_route.combine_sq_norms``)::
 
       ||g||^2 = sum_{replicated p} ||g_p||^2 + AllReduce_tp( sum_{sharded p} ||g_p||^2 )
 
@@ -28,14 +29,15 @@ A stop request is agreed over the whole world.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import List, Sequence
 
 import numpy as np
 
 from .collectives import GroupCommunicator
 from .grad_reduce import DataParallelGradReducer
+from .grad_route import GradRoute
 from .group_view import GroupView
-from .shard_spec import sharded_grad_norm
+from .shard_spec import spec_norm_group
 
 __all__ = ["TensorParallelGradReducer"]
 
@@ -52,16 +54,13 @@ class TensorParallelGradReducer:
         self.data_group = data_group
         self.dp_comm = GroupView(comm, data_group)
         self.data_parallel_rank = self.dp_comm.rank
-        self.data = DataParallelGradReducer(self.dp_comm)
+        self.data = DataParallelGradReducer(self.dp_comm, group=data_group)
+        self.token_group = data_group
         self._model = None
-        self._specs = None
 
     # -- GradReduction (distributed/setup.py) -----------------------------------------------------
     def global_token_count(self, local_tokens: float) -> float:
         return self.data.global_token_count(local_tokens)
-
-    def reduce(self, grads, loss_sum: float, n_tokens: float):
-        return self.data.reduce(grads, loss_sum, n_tokens)
 
     def mean_over_ranks(self, value: float) -> float:
         """The mean over the data-parallel replicas (the tp ranks of one replica agree)."""
@@ -112,18 +111,13 @@ class TensorParallelGradReducer:
         """What ``models.tp_model.apply_tensor_parallel`` shards the model over."""
         return self.comm
 
-    def bind_parameters(self, params: Sequence) -> None:
-        """The optimizer's parameters: the layouts :meth:`grad_norm` reads, in their order."""
+    def grad_routes(self, params: Sequence) -> List[GradRoute]:
+        """Every gradient summed over the data group; a tp slice counted over ``tp`` in the
+        norm (module docstring)."""
         if self._model is None:
-            raise RuntimeError("TensorParallelGradReducer.bind_parameters needs the sharded "
+            raise RuntimeError("TensorParallelGradReducer.grad_routes needs the sharded "
                                "model: call bind_model(model) first")
         layout = self._model.shard_specs()
-        self._specs = [layout.get(p.name) for p in params]
-
-    def grad_norm(self, grads: Sequence) -> float:
-        """The global norm of gradients aligned with the bound parameters (module docstring)."""
-        from ..optim.clip_grad import global_grad_norm
-        if self._specs is None or len(self._specs) != len(grads):
-            raise RuntimeError("TensorParallelGradReducer.grad_norm: bind_parameters("
-                               "optimizer.parameters) must be called first")
-        return sharded_grad_norm(grads, self._specs, self.comm.group_sum, global_grad_norm)
+        sums = (self.data_group,) if self.dp_comm.world_size > 1 else ()
+        return [GradRoute(sums, norm_group=spec_norm_group(layout.get(p.name)))
+                for p in params]

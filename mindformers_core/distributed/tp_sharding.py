@@ -18,7 +18,8 @@ and says how it is split (``model.shard_specs() -> {name: ShardSpec}``; absent =
 * under tp x ep the routed experts (``keep_whole``: split over ep, not tp) keep their whole
   local state and are orthogonalised per local expert with no exchange (no level splits them);
 * ``data_parallel_shard`` != 1 adds ZeRO-1 over the dp group on top of the TP shards
-  (``zero.ZeroSharding`` over a ``group_view.GroupView`` of the dp group; Muon's exchange levels are
+  (``zero.ZeroSharding`` over a ``group_view.GroupView`` of the dp group: a
+  ``zero.ZeroOptimizer`` holding the optimizer; Muon's exchange levels are
   ``[tp, ZeRO rows of the TP shard]``);
 * tp x FSDP (``fsdp.apply_fsdp`` over the tensor-parallel reduction): the same ZeRO rows of
   each TP shard, with ``grad_rows`` (gradients arrive as those rows) and ``param_rows`` (the
@@ -146,10 +147,12 @@ class TensorParallelSharding:
         zero = ZeroSharding(self.dp, self.data_parallel_shard, keep_whole=self.keep_whole,
                             grad_rows=self.grad_rows, param_rows=self.param_rows,
                             full_shapes=self.row_shapes)
-        opt = zero.build(cls, groups, kwargs)
+        opt = zero.build(cls, groups, kwargs)   # a zero.ZeroOptimizer over > 1 shard
         if is_muon:
-            tp = SpecLevel({opt.index_of(n): s for n, s in specs.items()}, self.comm, "tp",
+            sharded = zero.num_shards > 1
+            muon = opt.inner if sharded else opt
+            tp = SpecLevel({muon.index_of(n): s for n, s in specs.items()}, self.comm, "tp",
                            p2p=self.p2p)
-            inner = [opt.zero_level] if zero.num_shards > 1 else []
-            opt.use_exchange(ShardedMuonExchange.for_optimizer(opt, [tp] + inner))
+            rows = [opt.zero_level] if sharded else []
+            muon.use_exchange(ShardedMuonExchange.for_optimizer(muon, [tp] + rows))
         return opt

@@ -23,19 +23,18 @@ Replicated weights (fewer rows than shards) are orthogonalised on every rank.
 
 Both strategies give the single-process Muon update: the same U bits, the same NS, the
 same scaling, and each rank applies its rows. The exchange itself is the generic
-``shard_exchange.ShardedMuonExchange``; this module gives it ZeRO's rows as one
-:class:`ZeroRowsLevel` (after any tensor-parallel level, see ``tp_sharding``).
+``shard_exchange.ShardedMuonExchange``, which ``zero.ZeroSharding.build`` gives the inner Muon
+of its ``zero.ZeroOptimizer``; this module gives it ZeRO's rows as one :class:`ZeroRowsLevel`
+(after any tensor-parallel level, see ``tp_sharding``). The wrapper reports the owners
+(``ns_owner``, ``ns_owner_by_name``) and ``ns_flops_total``.
 """
 from __future__ import annotations
 
-from typing import Dict
-
 import numpy as np
 
-from .shard_exchange import ShardedMuonExchange
 from .shard_layout import ShardLayout, shard_rows
 
-__all__ = ["ZeroMuonMixin", "ZeroRowsLevel"]
+__all__ = ["ZeroRowsLevel"]
 
 
 class ZeroRowsLevel:
@@ -76,32 +75,3 @@ class ZeroRowsLevel:
 
     def join(self, i, parts):
         return np.concatenate([np.asarray(p) for p in parts[:self.layout.num_shards]], 0)
-
-
-class ZeroMuonMixin:
-    """In front of ``ZeroMixin`` and ``Muon`` (see ``zero.sharded_class``): Muon's update
-    matrices over ZeRO's rows (public Muon API only)."""
-
-    def _zero_setup(self) -> None:
-        """The exchange over this rank's rows (owners for allgather_deredundency)."""
-        self.use_exchange(ShardedMuonExchange.for_optimizer(self, [self.zero_level]))
-
-    @property
-    def zero_level(self) -> ZeroRowsLevel:
-        """ZeRO's rows as a ``shard_exchange`` level (a tensor-parallel sharding puts its
-        own level in front of it)."""
-        return ZeroRowsLevel(self._zero_layout, self._zero_comm)
-
-    @property
-    def ns_owner(self) -> Dict[int, int]:
-        """Parameter index -> the rank that orthogonalises it (allgather_deredundency)."""
-        return dict(self.exchange.owner)
-
-    @property
-    def ns_owner_by_name(self) -> Dict[str, int]:
-        return self.exchange.owner_by_name
-
-    @property
-    def ns_flops_total(self) -> float:
-        """NS FLOPs this rank ran since construction."""
-        return self.exchange.ns_flops_total

@@ -59,7 +59,8 @@ only this rank's heads. Each such weight enters the forward through ``CopyToGrou
 backward AllReduce over tp), so the gradient leaving the model is already the tp sum, the same
 on every tp rank; sharded weights get their own slice's full gradient. Nothing after the
 backward (data-parallel reduction, norm, optimizer) needs to know which is which, except the
-global norm, which counts sharded gradients over the group (``shard_spec.global_sq_norm``).
+global norm, which counts sharded gradients over the group (the tp reducer's routes,
+``distributed/grad_route.py``).
 
 Max attention logits are per *local* head: ``[num_layers, num_heads / tp]`` (a MAX across
 ranks may only run over data-parallel replicas, never across tp ranks, which hold other heads).

@@ -76,7 +76,7 @@ from ..core.optimizer_rules import check_beta_count, check_beta_range, check_wei
 from .host.flat_state import FlatAdamGroup, synchronous_dispatch, worth_packing
 from .fused_adam import FusedAdamGroup
 from .host.views import numpy_view_aliases_storage, scale_many_in_place
-from .optimizer import Optimizer, state_dtype
+from .optimizer import Optimizer, StateShapes, state_dtype
 from .state_offload import HostStateOffload, cpu_offload_for
 from .update_rules import AdamRule
 
@@ -144,6 +144,7 @@ class AdamW(Optimizer):
             and back (``state_offload.HostStateOffload``).
         state_offload: an explicit ``HostStateOffload`` (e.g. ``device="CPU"`` runs the
             device path on CPU); overrides ``enable_cpu_offload``'s choice.
+        state_shapes: see ``Optimizer`` (a sharding's shapes, ``distributed.zero``).
     """
 
     optimizer_name = "AdamW"
@@ -155,7 +156,8 @@ class AdamW(Optimizer):
                  store_param_remainders: bool = False, embedding_min_norm=None,
                  impl: str = "fused", graph_min_numel=1 << 16, host_kernel: bool = True,
                  enable_cpu_offload: bool = D["enable_cpu_offload"],
-                 state_offload: Optional[HostStateOffload] = None, **flags):
+                 state_offload: Optional[HostStateOffload] = None,
+                 state_shapes: Optional[StateShapes] = None, **flags):
         validate_adamw_args(betas, eps, weight_decay, self.optimizer_name)
         self.enable_cpu_offload = bool(enable_cpu_offload)
         self.state_offload = state_offload or cpu_offload_for(
@@ -173,7 +175,7 @@ class AdamW(Optimizer):
                          {"lr": float(lr), "betas": tuple(betas), "eps": eps,
                           "weight_decay": weight_decay},
                          store_param_remainders=store_param_remainders,
-                         embedding_min_norm=embedding_min_norm)
+                         embedding_min_norm=embedding_min_norm, state_shapes=state_shapes)
         validate_adamw_groups(self.param_groups, self.optimizer_name)
         self.decoupled_weight_decay = bool(decoupled_weight_decay)
         self.exp_avg_dtype = state_dtype(exp_avg_dtype)

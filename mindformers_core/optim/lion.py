@@ -8,11 +8,13 @@ Defaults follow Megatron's ``lion_beta1 = 0.95``, ``lion_beta2 = 0.98``.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from mindspore import Tensor
 
 from ..core.optimizer_defaults import LION_DEFAULTS as D
 from ..core.optimizer_rules import check_beta_count, check_beta_range, check_weight_decay
-from .optimizer import Optimizer
+from .optimizer import Optimizer, StateShapes
 from .update_rules import lion_step
 
 __all__ = ["Lion"]
@@ -23,7 +25,7 @@ class Lion(Optimizer):
 
     def __init__(self, params_or_groups, lr: float = D["lr"], betas=D["betas"],
                  weight_decay: float = D["weight_decay"], *, store_param_remainders: bool = False,
-                 embedding_min_norm=None):
+                 embedding_min_norm=None, state_shapes: Optional[StateShapes] = None):
         betas = tuple(betas)
         check_beta_count(betas, self.optimizer_name)
         check_beta_range(betas, self.optimizer_name)
@@ -31,7 +33,7 @@ class Lion(Optimizer):
         super().__init__(params_or_groups, {"lr": float(lr), "betas": betas,
                                             "weight_decay": float(weight_decay)},
                          store_param_remainders=store_param_remainders,
-                         embedding_min_norm=embedding_min_norm)
+                         embedding_min_norm=embedding_min_norm, state_shapes=state_shapes)
 
     def state_prefixes(self) -> tuple:
         return ("lion_m",)

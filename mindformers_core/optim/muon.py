@@ -64,7 +64,7 @@ from .muon_split import SplitRule, merge_pieces, piece_shapes, split_pieces, spl
 from .newton_schulz import (DEFAULT_NS_COEFFICIENTS, MUON_SCALE_MODES, configure_ns_precision,
                             default_ns_dtype, muon_scale_factor, normalize_ns_schedule,
                             orthogonalize, preset_schedule)
-from .optimizer import Optimizer, to_fp32
+from .optimizer import Optimizer, StateShapes, to_fp32
 from .qk_clip import QKClipModel, QKClipStats, qk_clip_step
 from .update_rules import AdamRule, LionRule, apply_muon_delta, muon_momentum
 
@@ -156,6 +156,8 @@ class Muon(Optimizer):
         full_shapes: parameter name -> full (logical) shape, for parameters the model holds
             as a shard (tensor parallel: ``ShardSpec.full_shape``). Split pieces and the
             update scale use the full shape; the exchange (:meth:`use_exchange`) gathers it.
+        state_shapes: see ``Optimizer`` (ZeRO's rows, ``distributed.zero``; its
+            ``param_shape`` is the full shape of an FSDP row shard).
     """
 
     optimizer_name = "Muon"
@@ -182,7 +184,8 @@ class Muon(Optimizer):
                  phase4_batch_memory_gb: float = D["phase4_batch_memory_gb"],
                  swap: bool = D["swap"], max_logits_reducer=None, embedding_min_norm=None,
                  learning_rate: Optional[float] = None,
-                 full_shapes: Optional[Mapping[str, Sequence[int]]] = None):
+                 full_shapes: Optional[Mapping[str, Sequence[int]]] = None,
+                 state_shapes: Optional[StateShapes] = None):
         if learning_rate is not None:   # upstream's name for lr
             if lr != D["lr"] and lr != learning_rate:
                 raise ValueError(f"Muon got lr={lr!r} and learning_rate={learning_rate!r}; "
@@ -196,7 +199,7 @@ class Muon(Optimizer):
         super().__init__(params_or_groups,
                          {"lr": float(lr), "betas": tuple(adamw_betas), "eps": adamw_eps,
                           "weight_decay": weight_decay},
-                         embedding_min_norm=embedding_min_norm)
+                         embedding_min_norm=embedding_min_norm, state_shapes=state_shapes)
         validate_adamw_groups(self.param_groups, self.optimizer_name)
         # 2. memory budgets: all three are checked (upstream's keys); only the Newton-Schulz one
         # bounds anything here (one batched NS call, GB -> bytes)
@@ -275,7 +278,7 @@ class Muon(Optimizer):
         for i, is_muon in enumerate(self._is_muon):
             for prefix in ("muon_m",) if is_muon else self.scalar_rule.state_prefixes:
                 self._new_state(prefix, i)
-        #: where the rows of the update matrices live (``distributed.zero_muon`` shards them)
+        #: where the rows of the update matrices live (``distributed.zero`` shards them)
         self.exchange: MuonExchange = LocalExchange()
 
     # -- construction checks -------------------------------------------------------------------

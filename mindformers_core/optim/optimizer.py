@@ -15,6 +15,10 @@ to update a whole group at once. Everything else lives here:
 * state: per-parameter tensors named ``{prefix}.{param name}`` (e.g. ``adam_m.w``), made by
   :meth:`_new_state`; ``state_dict()`` returns numpy arrays, ``load_state_dict`` restores
   them bit for bit.
+* shapes (:class:`StateShapes`, the ``state_shapes`` keyword): the full (logical) shape of each
+  parameter and the shape of its state tensors. The default, :class:`ParameterShapes`, is each
+  parameter's own shape; a sharding passes its own at construction (``distributed.zero``:
+  this rank's rows), before any state exists.
 * ``embedding_min_norm`` (Megatron): after each update, rows of the input word embedding whose
   L2 norm is non-zero and below the threshold are rescaled to norm ``2 * threshold``.
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import fnmatch
 from types import MappingProxyType
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 import mindspore as ms
@@ -31,7 +35,8 @@ from mindspore import Parameter, Tensor, ops
 from ..core.optimizer_rules import check_embedding_min_norm
 from .main_params import MainParams
 
-__all__ = ["Optimizer", "normalize_param_groups", "EMBEDDING_PATTERNS", "to_fp32", "state_dtype"]
+__all__ = ["Optimizer", "StateShapes", "ParameterShapes", "normalize_param_groups",
+           "EMBEDDING_PATTERNS", "to_fp32", "state_dtype"]
 
 # Input-embedding parameter names (Megatron naming) targeted by embedding_min_norm.
 EMBEDDING_PATTERNS = ("*word_embeddings.weight", "word_embeddings*")
@@ -79,8 +84,33 @@ def state_dtype(value) -> ms.dtype:
     return _STATE_DTYPES[value]
 
 
+class StateShapes(Protocol):
+    """The shapes an optimizer gives its parameters, by index in ``Optimizer.parameters``."""
+
+    def param_shape(self, i: int) -> tuple:
+        """The full (logical) shape of parameter i."""
+
+    def state_shape(self, i: int) -> tuple:
+        """The shape of parameter i's state tensors (moments, momenta)."""
+
+
+class ParameterShapes:
+    """The default :class:`StateShapes`: each parameter's own shape, for both."""
+
+    def __init__(self, params: Sequence[Parameter]):
+        self.params = tuple(params)
+
+    def param_shape(self, i: int) -> tuple:
+        return tuple(self.params[i].shape)
+
+    def state_shape(self, i: int) -> tuple:
+        return tuple(self.params[i].shape)
+
+
 class Optimizer:
-    """Base class; see the module docstring. ``defaults`` fills missing group keys."""
+    """Base class; see the module docstring. ``defaults`` fills missing group keys;
+    ``state_shapes`` (a :class:`StateShapes`, default :class:`ParameterShapes`) gives the
+    parameter and state shapes, fixed before any state is made."""
 
     #: name of the optimizer in error messages
     optimizer_name = "Optimizer"
@@ -91,7 +121,8 @@ class Optimizer:
     def __init__(self, params_or_groups, defaults: Dict[str, Any], *,
                  store_param_remainders: bool = False,
                  embedding_min_norm: Optional[float] = None,
-                 embedding_patterns: Sequence[str] = EMBEDDING_PATTERNS):
+                 embedding_patterns: Sequence[str] = EMBEDDING_PATTERNS,
+                 state_shapes: Optional[StateShapes] = None):
         try:
             check_embedding_min_norm(embedding_min_norm)
         except ValueError as err:
@@ -111,6 +142,9 @@ class Optimizer:
         for g in self.param_groups:
             self._group_indices.append(list(range(start, start + len(g["params"]))))
             start += len(g["params"])
+        #: parameter and state shapes (:class:`StateShapes`)
+        self.state_shapes: StateShapes = ParameterShapes(self.parameters) \
+            if state_shapes is None else state_shapes
         self._masters = MainParams(self.parameters, store_param_remainders)
         self.store_param_remainders = bool(store_param_remainders)
         self.embedding_min_norm = embedding_min_norm
@@ -182,14 +216,14 @@ class Optimizer:
         return self._get_state(prefix, i, self.slot_dtype(prefix) if dtype is None else dtype)
 
     def param_shape(self, i: int) -> tuple:
-        """The full (logical) shape of parameter i: its own, unless a sharded optimizer holds
-        a parameter stored as a shard (``distributed.zero``)."""
-        return tuple(self.parameters[i].shape)
+        """The full (logical) shape of parameter i (``state_shapes``): its own, unless a
+        sharding holds a parameter stored as a shard (``distributed.zero``)."""
+        return tuple(self.state_shapes.param_shape(i))
 
     def state_shape(self, i: int) -> tuple:
-        """Shape of parameter i's state tensors (the parameter's; a sharded optimizer holds
-        only its rows)."""
-        return tuple(self.parameters[i].shape)
+        """Shape of parameter i's state tensors (``state_shapes``): the parameter's, or only
+        this rank's rows under a sharding (``distributed.zero``)."""
+        return tuple(self.state_shapes.state_shape(i))
 
     def slot_dtype(self, prefix: str):
         """Storage dtype of state ``prefix``."""

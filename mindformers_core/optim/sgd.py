@@ -9,12 +9,13 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 from mindspore import Tensor
 
 from ..core.optimizer_defaults import SGD_DEFAULTS as D
 from ..core.optimizer_rules import check_weight_decay
-from .optimizer import Optimizer
+from .optimizer import Optimizer, StateShapes
 
 __all__ = ["SGD"]
 
@@ -24,7 +25,8 @@ class SGD(Optimizer):
 
     def __init__(self, params_or_groups, lr: float = D["lr"], momentum: float = D["momentum"],
                  weight_decay: float = D["weight_decay"], nesterov: bool = D["nesterov"], *,
-                 store_param_remainders: bool = False, embedding_min_norm=None):
+                 store_param_remainders: bool = False, embedding_min_norm=None,
+                 state_shapes: Optional[StateShapes] = None):
         if not (isinstance(momentum, (int, float)) and math.isfinite(momentum)
                 and 0.0 <= momentum < 1.0):
             raise ValueError(f"Invalid momentum value: {momentum}, should be >= 0 and < 1.")
@@ -34,7 +36,7 @@ class SGD(Optimizer):
         super().__init__(params_or_groups, {"lr": float(lr), "momentum": float(momentum),
                                             "weight_decay": float(weight_decay)},
                          store_param_remainders=store_param_remainders,
-                         embedding_min_norm=embedding_min_norm)
+                         embedding_min_norm=embedding_min_norm, state_shapes=state_shapes)
         self.nesterov = bool(nesterov)
         self._started = [False] * len(self.parameters)
 

@@ -8,7 +8,7 @@
   orthogonalises; :func:`apply_muon_delta` the decayed master minus the scaled update.
 
 ``AdamW`` and ``Lion`` use them for their own parameters, ``Muon`` for its matrices and for its
-scalar branch (an ``AdamRule`` or Lion), and ``distributed.zero_muon`` through ``Muon``, so each
+scalar branch (an ``AdamRule`` or Lion), and ``distributed.zero`` through ``Muon``, so each
 rule has one implementation.
 """
 from __future__ import annotations

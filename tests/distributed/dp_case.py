@@ -130,12 +130,13 @@ def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> di
     (collective when sharded), per-rank optimizer-state bytes, comm stats and NS FLOPs."""
     import mindspore as ms
     from mindformers_core.core.lr import group_lrs
-    from mindformers_core.distributed.grad_reduce import DataParallelGradReducer
+    from mindformers_core.distributed.grad_reduce import (DataParallelGradReducer, RouteComm,
+                                                          gradient_norm, reduce_gradients)
     from mindformers_core.distributed.zero import optimizer_state_bytes
     from mindformers_core.models import build_model
     from mindformers_core.optim import build_optimizer
-    from mindformers_core.distributed.fsdp import FSDPGradReducer, apply_fsdp
-    from mindformers_core.optim.clip_grad import clip_by_norm, global_grad_norm
+    from mindformers_core.distributed.fsdp import apply_fsdp
+    from mindformers_core.optim.clip_grad import clip_by_norm
     from mindformers_core.trainer.accumulate import (accumulate_gradients, count_loss_tokens,
                                                      make_grad_fn)
     from mindformers_core.optim.host.accumulate import host_add_kernel
@@ -154,6 +155,8 @@ def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> di
     opt = build_optimizer(cfg.optimizer, model, lr_scheduler=sched,
                           shard_layout=reducer.optimizer_sharding(cfg))
     grad_fn = make_grad_fn(model, opt.parameters)
+    # the run's one reduction and norm (distributed/setup.py ParallelRun), from the routes
+    routes, route_comm = reducer.grad_routes(opt.parameters), RouteComm(comm, group_comm)
     initial = {p.name: p.asnumpy().copy() for p in model.trainable_params()}
     comm.stats.reset()
     losses, norms, clipped_heads = [], [], 0
@@ -169,10 +172,10 @@ def run_case(name: str, comm, steps: int = STEPS, state_dict: bool = True) -> di
         local = count_loss_tokens(micro)
         total = reducer.global_token_count(local)
         grads, loss_sum, _ = accumulate_gradients(grad_fn, micro, total)
-        grads, loss_sum, _ = reducer.reduce(grads, loss_sum, local)
+        grads, loss_sum, _ = reduce_gradients(grads, routes, route_comm, reducer.token_group,
+                                              loss_sum, local)
         grad_bytes = sum(int(g.nbytes) for g in grads if g is not None)
-        norm = reducer.grad_norm(grads) if isinstance(reducer, FSDPGradReducer) \
-            else global_grad_norm(grads)
+        norm = gradient_norm(grads, routes, route_comm.group_sum)
         grads, _ = clip_by_norm(grads, norm, cfg.training.max_norm)
         opt.set_group_lrs(group_lrs(sched, opt.param_groups, step))
         opt.step(grads)

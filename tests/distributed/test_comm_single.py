@@ -5,8 +5,10 @@ import mindspore as ms
 from mindspore import Parameter, Tensor
 
 from mindformers_core.distributed.comm import Communicator, init_distributed
-from mindformers_core.distributed.grad_reduce import DataParallelGradReducer
-from mindformers_core.distributed.zero import (ShardedMainParams, ZeroSharding,
+from mindformers_core.distributed.grad_reduce import (DataParallelGradReducer, RouteComm,
+                                                      reduce_gradients)
+from mindformers_core.distributed.grad_route import GradRoute
+from mindformers_core.distributed.zero import (ShardedMainParams, ZeroOptimizer, ZeroSharding,
                                                optimizer_state_bytes)
 from mindformers_core.optim.adamw import AdamW
 
@@ -43,9 +45,12 @@ def test_communicator_rejects_bad_rank():
 
 
 def test_reducer_is_exact_identity_on_one_rank():
-    red = DataParallelGradReducer(Communicator(0, 1))
+    comm = Communicator(0, 1)
+    red = DataParallelGradReducer(comm)
     g = [Tensor(np.ones((2, 2), np.float32)), None]
-    out, loss, n = red.reduce(g, 3.5, 7.0)
+    routes = red.grad_routes([None, None])
+    assert routes == [GradRoute()] * 2      # one rank: nothing to sum
+    out, loss, n = reduce_gradients(g, routes, RouteComm(comm), red.token_group, 3.5, 7.0)
     assert out[0] is g[0] and out[1] is None and (loss, n) == (3.5, 7.0)
     assert red.global_token_count(11) == 11.0
     assert red.broadcast_flag(True) and not red.broadcast_flag(False)
@@ -80,7 +85,9 @@ def test_sharded_state_holds_this_ranks_rows(rank):
     plain = AdamW(params(ms.bfloat16), lr=1e-3)
     full_bytes = optimizer_state_bytes(plain)
     opt = sharded_adamw(Communicator(rank, 2), -1, ms.bfloat16)
-    assert type(opt).__name__ == "ShardedAdamW" and isinstance(opt, AdamW)
+    # the wrapper holds a plain AdamW (its class unchanged), its state this rank's rows
+    assert isinstance(opt, ZeroOptimizer) and type(opt.inner) is AdamW
+    assert opt.optimizer_name == "ShardedAdamW" and opt.parameters is opt.inner.parameters
     assert isinstance(opt.masters, ShardedMainParams)
     rows = {"w": (3 * rank, 3 * rank + 3), "b": (3 * rank, 3 * rank + 3 - rank)}
     assert tuple(opt.state_slots["adam_m"][0].shape) == (3, 4)

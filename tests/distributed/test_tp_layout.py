@@ -1,6 +1,6 @@
 """Tensor-parallel layout without msrun: which parameter is split how (models/tp_plan.py),
 blocked ShardSpecs (the fused qkv), vocabulary and token ranges, and the sharded norm rule
-(distributed/shard_spec.sharded_grad_norm), against numpy on the full tensors."""
+(distributed/grad_reduce.gradient_norm over routes from the ShardSpecs), against numpy on the full tensors."""
 import os
 
 import numpy as np
@@ -12,7 +12,9 @@ from mindformers_core.distributed.shard_spec import (ShardSpec, local_indices, l
 from mindformers_core.models.tp_plan import (AttentionShape, is_partial_replicated,
                                                      token_range, tp_shard_spec, tp_shard_specs,
                                                      vocab_range)
-from mindformers_core.distributed.shard_spec import sharded_grad_norm
+from mindformers_core.distributed.grad_reduce import gradient_norm
+from mindformers_core.distributed.grad_route import GradRoute
+from mindformers_core.distributed.shard_spec import spec_norm_group
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -166,5 +168,6 @@ def test_tp_grad_norm_counts_replicated_once_and_sums_shards():
         def group_sum(group, x):
             assert group == "tp" and x == pytest.approx(sharded_sq[r], rel=1e-12)
             return sum(sharded_sq)
-        assert sharded_grad_norm(local(r), specs, group_sum, bucket_norm) == pytest.approx(want,
-                                                                                     rel=1e-12)
+        routes = [GradRoute(("dp",), norm_group=spec_norm_group(s)) for s in specs]
+        assert gradient_norm(local(r), routes, group_sum,
+                             bucket_norm=bucket_norm) == pytest.approx(want, rel=1e-12)

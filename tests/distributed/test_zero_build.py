@@ -7,7 +7,7 @@ import mindspore as ms
 
 from mindformers_core.distributed.comm import Communicator
 from mindformers_core.distributed.shard_layout import ShardLayout
-from mindformers_core.distributed.zero import (ShardedMainParams, ZeroMixin, ZeroSharding,
+from mindformers_core.distributed.zero import (ShardedMainParams, ZeroOptimizer, ZeroSharding,
                                                optimizer_state_bytes)
 from mindformers_core.models.build import build_model
 from mindformers_core.optim.build import build_optimizer
@@ -33,8 +33,10 @@ def test_built_sharded_holds_this_ranks_rows_of_the_plain_state(opt_type, rank):
     built = build_optimizer(section, build_model(dict(TINY), seed=0),
                             shard_layout=ZeroSharding(comm, -1))
     plain = build_optimizer(section, build_model(dict(TINY), seed=0))
-    assert type(built).__name__ == f"Sharded{opt_type}" and isinstance(built, type(plain))
-    assert isinstance(built, ZeroMixin) and isinstance(built.masters, ShardedMainParams)
+    # a wrapper holding the plain class (never a subclass of it)
+    assert isinstance(built, ZeroOptimizer) and type(built.inner) is type(plain)
+    assert built.optimizer_name == f"Sharded{opt_type}"
+    assert isinstance(built.masters, ShardedMainParams) and built.masters is built.inner.masters
     # the layout made independently from the parameter shapes
     layout = ShardLayout([p.shape for p in plain.parameters], 2, rank, 2)
 

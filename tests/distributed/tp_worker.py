@@ -88,15 +88,16 @@ def train_case(out, name):
     cfg = CONFIGS[name](run_dir, TP)
     trainer = Trainer(cfg, run_dir, overwrite=True)
     trainer.train()
-    from mindformers_core.distributed.zero import optimizer_state_bytes
+    from mindformers_core.distributed.zero import ZeroOptimizer, optimizer_state_bytes
     from mindformers_core.optim.muon import Muon
     opt = trainer.optimizer
-    muon = isinstance(opt, Muon)     # under tp: the shard_exchange.ShardedMuonExchange
+    # under tp: the shard_exchange.ShardedMuonExchange (of the held Muon under ZeRO-1)
+    muon = isinstance(opt.inner if isinstance(opt, ZeroOptimizer) else opt, Muon)
     with open(os.path.join(out, f"train.{name}.rank{trainer.rank}.json"), "w") as fh:
         json.dump({"bytes": param_bytes(trainer.model), "data_rank": trainer.data_rank,
                    "world": trainer.parallel.world_size,
                    "state_bytes": optimizer_state_bytes(opt),
-                   "optimizer": type(opt).__name__,
+                   "optimizer": opt.optimizer_name,      # "ShardedMuon" under ZeRO-1
                    "full_shapes": {p.name: list(opt.full_shape(i))
                                    for i, p in enumerate(opt.parameters)} if muon else {},
                    "ns_flops": opt.exchange.ns_flops_total if muon else 0.0,
