@@ -154,8 +154,8 @@ def bench_tiny_set(rounds: int) -> dict:
     grads = [Tensor(rng.standard_normal(p.shape).astype(np.float32)) for p in params]
     pieces = []
     for i, p in enumerate(opt.parameters):
-        if opt._is_muon[i]:
-            pieces.extend(split_pieces(opt._rules[i], grads[i]))
+        if opt.muon_mask[i]:
+            pieces.extend(split_pieces(opt.split_rule(i), grads[i]))
     buckets = {}
     for t in pieces:
         buckets.setdefault(tuple(t.shape[-2:]), []).append(t)
@@ -165,7 +165,7 @@ def bench_tiny_set(rounds: int) -> dict:
     def ours():
         out = []
         for items in buckets.values():
-            out.extend(opt._orthogonalize_many(items))
+            out.extend(opt.orthogonalize_many(items))
         return out
 
     def numpy_all():

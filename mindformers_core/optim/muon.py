@@ -442,7 +442,7 @@ class Muon(Optimizer):
         for items in buckets.values():
             for chunk in self._chunks(items):
                 ex.on_newton_schulz([t.shape for _, _, t in chunk])
-                for (k, n, _), out in zip(chunk, self._orthogonalize_many([t for _, _, t in chunk])):
+                for (k, n, _), out in zip(chunk, self.orthogonalize_many([t for _, _, t in chunk])):
                     pieces[k][n] = out
         deltas = {}
         for k in mine:
@@ -470,7 +470,7 @@ class Muon(Optimizer):
         if chunk:
             yield chunk
 
-    def _orthogonalize_many(self, tensors: List[Tensor]) -> List[Tensor]:
+    def orthogonalize_many(self, tensors: List[Tensor]) -> List[Tensor]:
         """NS of same-(A, B) matrices/batches as one batched call; results in input order."""
         if len(tensors) == 1:
             return [orthogonalize(tensors[0], self.ns_schedule, self.ns_eps, self.ns_dtype)]
